@@ -1,0 +1,50 @@
+"""hwplug: plugin-based hardware abstraction for LLM inference.
+
+``import hwplug`` is cheap: it imports neither torch nor any plugin. The platform is
+resolved and plugins are loaded on first use of :func:`current_platform` (or of
+anything that needs it). Public names are loaded lazily from their modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hwplug.hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "API_VERSION": "hwplug.discovery",
+    "current_platform": "hwplug.discovery",
+    "Platform": "hwplug.platform",
+    "DeviceCapability": "hwplug.platform",
+    "AttentionBackend": "hwplug.attention",
+    "AttentionSpec": "hwplug.attention",
+    "AttentionMetadata": "hwplug.attention",
+    "QuantMethod": "hwplug.quantization",
+    "Connector": "hwplug.connector",
+    "ConnectorMetadata": "hwplug.connector",
+    "KVLayout": "hwplug.connector",
+    "EngineConfig": "hwplug.config",
+    "register_model": "hwplug.model_zoo.registry",
+    "LLM": "hwplug.model_zoo.llm",
+    "SamplingParams": "hwplug.model_zoo.sampling",
+}
+_MODULES = {"ops": "hwplug.kernel_registry.ops", "envs": "hwplug.envs",
+            "errors": "hwplug.errors", "kernels": "hwplug.kernel_registry"}
+
+__all__ = ["hookimpl", "__version__", *_LAZY, *_MODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name == "kernels":
+        value = importlib.import_module("hwplug.kernel_registry").kernels
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'hwplug' has no attribute {name!r}")
+    globals()[name] = value
+    return value

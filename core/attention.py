@@ -1,0 +1,287 @@
+"""``AttentionBackend``: paged attention over a KV cache, with its eligibility as data.
+
+A backend states what it can serve as class attributes (dtypes, KV dtypes, head sizes,
+block sizes, masks, capability range, layout), so :func:`select_backend` can explain
+every accept and reject. ``validate(spec)`` turns those facts into reasons; a backend
+only overrides it to add checks the attributes cannot express.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hwplug import envs, registries
+from hwplug.errors import UnsupportedError
+from hwplug.interface import StrictInterface
+from hwplug.platform import DeviceCapability
+
+if TYPE_CHECKING:
+    import torch
+
+    from hwplug.config import EngineConfig
+    from hwplug.platform import Platform
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """The attention a model layer needs. ``block_size=None`` means "not settled yet"."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    dtype: str = "float32"
+    kv_cache_dtype: str | None = None
+    block_size: int | None = None
+    causal: bool = True
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AttentionSpec:
+        return cls(config.num_heads, config.num_kv_heads, config.head_size, config.dtype,
+                   config.kv_cache_dtype, config.block_size, config.causal,
+                   config.sliding_window, config.soft_cap)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a batch's tokens sit in the paged KV cache (see the ``paged_attention`` op).
+
+    ``slot_mapping[t]`` is the cache slot of token t (negative = padding, not written);
+    sequence i's queries are ``query[query_start_loc[i]:query_start_loc[i+1]]``, the last
+    tokens of its context of ``seq_lens[i]`` tokens stored in blocks ``block_tables[i]``.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class InternalFallback:
+    """A backend's own fallback, stated as data: when ``condition`` holds, ``path`` serves."""
+
+    condition: str
+    path: str
+
+
+class AttentionBackend(StrictInterface, abc.ABC):
+    """Prefill and decode attention over a paged KV cache, for one :class:`AttentionSpec`."""
+
+    _interface_root = True
+
+    #: Platform names this backend runs on; empty means any platform.
+    platforms: ClassVar[tuple[str, ...]] = ()
+    supported_dtypes: ClassVar[tuple[str, ...]] = ()
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ()
+    #: Head sizes served; empty means any.
+    supported_head_sizes: ClassVar[tuple[int, ...]] = ()
+    supported_block_sizes: ClassVar[tuple[int, ...]] = (16,)
+    supports_causal: ClassVar[bool] = True
+    supports_non_causal: ClassVar[bool] = False
+    supports_sliding_window: ClassVar[bool] = False
+    supports_soft_cap: ClassVar[bool] = False
+    supports_gqa: ClassVar[bool] = True
+    #: Device capability range, inclusive (None = no bound).
+    min_capability: ClassVar[str | None] = None
+    max_capability: ClassVar[str | None] = None
+    #: Name of the KV-cache layout :meth:`kv_cache_shape` describes.
+    kv_cache_layout: ClassVar[str] = "NHD"
+    #: True: :meth:`forward` writes the new K/V into the cache itself. False: the caller
+    #: must call :meth:`write_kv_cache` before :meth:`forward`.
+    updates_kv_cache_in_forward: ClassVar[bool] = True
+    #: The backend's own fallbacks, shown by ``hwplug kernels``.
+    internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = ()
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        reasons = self.validate(spec)
+        if reasons:
+            raise UnsupportedError(f"{self.get_name()} cannot serve {spec}: {'; '.join(reasons)}")
+        self.spec = spec
+
+    @classmethod
+    @abc.abstractmethod
+    def get_name(cls) -> str:
+        """The backend's unique registered name (``"TRITON_ATTN"``)."""
+
+    @classmethod
+    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_size: int) -> tuple[int, ...]:
+        """Shape of one layer's cache; the default is ``NHD``:
+        ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (K then V)."""
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
+        """Reasons this backend cannot serve ``spec`` on ``platform``; empty means it can."""
+        reasons = []
+        if platform is not None and cls.platforms and platform.name not in cls.platforms:
+            reasons.append(f"runs on {', '.join(cls.platforms)}, not {platform.name}")
+        if spec.dtype not in cls.supported_dtypes:
+            reasons.append(f"dtype {spec.dtype} not in {', '.join(cls.supported_dtypes)}")
+        kv_dtype = spec.kv_cache_dtype or spec.dtype
+        if kv_dtype not in cls.supported_kv_cache_dtypes:
+            reasons.append(f"KV-cache dtype {kv_dtype} not in "
+                           f"{', '.join(cls.supported_kv_cache_dtypes)}")
+        if cls.supported_head_sizes and spec.head_size not in cls.supported_head_sizes:
+            reasons.append(f"head size {spec.head_size} not in "
+                           f"{', '.join(map(str, cls.supported_head_sizes))}")
+        if spec.block_size is not None and spec.block_size not in cls.supported_block_sizes:
+            reasons.append(f"block size {spec.block_size} not in "
+                           f"{', '.join(map(str, cls.supported_block_sizes))}")
+        if spec.causal and not cls.supports_causal:
+            reasons.append("causal attention not supported")
+        if not spec.causal and not cls.supports_non_causal:
+            reasons.append("non-causal attention not supported")
+        if spec.sliding_window is not None and not cls.supports_sliding_window:
+            reasons.append("sliding window not supported")
+        if spec.soft_cap is not None and not cls.supports_soft_cap:
+            reasons.append("logit soft-cap not supported")
+        if spec.num_heads % spec.num_kv_heads:
+            reasons.append(f"{spec.num_heads} query heads not a multiple of "
+                           f"{spec.num_kv_heads} KV heads")
+        elif spec.num_heads != spec.num_kv_heads and not cls.supports_gqa:
+            reasons.append("grouped-query attention not supported")
+        reasons.extend(cls._capability_reasons(platform))
+        return reasons
+
+    @classmethod
+    def _capability_reasons(cls, platform: Platform | None) -> list[str]:
+        if platform is None or (cls.min_capability is None and cls.max_capability is None):
+            return []
+        current = platform.get_device_capability()
+        if current is None:
+            return ["needs a device capability, the platform reports none"]
+        if cls.min_capability and current < DeviceCapability.parse(cls.min_capability):
+            return [f"capability {current} below {cls.min_capability}"]
+        if cls.max_capability and current > DeviceCapability.parse(cls.max_capability):
+            return [f"capability {current} above {cls.max_capability}"]
+        return []
+
+    def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                       metadata: AttentionMetadata) -> None:
+        """Store this step's ``key``/``value`` ``[T, Hkv, D]`` at ``metadata.slot_mapping``."""
+        from hwplug.kernel_registry import ops
+
+        ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+
+    @abc.abstractmethod
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """Attention of ``query [T, Hq, D]`` over the cached context; returns ``[T, Hq, D]``.
+
+        If ``updates_kv_cache_in_forward`` the backend first stores ``key``/``value``
+        ``[T, Hkv, D]`` in ``kv_cache``; otherwise they are already there.
+        """
+
+
+@dataclass
+class Selection:
+    """The outcome of :func:`select_backend`: the chosen class and why others were not."""
+
+    backend: type[AttentionBackend]
+    rejected: dict[str, list[str]]
+    forced: bool
+
+
+def _backends() -> dict[str, type[AttentionBackend] | str]:
+    """Every registered backend class, or why it failed to import (a reason, not a crash)."""
+    result: dict[str, type[AttentionBackend] | str] = {}
+    for name in registries.attention_backends.names():
+        try:
+            result[name] = registries.attention_backends.get(name)
+        except Exception as exc:
+            logger.warning("attention backend %s failed to import: %r", name, exc)
+            result[name] = f"failed to import: {exc!r}"
+    return result
+
+
+def _rejections(platform: Platform, spec: AttentionSpec) -> dict[str, list[str]]:
+    """Every registered backend's reasons for refusing ``spec`` (empty list: it can)."""
+    return {name: [backend] if isinstance(backend, str) else backend.validate(spec, platform)
+            for name, backend in _backends().items()}
+
+
+def select_backend(platform: Platform, spec: AttentionSpec,
+                   requested: str | None = None) -> Selection:
+    """Choose the attention backend for ``spec`` on ``platform``.
+
+    ``requested`` (or ``HWPLUG_ATTENTION_BACKEND``) forces a backend: if it cannot serve
+    the spec that is an error listing its reasons and the backends that can. Otherwise
+    the first backend of ``platform.attention_backend_priority`` that validates wins.
+    """
+    reasons = _rejections(platform, spec)
+    able = [name for name, why in reasons.items() if not why]
+    requested = requested or envs.HWPLUG_ATTENTION_BACKEND
+    if requested:
+        backend = registries.attention_backends.get(requested)  # unknown -> lists choices
+        if reasons[requested]:
+            raise UnsupportedError(
+                f"attention backend {requested} cannot serve {spec}: "
+                f"{'; '.join(reasons[requested])}. Backends that can: {', '.join(able) or 'none'}"
+            )
+        return Selection(backend, {n: r for n, r in reasons.items() if n != requested}, True)
+    if not platform.attention_backend_priority:
+        raise UnsupportedError(
+            f"platform {platform.name!r} declares no attention backend: its plugin has not "
+            "registered one yet"
+        )
+    rejected: dict[str, list[str]] = {}
+    for name in platform.attention_backend_priority:
+        why = reasons.get(name, [f"not registered (registered: {', '.join(reasons) or 'none'})"])
+        if not why:
+            rejected.update({n: r or ["lower in the platform's priority list"]
+                             for n, r in reasons.items() if n not in rejected and n != name})
+            return Selection(registries.attention_backends.get(name), rejected, False)
+        rejected[name] = why
+    detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items())
+    raise UnsupportedError(f"no attention backend of platform {platform.name!r} can serve "
+                           f"{spec}: {detail}")
+
+
+def settle_attention(platform: Platform, config: EngineConfig) -> Selection:
+    """Pick the backend and the block size for ``config`` once, at configuration time.
+
+    A requested block size no registered backend accepts is warned about and replaced by
+    one the chosen backend accepts (the platform default when it is among them).
+    """
+    spec = AttentionSpec.from_config(config)
+    if config.block_size is not None:
+        accepting = [name for name, backend in _backends().items()
+                     if not isinstance(backend, str)
+                     and config.block_size in backend.supported_block_sizes]
+        if not accepting:
+            logger.warning("block size %d matches no registered attention backend; "
+                           "choosing one the selected backend accepts", config.block_size)
+            spec = replace(spec, block_size=None)
+    selection = select_backend(platform, spec, config.attention_backend)
+    sizes = selection.backend.supported_block_sizes
+    if spec.block_size is None:
+        config.block_size = (platform.default_block_size
+                             if platform.default_block_size in sizes else sizes[0])
+    config.attention_backend = selection.backend.get_name()
+    return selection
+
+
+def describe_backend(backend: type[AttentionBackend]) -> dict[str, Any]:
+    """A backend's declared facts as plain data (for ``hwplug info`` and the kit)."""
+    return {
+        "name": backend.get_name(),
+        "platforms": list(backend.platforms),
+        "dtypes": list(backend.supported_dtypes),
+        "kv_cache_dtypes": list(backend.supported_kv_cache_dtypes),
+        "head_sizes": list(backend.supported_head_sizes) or "any",
+        "block_sizes": list(backend.supported_block_sizes),
+        "layout": backend.kv_cache_layout,
+        "updates_kv_cache_in_forward": backend.updates_kv_cache_in_forward,
+        "internal_fallbacks": [f"{f.condition} -> {f.path}" for f in backend.internal_fallbacks],
+    }

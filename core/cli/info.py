@@ -1,0 +1,82 @@
+"""``hwplug info``: what was resolved, what was skipped and why, and the settings."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+
+from hwplug.cli.output import add_json_flag, print_json, table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_json_flag(parser)
+    parser.add_argument("--tracebacks", action="store_true",
+                        help="show the full traceback of every failed plugin")
+
+
+def collect() -> dict[str, Any]:
+    """Everything ``hwplug info`` shows, as plain data."""
+    from hwplug import discovery, envs, registries
+    from hwplug.kernel_registry import kernels
+
+    resolution = discovery.resolution()
+    return {
+        "platform": {**resolution.platform.describe(), "reason": resolution.reason,
+                     "forced": resolution.forced},
+        "candidates": [{"name": c.name, "source": c.source, "status": c.status,
+                        "reason": c.reason, "traceback": c.traceback}
+                       for c in resolution.candidates[1:]],
+        "plugins": [asdict(record) for record in resolution.plugins],
+        "hardware_without_plugin": [
+            {"vendor": s.vendor, "devices": list(s.devices), "evidence": s.evidence,
+             "install": s.install_hint} for s in resolution.sightings],
+        "registries": {
+            "attention_backends": registries.attention_backends.names(),
+            "quant_methods": registries.quant_methods.names(),
+            "connectors": registries.connectors.names(),
+            "models": registries.models.names(),
+            "kernels": {op: [v.name for v in kernels.variants(op)] for op in kernels.ops()},
+        },
+        "settings": envs.effective(),
+        "unknown_settings": list(envs.unknown()),
+        "api_version": discovery.API_VERSION,
+    }
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    data = collect()
+    if args.json:
+        print_json(console, data)
+        return 0
+    platform = data["platform"]
+    console.print(f"[bold]platform[/] {platform['name']} ({platform['device_name']}) — "
+                  f"{platform['reason']}")
+    console.print(table("platform facts", ("fact", "value"),
+                        ((k, v) for k, v in platform.items() if k not in ("name", "reason"))))
+    console.print(table("other platform candidates", ("name", "source", "status", "why not"),
+                        ((c["name"], c["source"], c["status"], c["reason"])
+                         for c in data["candidates"])))
+    console.print(table("plugins", ("name", "distribution", "version", "status", "note"),
+                        ((p["name"], p["distribution"], p["version"], p["status"], p["reason"])
+                         for p in data["plugins"])))
+    if data["hardware_without_plugin"]:
+        console.print(table("hardware seen without its plugin", ("vendor", "devices", "install"),
+                            ((s["vendor"], ", ".join(s["devices"]), s["install"])
+                             for s in data["hardware_without_plugin"])))
+    regs = data["registries"]
+    rows = [(kind, len(names), ", ".join(names)) for kind, names in regs.items()
+            if kind != "kernels"]
+    rows.append(("kernels", sum(map(len, regs["kernels"].values())),
+                 "; ".join(f"{op}: {', '.join(v)}" for op, v in regs["kernels"].items())))
+    console.print(table("registries", ("registry", "count", "names"), rows))
+    console.print(table("settings", ("variable", "value"), data["settings"].items()))
+    for name in data["unknown_settings"]:
+        console.print(f"[yellow]warning:[/] {name} is set but is not a hwplug variable")
+    if args.tracebacks:
+        for item in (*data["plugins"], *data["candidates"]):
+            if item.get("traceback"):
+                console.print(f"[bold red]{item['name']}[/]\n{item['traceback']}")
+    return 0

@@ -1,0 +1,68 @@
+"""``hwplug kernels``: per op and dtype, the variant chosen here and why others were not."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from hwplug.cli.output import add_json_flag, print_json, table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_json_flag(parser)
+    parser.add_argument("--op", action="append", help="only this op (repeatable)")
+    parser.add_argument("--dtype", action="append",
+                        help="only this dtype (default: the platform's dtypes)")
+    parser.add_argument("--num-tokens", type=int, help="explain for this many tokens")
+
+
+def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
+            num_tokens: int | None = None) -> dict[str, Any]:
+    """The explanation of every requested (op, dtype) on the current platform."""
+    from hwplug import registries
+    from hwplug.attention import describe_backend
+    from hwplug.discovery import current_platform
+    from hwplug.kernel_registry import kernels
+
+    platform = current_platform()
+    result: dict[str, Any] = {"platform": platform.name, "device_type": platform.device_type,
+                              "ops": {}, "attention_backends": {}}
+    for op in ops or list(kernels.ops()):
+        kernels.op(op)  # unknown op -> error naming the ops
+        for dtype in dtypes or platform.supported_dtypes:
+            why = kernels.explain(op, platform, platform.device_type, dtype, num_tokens)
+            result["ops"].setdefault(op, {})[dtype] = {
+                "chosen": why.chosen.name if why.chosen else None,
+                "fallbacks": [v.name for v in why.chain[1:]],
+                "rejected": why.rejected,
+            }
+    for name in registries.attention_backends.names():
+        try:
+            result["attention_backends"][name] = describe_backend(
+                registries.attention_backends.get(name))
+        except Exception as exc:  # report, don't crash the listing
+            result["attention_backends"][name] = {"error": repr(exc)}
+    return result
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    data = collect(args.op, args.dtype, args.num_tokens)
+    if args.json:
+        print_json(console, data)
+        return 0
+    rows = []
+    for op, by_dtype in data["ops"].items():
+        for dtype, why in by_dtype.items():
+            rejected = "; ".join(f"{n}: {r}" for n, r in why["rejected"].items())
+            rows.append((op, dtype, why["chosen"] or "NONE", ", ".join(why["fallbacks"]),
+                         rejected))
+    console.print(table(f"kernels on platform {data['platform']}",
+                        ("op", "dtype", "chosen", "fallback order", "rejected (why)"), rows))
+    backend_rows = [(name, facts.get("layout"), ", ".join(facts.get("internal_fallbacks", []))
+                     or "-", facts.get("error", "")) for name, facts in
+                    data["attention_backends"].items()]
+    console.print(table("attention backends", ("name", "layout", "internal fallbacks", "error"),
+                        backend_rows))
+    return 0

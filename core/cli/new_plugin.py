@@ -1,0 +1,8 @@
+"""placeholder"""
+
+def add_arguments(parser):
+    pass
+
+
+def run(args, console):
+    raise NotImplementedError

@@ -1,0 +1,25 @@
+"""``EngineConfig``: the settings a platform settles before a model is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """What the runner asks of a platform; ``check_and_update_config`` fills the rest.
+
+    Attention geometry comes from the model; ``block_size``, ``kv_cache_dtype`` and
+    ``attention_backend`` may be left None and are settled once, at configuration time.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    dtype: str = "float32"
+    kv_cache_dtype: str | None = None
+    block_size: int | None = None
+    attention_backend: str | None = None
+    causal: bool = True
+    sliding_window: int | None = None
+    soft_cap: float | None = None

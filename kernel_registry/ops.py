@@ -1,0 +1,73 @@
+"""The ops every platform provides. Each is declared once: contract, reference, tolerance.
+
+Shapes: ``T`` tokens, ``B`` sequences, ``Hq``/``Hkv`` query/KV heads, ``D`` head size.
+Tolerances are ``(atol, rtol)`` per dtype that every variant must meet against the
+reference (the conformance kit checks them). Compute is fp32 inside; outputs take the
+input dtype. All ops are functional except ``reshape_and_cache``, which writes in place.
+"""
+
+from __future__ import annotations
+
+from hwplug.kernel_registry import kernels
+
+_REF = "hwplug.kernel_registry.reference:"
+_ELEMENTWISE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+#: Attention accumulates over the context; fp32 allows TF32-class dot products.
+_ATTENTION = {"float32": (2e-3, 2e-3), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+
+rms_norm = kernels.define_op("rms_norm", _REF + "rms_norm", tolerances=_ELEMENTWISE, doc="""
+rms_norm(x [..., H], weight [H], eps, residual=None)
+    Without residual: x * rsqrt(mean(x**2, -1) + eps) * weight.
+    With residual: s = x + residual; returns (rms_norm(s), s).
+""")
+
+rotary_embedding = kernels.define_op(
+    "rotary_embedding", _REF + "rotary_embedding", tolerances=_ELEMENTWISE, dispatch_arg=1,
+    doc="""
+rotary_embedding(positions [T] int64, query [T, Hq, D], key [T, Hkv, D],
+                 cos_sin_cache [max_pos, rot_dim] fp32, is_neox) -> (query, key)
+    Rotates the first rot_dim dims of each head by the angle of its position; cos in the
+    first rot_dim/2 columns of the cache, sin in the rest. neox pairs (i, i + rot_dim/2),
+    gptj pairs (2i, 2i + 1). Build the cache with reference.build_cos_sin_cache.
+""")
+
+silu_and_mul = kernels.define_op("silu_and_mul", _REF + "silu_and_mul",
+                                 tolerances=_ELEMENTWISE, doc="""
+silu_and_mul(x [..., 2d]) -> [..., d] = silu(x[..., :d]) * x[..., d:]
+""")
+
+gelu_and_mul = kernels.define_op("gelu_and_mul", _REF + "gelu_and_mul",
+                                 tolerances=_ELEMENTWISE, doc="""
+gelu_and_mul(x [..., 2d], approximate="none") -> [..., d] = gelu(x[..., :d]) * x[..., d:]
+""")
+
+reshape_and_cache = kernels.define_op("reshape_and_cache", _REF + "reshape_and_cache",
+                                      tolerances=_ELEMENTWISE, doc="""
+reshape_and_cache(key [T, Hkv, D], value [T, Hkv, D],
+                  kv_cache [2, num_blocks, block_size, Hkv, D], slot_mapping [T] int64)
+    In place, layout NHD: key[t] -> kv_cache[0, slot // block_size, slot % block_size],
+    value[t] -> kv_cache[1, ...], cast to the cache dtype. A negative slot is skipped.
+""")
+
+paged_attention = kernels.define_op("paged_attention", _REF + "paged_attention",
+                                    tolerances=_ATTENTION, doc="""
+paged_attention(query [T, Hq, D], kv_cache [2, num_blocks, block_size, Hkv, D],
+                block_tables [B, max_blocks] int32, seq_lens [B] int32,
+                query_start_loc [B+1] int32, scale, causal=True, sliding_window=None,
+                soft_cap=None, max_query_len=None, max_seq_len=None) -> [T, Hq, D]
+    Sequence i's queries query[qsl[i]:qsl[i+1]] are the last tokens of its context of
+    seq_lens[i] tokens (already cached). Key k is visible to the query at position p iff
+    (not causal or k <= p) and (sliding_window is None or p - k < sliding_window).
+    logits = scale * q.k, soft-capped as soft_cap * tanh(logits / soft_cap) if set;
+    softmax in fp32; GQA: query head h reads KV head h // (Hq // Hkv). Covers prefill,
+    chunked prefill and decode, mixed in one batch.
+""")
+
+scaled_mm = kernels.define_op("scaled_mm", _REF + "scaled_mm",
+                              tolerances={"fp8_e4m3": (2e-2, 2e-2), "fp8_e5m2": (5e-2, 5e-2),
+                                          "float32": (1e-4, 1e-4), "bfloat16": (2e-2, 2e-2),
+                                          "float16": (2e-3, 2e-3)}, doc="""
+scaled_mm(a [M, K], b [K, N], scale_a (scalar or [M, 1]) fp32, scale_b (scalar or [1, N])
+          fp32, out_dtype, bias [N] | None = None) -> [M, N]
+    ((a.float() * scale_a) @ (b.float() * scale_b) + bias).to(out_dtype)
+""")

@@ -1,0 +1,163 @@
+"""``KernelRegistry``: ops, their variants, and the explainable choice between them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hwplug import envs
+from hwplug.errors import ConfigError, UnknownNameError
+from hwplug.kernel_registry.dispatch import Op
+from hwplug.kernel_registry.variant import Variant
+from hwplug.registry import Registry, current_source
+
+if TYPE_CHECKING:
+    from hwplug.platform import Platform
+
+logger = logging.getLogger(__name__)
+
+REFERENCE = "reference"
+#: The reference variant sorts after every registered variant.
+REFERENCE_PRIORITY = -(10**9)
+
+
+@dataclass
+class Explanation:
+    """Why each variant of ``op`` was or was not chosen for one dispatch key."""
+
+    op: str
+    device_type: str
+    dtype: str
+    num_tokens: int | None
+    chain: list[Variant] = field(default_factory=list)  # eligible, best first
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> Variant | None:
+        return self.chain[0] if self.chain else None
+
+
+class KernelRegistry(Registry[Variant]):
+    """Kernel variants keyed ``"op/variant"``, and the :class:`Op` objects that dispatch."""
+
+    def __init__(self) -> None:
+        super().__init__("kernel variant", lazy_strings=False)
+        self._ops: dict[str, Op] = {}
+
+    # --- declaring ops and variants -----------------------------------------------
+
+    def define_op(self, name: str, reference: Callable[..., Any] | str, *, doc: str,
+                  tolerances: dict[str, tuple[float, float]], dispatch_arg: int = 0) -> Op:
+        """Declare op ``name`` with its pure-torch ``reference`` (registered as variant
+        ``"reference"``) and the ``(atol, rtol)`` per dtype every variant must meet.
+        ``dispatch_arg`` is the positional argument whose device, dtype and leading
+        dimension (num_tokens) form the dispatch key."""
+        if name in self._ops:
+            raise ValueError(f"op {name!r} is already defined")
+        op = Op(self, name, doc, tolerances, dispatch_arg)
+        self._ops[name] = op
+        token = current_source.set("code")
+        try:
+            self.register_variant(name, REFERENCE, reference, priority=REFERENCE_PRIORITY,
+                                  description="pure-torch reference (runs on any device)")
+        finally:
+            current_source.reset(token)
+        return op
+
+    def register_variant(self, op: str, name: str, impl: Callable[..., Any] | str, *,
+                         override: bool = False, **facts: Any) -> Variant:
+        """Register ``impl`` as variant ``name`` of ``op``; ``facts`` are :class:`Variant`
+        fields (``priority``, ``platforms``, ``dtypes``, ``min_capability``, ...)."""
+        self.op(op)  # unknown op -> error listing the ops
+        variant = Variant(op, name, impl, **facts)
+        self.register(variant.key, variant, override=override)
+        return variant
+
+    def variant(self, op: str, name: str | None = None, **facts: Any
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of :meth:`register_variant` (name defaults to the function's)."""
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register_variant(op, name or fn.__name__, fn, **facts)
+            return fn
+        return decorate
+
+    # --- lookup ---------------------------------------------------------------------
+
+    def op(self, name: str) -> Op:
+        try:
+            return self._ops[name]
+        except KeyError:
+            raise UnknownNameError("op", name, self._ops) from None
+
+    def ops(self) -> dict[str, Op]:
+        return dict(self._ops)
+
+    def variants(self, op: str) -> list[Variant]:
+        """``op``'s variants, in default preference order (priority, then name)."""
+        found = [e.target for e in self.entries()
+                 if e.status != "removed" and e.target.op == op]
+        return sorted(found, key=lambda v: (-v.priority, v.name))
+
+    def _changed(self) -> None:
+        super()._changed()
+        for op in self._ops.values():
+            op.invalidate()
+
+    # --- selection --------------------------------------------------------------------
+
+    def disabled(self) -> set[str]:
+        """Variant keys disabled by ``HWPLUG_DISABLED_KERNELS`` (``op/name`` or ``name``)."""
+        names = envs.HWPLUG_DISABLED_KERNELS
+        keys = {e.name for e in self.entries()}
+        short = {key.split("/", 1)[1] for key in keys}
+        unknown = [n for n in names if n not in keys and n not in short]
+        if unknown:
+            raise ConfigError(
+                f"HWPLUG_DISABLED_KERNELS names unknown kernel variants: {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(keys))}")
+        return {key for key in keys if key in names or key.split("/", 1)[1] in names}
+
+    def explain(self, op: str, platform: Platform, device_type: str, dtype: str,
+                num_tokens: int | None = None) -> Explanation:
+        """Rank ``op``'s variants for one dispatch key, with a reason for each rejection."""
+        result = Explanation(op, device_type, dtype, num_tokens)
+        disabled = self.disabled()
+        for variant in self._preferred_order(op):
+            reason = ("disabled by HWPLUG_DISABLED_KERNELS" if variant.key in disabled
+                      else variant.static_rejection(platform, device_type, dtype, num_tokens))
+            if reason is None and isinstance(variant.impl, str):
+                reason = _import_failure(variant)
+            if reason is None:
+                result.chain.append(variant)
+            else:
+                result.rejected[variant.name] = reason
+        if envs.HWPLUG_KERNEL_STRICT and len(result.chain) > 1:
+            for variant in result.chain[1:]:
+                result.rejected[variant.name] = "no fallback: HWPLUG_KERNEL_STRICT is set"
+            del result.chain[1:]
+        return result
+
+    def _preferred_order(self, op: str) -> list[Variant]:
+        variants = self.variants(op)
+        preferred = envs.HWPLUG_KERNEL_PREFER.get(op, ())
+        names = [v.name for v in variants]
+        unknown = [p for p in preferred if p not in names]
+        if unknown:
+            raise ConfigError(f"HWPLUG_KERNEL_PREFER names unknown variants of {op}: "
+                              f"{', '.join(unknown)}; known: {', '.join(names)}")
+        rank = {name: index for index, name in enumerate(preferred)}
+        return sorted(variants, key=lambda v: rank.get(v.name, len(rank)))
+
+
+def _import_failure(variant: Variant) -> str | None:
+    """Import a lazy ``impl`` in place; return the failure as a reason instead of raising."""
+    from hwplug.registry import import_object
+
+    try:
+        variant.impl = import_object(variant.impl)  # type: ignore[arg-type]
+    except Exception as exc:
+        logger.warning("kernel variant %s failed to import: %r", variant.key, exc)
+        return f"import failed: {exc!r}"
+    return None

@@ -1,0 +1,104 @@
+"""``Variant``: one implementation of an op, with its eligibility stated as data."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from hwplug.platform import DeviceCapability
+
+if TYPE_CHECKING:
+    from hwplug.platform import Platform
+
+#: ``supports(*args, **kwargs)`` of a variant: None if it can serve this call, else why not.
+SupportsFn = Callable[..., "str | None"]
+
+
+@dataclass
+class Variant:
+    """An implementation of ``op`` and the facts that decide where it may run.
+
+    ``impl`` is the callable or a lazy ``"module:function"`` (imported when first chosen).
+    Facts checked once per dispatch key: ``platforms`` (empty = any platform, on any
+    device), ``dtypes`` (of the op's first tensor; empty = any), capability range,
+    ``min_toolkit`` and ``packages`` version gates, and the ``num_tokens`` range
+    ``[low, high)`` of the first tensor's leading dimension. ``supports`` is checked on
+    every call for what only the call's shapes can tell; leave it None where possible.
+    """
+
+    op: str
+    name: str
+    impl: Callable[..., Any] | str
+    priority: int = 0
+    platforms: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    min_capability: str | None = None
+    max_capability: str | None = None
+    min_toolkit: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    num_tokens: tuple[int, int | None] | None = None
+    supports: SupportsFn | None = None
+    description: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}/{self.name}"
+
+    def static_rejection(self, platform: Platform, device_type: str, dtype: str,
+                         num_tokens: int | None) -> str | None:
+        """Why this variant cannot serve the dispatch key, or None if it can."""
+        if self.platforms:
+            if platform.name not in self.platforms:
+                return f"serves platform {', '.join(self.platforms)}, not {platform.name}"
+            if device_type != platform.device_type:
+                return f"needs tensors on {platform.device_type}, got {device_type}"
+        if self.dtypes and dtype not in self.dtypes:
+            return f"dtype {dtype} not in {', '.join(self.dtypes)}"
+        return (self._capability_rejection(platform) or self._version_rejection(platform)
+                or self._tokens_rejection(num_tokens))
+
+    def _capability_rejection(self, platform: Platform) -> str | None:
+        if self.min_capability is None and self.max_capability is None:
+            return None
+        current = platform.get_device_capability()
+        if current is None:
+            return "needs a device capability; the platform reports none"
+        if self.min_capability and current < DeviceCapability.parse(self.min_capability):
+            return f"capability {current} below {self.min_capability}"
+        if self.max_capability and current > DeviceCapability.parse(self.max_capability):
+            return f"capability {current} above {self.max_capability}"
+        return None
+
+    def _version_rejection(self, platform: Platform) -> str | None:
+        if self.min_toolkit:
+            toolkit = platform.toolkit_version()
+            if toolkit is None or _version(toolkit) < _version(self.min_toolkit):
+                return f"toolkit {toolkit or 'absent'} below {self.min_toolkit}"
+        for package, spec in self.packages.items():
+            try:
+                installed = importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                return f"package {package} not installed (needs {spec})"
+            if _version(installed) not in SpecifierSet(spec):
+                return f"{package} {installed} does not satisfy {spec}"
+        return None
+
+    def _tokens_rejection(self, num_tokens: int | None) -> str | None:
+        if self.num_tokens is None or num_tokens is None:
+            return None
+        low, high = self.num_tokens
+        if num_tokens < low or (high is not None and num_tokens >= high):
+            return f"num_tokens {num_tokens} outside [{low}, {high if high else 'inf'})"
+        return None
+
+
+def _version(text: str) -> Version:
+    try:
+        return Version(text.split("+")[0])
+    except InvalidVersion:
+        return Version("0")

@@ -1,0 +1,39 @@
+"""Registering and finding model architectures by their Hugging Face architecture name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwplug import registries
+from hwplug.errors import UnknownNameError
+
+_HOW_TO = ("Register one with hwplug.register_model('MyArchForCausalLM', 'my_pkg.model:MyArch') "
+           "or an entry point in the 'hwplug.models' group")
+
+
+def register_model(architecture: str, target: type | str, *, override: bool = False) -> None:
+    """Register ``target`` (a class or a lazy ``"module:Class"``) for ``architecture``.
+
+    A string target is imported only when that architecture is first requested.
+    """
+    registries.models.register(architecture, target, override=override)
+
+
+def get_model_class(architecture: str) -> Any:
+    """The class registered for ``architecture`` (discovery runs first, for plugins)."""
+    from hwplug.discovery import current_platform
+
+    current_platform()
+    if architecture not in registries.models:
+        raise UnknownNameError("model architecture", architecture, registries.models.names(),
+                               _HOW_TO)
+    return registries.models.get(architecture)
+
+
+def model_sources() -> dict[str, str]:
+    """Each registered architecture and where it came from (for ``hwplug models``)."""
+    from hwplug.discovery import current_platform
+
+    current_platform()
+    return {e.name: f"{e.target if isinstance(e.target, str) else e.target.__module__} "
+                    f"({e.source})" for e in registries.models.entries() if e.status != "removed"}

@@ -1,0 +1,1 @@
+"""Cheap hardware probes for every known device kind, and the built-in CPU platform."""

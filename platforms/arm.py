@@ -1,0 +1,69 @@
+"""Probe for Arm CPUs (served by the ``cpu-arm`` platform of hwplug-cpu-arm).
+
+The host is Arm when ``machine`` (default :func:`platform.machine`; not root-relative)
+is ``aarch64`` or ``arm64``. ``/proc/cpuinfo`` under ``root``, where readable, then
+names the cores: each ``processor`` block's ``CPU implementer`` and ``CPU part`` are
+looked up in small tables of well-known cores, and its ``Features`` line gives the
+vector and matrix extensions hwplug cares about (:data:`FEATURES`).
+
+The sighting's ``devices`` are the distinct core names, ``count`` the logical CPUs, and
+``details`` holds ``core`` (the first core's name), ``implementer`` and ``part`` (hex
+ids), and ``features`` (space-separated, only those every core has). Without a readable
+cpuinfo (macOS) the one device is an ``"Arm CPU"`` and ``count`` is :func:`os.cpu_count`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+
+from hwplug.platforms._sysfs import parse_fields, read_text
+from hwplug.platforms.sighting import DeviceKind, Sighting
+
+KIND = DeviceKind(name="cpu-arm", vendor="arm", plugin_extra="cpu-arm")
+ARM_MACHINES = ("aarch64", "arm64")
+GENERIC_NAME = "Arm CPU"
+FEATURES = ("asimd", "sve", "sve2", "bf16", "i8mm")
+IMPLEMENTERS: Mapping[int, str] = {0x41: "Arm", 0x4E: "NVIDIA", 0x61: "Apple", 0xC0: "Ampere"}
+#: ``CPU part`` of cores designed by Arm (implementer 0x41).
+ARM_PARTS: Mapping[int, str] = {
+    0xD08: "Cortex-A72", 0xD0B: "Cortex-A76", 0xD0C: "Neoverse N1",
+    0xD40: "Neoverse V1", 0xD49: "Neoverse N2", 0xD4F: "Neoverse V2",
+}
+
+
+def probe(root: Path = Path("/"), *, environ: Mapping[str, str] | None = None,
+          machine: str | None = None) -> Sighting | None:
+    """A sighting of the host's Arm CPU, or None on other machines. Never raises on bad files.
+
+    ``environ`` is accepted for the common probe signature and not consulted.
+    """
+    machine = platform.machine() if machine is None else machine
+    if machine.lower() not in ARM_MACHINES:
+        return None
+    cpuinfo = root / "proc/cpuinfo"
+    blocks = [fields for block in (read_text(cpuinfo) or "").split("\n\n")
+              if "processor" in (fields := parse_fields(block))]
+    if not blocks:
+        return KIND.sighting([GENERIC_NAME], f"machine type {machine}",
+                             count=os.cpu_count() or 1, details={"core": GENERIC_NAME})
+    cores = [core_name(b.get("CPU implementer", ""), b.get("CPU part", "")) for b in blocks]
+    shared = set.intersection(*(set(b.get("Features", "").split()) for b in blocks))
+    ids = {"implementer": blocks[0].get("CPU implementer"), "part": blocks[0].get("CPU part")}
+    details = {"core": cores[0], "features": " ".join(f for f in FEATURES if f in shared),
+               **{key: value for key, value in ids.items() if value}}
+    return KIND.sighting(list(dict.fromkeys(cores)), cpuinfo, count=len(blocks), details=details)
+
+
+def core_name(implementer: str, part: str) -> str:
+    """A core's name from cpuinfo's hex ids (``"0x41", "0xd4f"`` -> ``"Neoverse V2"``)."""
+    try:
+        implementer_id, part_id = int(implementer, 16), int(part, 16)
+    except ValueError:
+        return GENERIC_NAME
+    if implementer_id == 0x41 and part_id in ARM_PARTS:
+        return ARM_PARTS[part_id]
+    maker = IMPLEMENTERS.get(implementer_id, f"implementer {implementer_id:#04x}")
+    return f"{maker} part {part_id:#05x}"

@@ -1,0 +1,1 @@
+"""hwplug-cpu-arm: Arm CPUs (Neoverse, Graviton, Apple silicon)."""

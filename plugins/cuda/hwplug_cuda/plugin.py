@@ -1,0 +1,39 @@
+"""hwplug hooks of hwplug-cuda: the Triton kernel variants and the TRITON_ATTN backend.
+
+Kernels are registered as lazy ``"module:function"`` strings, so triton is imported only
+when a variant is first chosen on a CUDA device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwplug import hookimpl
+
+hwplug_api_version = ">=1,<2"
+
+_KERNELS = "hwplug_cuda.kernels."
+#: Facts shared by every Triton variant: NVIDIA only, Ampere or newer, triton present.
+_TRITON = {"platforms": ("cuda",), "min_capability": "8.0", "packages": {"triton": ">=3.0"},
+           "priority": 10}
+
+#: op -> lazy implementation of its Triton variant.
+TRITON_VARIANTS = {
+    "rms_norm": _KERNELS + "norm:rms_norm",
+    "rotary_embedding": _KERNELS + "rotary:rotary_embedding",
+    "silu_and_mul": _KERNELS + "activation:silu_and_mul",
+    "gelu_and_mul": _KERNELS + "activation:gelu_and_mul",
+    "reshape_and_cache": _KERNELS + "cache:reshape_and_cache",
+    "paged_attention": _KERNELS + "attention:paged_attention",
+}
+
+
+@hookimpl
+def hwplug_register_kernels(registry: Any) -> None:
+    for op, impl in TRITON_VARIANTS.items():
+        registry.register_variant(op, "triton", impl, description="Triton kernel", **_TRITON)
+
+
+@hookimpl
+def hwplug_register_attention_backends(registry: Any) -> None:
+    registry.register("TRITON_ATTN", "hwplug_cuda.backend:TritonAttentionBackend")

@@ -1,0 +1,1 @@
+"""hwplug-rocm-aiter: the AMD Instinct platform (ROCm); AITER kernels come in a later release."""

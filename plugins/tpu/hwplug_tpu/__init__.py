@@ -1,0 +1,1 @@
+"""hwplug-tpu: the Google TPU platform, with kernels written in JAX."""

@@ -1,0 +1,1 @@
+"""hwplug-xpu: the Intel GPU (XPU) platform."""

@@ -1,0 +1,251 @@
+"""Discovery against real (temporary) distributions: platforms, plugins, failures, env."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fake_dists import FakeSite, activate_site
+
+from hwplug import registries
+from hwplug.errors import ConfigError, PlatformError, PluginError
+from hwplug.kernel_registry import kernels
+
+PLATFORM_SRC = """
+from hwplug.platform import Platform
+
+class {cls}(Platform):
+    name = "{name}"
+    device_type = "cpu"
+    vendor = "acme"
+    is_accelerator = {accel}
+    priority = {priority}
+    supported_dtypes = ("float32",)
+    supported_kv_cache_dtypes = ("float32",)
+    attention_backend_priority = ("REFERENCE",)
+
+def activate():
+    return {result}
+"""
+
+GOOD_PLUGIN_SRC = """
+from hwplug import hookimpl
+from hwplug.kernel_registry.reference import silu_and_mul
+
+hwplug_api_version = ">=1,<2"
+seen = []
+
+@hookimpl
+def hwplug_register_kernels(registry):
+    registry.register_variant("silu_and_mul", "{variant}", silu_and_mul,
+                              platforms=("{platform}",), priority=5)
+
+@hookimpl
+def hwplug_register_connectors(registry):
+    registry.register("{connector}", "hwplug.connector:Connector")
+
+@hookimpl
+def hwplug_platform_resolved(platform):
+    seen.append(platform.name)
+"""
+
+
+def add_platform(site: FakeSite, name: str, *, accel: bool = True, priority: int = 0,
+                 active: bool = True, plugin_src: str | None = None) -> dict[str, str]:
+    """A distribution ``acme-<name>`` with a platform entry point and optionally a plugin."""
+    mod = site.module(f"acme_{name.replace('-', '_')}")
+    result = f'"{mod}:Plat"' if active else "None"
+    modules = {mod: PLATFORM_SRC.format(cls="Plat", name=name, accel=accel,
+                                        priority=priority, result=result)}
+    eps = {"hwplug.platforms": {name: f"{mod}:activate"}}
+    if plugin_src is not None:
+        modules[mod + "_plugin"] = plugin_src
+        eps["hwplug.plugins"] = {name: mod + "_plugin"}
+    site.add(f"acme-{name}", eps, modules)
+    return {"platform": mod, "plugin": mod + "_plugin"}
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch, fresh_discovery) -> FakeSite:
+    fake = FakeSite(tmp_path / "site")
+    activate_site(fake, monkeypatch)
+    return fake
+
+
+def good_plugin(site: FakeSite, platform: str) -> str:
+    return GOOD_PLUGIN_SRC.format(variant=site.module("fast_silu"), platform=platform,
+                                  connector=site.module("conn"))
+
+
+def test_good_plugin_is_chosen_and_registers(site, fresh_discovery):
+    mods = add_platform(site, "acme", plugin_src=good_plugin(site, "acme"))
+    platform = fresh_discovery.current_platform()
+    assert platform.name == "acme"
+    resolution = fresh_discovery.resolution()
+    assert "highest-ranked active accelerator" in resolution.reason
+    cpu = next(c for c in resolution.candidates if c.name == "cpu")
+    assert "ranked below acme" in cpu.reason
+    record = next(r for r in resolution.plugins if r.name == "acme")
+    assert (record.status, record.distribution) == ("loaded", "acme-acme")
+    assert f"silu_and_mul/{site.module('fast_silu')}" in kernels.names()
+    assert site.module("conn") in registries.connectors
+    assert sys.modules[mods["plugin"]].seen == ["acme"]
+
+
+def test_plugin_raising_at_import_is_isolated(site, fresh_discovery):
+    add_platform(site, "broken", plugin_src="raise RuntimeError('boom at import')\n")
+    add_platform(site, "fine", accel=False, plugin_src=good_plugin(site, "fine"))
+    fresh_discovery.current_platform()
+    records = {r.name: r for r in fresh_discovery.resolution().plugins}
+    assert records["broken"].status == "failed"
+    assert "boom at import" in records["broken"].reason
+    assert "RuntimeError: boom at import" in records["broken"].traceback
+    assert records["fine"].status == "loaded"
+
+
+def test_plugin_raising_in_hook_drops_its_registrations(site, fresh_discovery):
+    variant = site.module("half_written")
+    src = f"""
+from hwplug import hookimpl
+from hwplug.kernel_registry.reference import silu_and_mul
+
+@hookimpl
+def hwplug_register_kernels(registry):
+    registry.register_variant("silu_and_mul", "{variant}", silu_and_mul)
+
+@hookimpl
+def hwplug_register_models(registry):
+    raise ValueError("bad model table")
+"""
+    add_platform(site, "partial", plugin_src=src)
+    add_platform(site, "other", accel=False, plugin_src=good_plugin(site, "other"))
+    fresh_discovery.current_platform()
+    records = {r.name: r for r in fresh_discovery.resolution().plugins}
+    assert records["partial"].status == "failed"
+    assert "hwplug_register_models raised ValueError('bad model table')" in records[
+        "partial"].reason
+    assert f"silu_and_mul/{variant}" not in kernels.names()
+    assert records["other"].status == "loaded"
+
+
+def test_incompatible_api_version_is_skipped_naming_both(site, fresh_discovery):
+    add_platform(site, "old", plugin_src='hwplug_api_version = ">=2,<3"\n')
+    fresh_discovery.current_platform()
+    record = next(r for r in fresh_discovery.resolution().plugins if r.name == "old")
+    assert record.status == "skipped"
+    assert ">=2,<3" in record.reason and fresh_discovery.API_VERSION in record.reason
+
+
+def test_two_accelerators_rank_by_priority(site, fresh_discovery):
+    add_platform(site, "alpha", priority=1)
+    add_platform(site, "beta", priority=5)
+    assert fresh_discovery.current_platform().name == "beta"
+    alpha = next(c for c in fresh_discovery.resolution().candidates if c.name == "alpha")
+    assert alpha.status == "active" and "ranked below beta" in alpha.reason
+
+
+def test_inactive_and_failing_probes_are_reported(site, fresh_discovery):
+    add_platform(site, "absent", active=False)
+    mod = site.module("crashy")
+    site.add("acme-crashy", {"hwplug.platforms": {"crashy": f"{mod}:activate"}},
+             {mod: "def activate():\n    raise OSError('no /sys')\n"})
+    assert fresh_discovery.current_platform().name == "cpu"
+    by_name = {c.name: c for c in fresh_discovery.resolution().candidates}
+    assert by_name["absent"].reason == "probe saw no hardware"
+    assert by_name["crashy"].status == "failed" and "no /sys" in by_name["crashy"].reason
+
+
+def test_forcing_a_missing_platform_lists_installed(site, fresh_discovery, monkeypatch):
+    add_platform(site, "acme")
+    monkeypatch.setenv("HWPLUG_PLATFORM", "nosuch")
+    with pytest.raises(PlatformError, match="nosuch.*installed: .*acme.*cpu"):
+        fresh_discovery.current_platform()
+
+
+def test_forcing_a_platform_whose_probe_fails_is_an_error(site, fresh_discovery, monkeypatch):
+    add_platform(site, "absent", active=False)
+    monkeypatch.setenv("HWPLUG_PLATFORM", "absent")
+    with pytest.raises(PlatformError, match="forced but its probe failed"):
+        fresh_discovery.current_platform()
+
+
+def test_forced_platform_skips_other_platforms_plugins(site, fresh_discovery, monkeypatch):
+    mods = add_platform(site, "acme", plugin_src=good_plugin(site, "acme"))
+    monkeypatch.setenv("HWPLUG_PLATFORM", "cpu")
+    assert fresh_discovery.current_platform().name == "cpu"
+    assert mods["plugin"] not in sys.modules
+    record = next(r for r in fresh_discovery.resolution().plugins if r.name == "acme")
+    assert "HWPLUG_PLATFORM forces 'cpu'" in record.reason
+
+
+def test_allow_list_imports_nothing_else(site, fresh_discovery, monkeypatch):
+    kept = add_platform(site, "kept", plugin_src=good_plugin(site, "kept"))
+    dropped = add_platform(site, "dropped", priority=9, plugin_src=good_plugin(site, "dropped"))
+    monkeypatch.setenv("HWPLUG_PLUGINS", "kept")
+    assert fresh_discovery.current_platform().name == "kept"
+    assert dropped["platform"] not in sys.modules and dropped["plugin"] not in sys.modules
+    assert kept["plugin"] in sys.modules
+
+
+def test_strict_mode_turns_a_failure_into_an_error(site, fresh_discovery, monkeypatch):
+    add_platform(site, "broken", plugin_src="raise ImportError('missing vendor lib')\n")
+    monkeypatch.setenv("HWPLUG_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="missing vendor lib"):
+        fresh_discovery.current_platform()
+
+
+def test_misspelt_hook_fails_the_plugin(site, fresh_discovery):
+    src = """
+from hwplug import hookimpl
+
+@hookimpl
+def hwplug_register_kernal(registry):
+    pass
+"""
+    add_platform(site, "typo", plugin_src=src)
+    fresh_discovery.current_platform()
+    record = next(r for r in fresh_discovery.resolution().plugins if r.name == "typo")
+    assert record.status == "failed" and "hwplug_register_kernal" in record.reason
+
+
+def test_requires_orders_hooks(site, fresh_discovery):
+    log = site.module("order_log")
+    site.add("acme-log", {}, {log: "calls = []\n"})
+    template = """
+from hwplug import hookimpl
+import {log}
+hwplug_requires = {requires}
+
+@hookimpl
+def hwplug_register_kernels(registry):
+    {log}.calls.append("{name}")
+"""
+    # "aaa" sorts first by name but requires "zzz", so "zzz" must run first.
+    for name, requires in (("aaa", ("zzz",)), ("zzz", ())):
+        mod = site.module(name)
+        site.add(f"acme-{name}", {"hwplug.plugins": {name: mod}},
+                 {mod: template.format(log=log, requires=requires, name=name)})
+    fresh_discovery.current_platform()
+    assert sys.modules[log].calls == ["zzz", "aaa"]
+
+
+def test_import_hwplug_is_cheap():
+    code = ("import sys, hwplug; assert hwplug.__version__; "
+            "print(sorted(m for m in ('torch', 'triton', 'jax', 'hwplug_cuda', 'hwplug.discovery')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_variable_is_warned_by_name(fresh_discovery, monkeypatch, caplog):
+    monkeypatch.setenv("HWPLUG_PLATFROM", "cpu")
+    fresh_discovery.current_platform()
+    assert "HWPLUG_PLATFROM is not used by hwplug (did you mean HWPLUG_PLATFORM" in caplog.text
+
+
+def test_invalid_flag_value_names_valid_ones(fresh_discovery, monkeypatch):
+    monkeypatch.setenv("HWPLUG_STRICT_PLUGINS", "maybe")
+    with pytest.raises(ConfigError, match="HWPLUG_STRICT_PLUGINS='maybe'.*choose one of: 0, 1"):
+        fresh_discovery.current_platform()
