@@ -145,7 +145,7 @@ def _probe(ep: importlib_metadata.EntryPoint) -> Candidate:
 def _builtin_candidate() -> Candidate:
     from hwplug.platforms.cpu import CpuPlatform
 
-    return Candidate(BUILTIN_PLATFORM, "hwplug", "active", "built-in reference platform",
+    return Candidate(BUILTIN_PLATFORM, "hwplug", "active", "",
                      CpuPlatform)
 
 

@@ -1,6 +1,6 @@
 """``Op``: a callable that sends each call to the chosen variant, cached per dispatch key.
 
-The key is (device type, dtype, num_tokens bucket) of the op's dispatch argument. The
+The key is (device, dtype, num_tokens bucket) of the op's dispatch argument. The
 first call for a key asks the registry to explain the choice and caches the result: the
 variant's function itself when it has no per-call ``supports`` check (so a steady-state
 call costs one dict lookup), else a small chain that falls back along the ranked order.
@@ -57,7 +57,7 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x = args[self.dispatch_arg]
-        key = (x.device.type, x.dtype,
+        key = (x.device, x.dtype,
                bisect.bisect_right(self._edges, x.shape[0]) if self._edges else 0)
         try:
             target = self._cache[key]
@@ -96,7 +96,8 @@ class Op:
         from hwplug.discovery import current_platform
         from hwplug.platform import dtype_name
 
-        device_type, dtype, bucket = key
+        device, dtype, bucket = key
+        device_type = device.type
         try:
             dtype_text = dtype_name(dtype)
         except UnsupportedError:

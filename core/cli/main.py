@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from hwplug import envs
 from hwplug.errors import HwplugError
@@ -44,8 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return importlib.import_module(args.module).run(args, Console())
     except HwplugError as exc:
-        console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False,
-                      markup=True)
+        console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
+                      highlight=False,
+                      soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -34,7 +34,7 @@ class CudaPlatform(Platform):
     dist_backend: ClassVar[str] = "nccl"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = _BASE_KV_DTYPES
-    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8")
+    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
     attention_backend_priority: ClassVar[tuple[str, ...]] = ("TRITON_ATTN", "REFERENCE")
 
     def __init__(self, sighting: object | None = None) -> None:

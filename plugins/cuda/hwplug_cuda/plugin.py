@@ -32,6 +32,13 @@ TRITON_VARIANTS = {
 def hwplug_register_kernels(registry: Any) -> None:
     for op, impl in TRITON_VARIANTS.items():
         registry.register_variant(op, "triton", impl, description="Triton kernel", **_TRITON)
+    from hwplug_cuda import scaled_mm
+
+    registry.register_variant(
+        "scaled_mm", "cublaslt_fp8", "hwplug_cuda.scaled_mm:scaled_mm", platforms=("cuda",),
+        dtypes=("fp8_e4m3", "fp8_e5m2"), min_capability="8.9", min_toolkit="12.1",
+        supports=scaled_mm.supported, priority=10,
+        description="torch._scaled_mm (cuBLASLt fp8 GEMM)")
 
 
 @hookimpl

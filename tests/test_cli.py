@@ -1,0 +1,64 @@
+"""The hwplug command as a user runs it: a subprocess, real discovery, real output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HWPLUG = [sys.executable, "-m", "hwplug"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*HWPLUG, *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_info_json_reports_platform_plugins_and_settings():
+    out = run("info", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["platform"]["name"] == "cpu"
+    assert data["platform"]["dist_backend"] == "gloo"
+    assert {"cuda", "rocm", "xpu", "tpu", "cpu-arm"} <= {c["name"] for c in data["candidates"]}
+    assert all(c["reason"] for c in data["candidates"])
+    plugins = {p["name"]: p for p in data["plugins"]}
+    assert plugins["cuda"]["status"] == "loaded"
+    assert plugins["cuda"]["distribution"] == "hwplug-cuda"
+    assert "REFERENCE" in data["registries"]["attention_backends"]
+    assert "TRITON_ATTN" in data["registries"]["attention_backends"]
+    assert "triton" in data["registries"]["kernels"]["rms_norm"]
+    assert data["settings"]["HWPLUG_PLATFORM"] is None
+
+
+def test_info_table_and_forced_missing_platform():
+    out = run("info")
+    assert out.returncode == 0 and "platform cpu" in out.stdout
+    bad = run("info", env={"HWPLUG_PLATFORM": "rocm"})
+    assert bad.returncode == 2
+    assert "PlatformError" in bad.stderr and "Traceback" not in bad.stderr
+    assert "probe failed" in bad.stderr
+
+
+def test_kernels_explains_rejections():
+    out = run("kernels", "--json", "--op", "rms_norm", "--dtype", "float32")
+    assert out.returncode == 0, out.stderr
+    why = json.loads(out.stdout)["ops"]["rms_norm"]["float32"]
+    assert why["chosen"] == "reference"
+    assert why["rejected"]["triton"] == "serves platform cuda, not cpu"
+
+
+def test_disabled_unknown_kernel_is_a_clean_error():
+    out = run("kernels", env={"HWPLUG_DISABLED_KERNELS": "nonexistent"})
+    assert out.returncode == 2
+    assert "HWPLUG_DISABLED_KERNELS names unknown kernel variants: nonexistent" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["models"])
+def test_models_lists_builtin_architectures(command):
+    out = run(command, "--json")
+    assert out.returncode == 0, out.stderr
+    assert "LlamaForCausalLM" in json.loads(out.stdout)
