@@ -39,7 +39,9 @@ class Check:
         try:
             status, detail = self.run_fn()
         except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = next((f for f in reversed(frames) if not f.filename.startswith("<")),
+                         frames[-1])
             return CheckResult(self.name, "failed",
                                f"raised {exc!r} at {where.filename}:{where.lineno}")
         return CheckResult(self.name, status, detail)

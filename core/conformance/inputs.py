@@ -1,0 +1,295 @@
+"""Hypothesis strategies of op inputs: one generator per op of :mod:`hwplug.kernel_registry.ops`.
+
+A generator is ``generator(dtype, tokens) -> SearchStrategy[Case]``: ``dtype`` is the
+hwplug dtype name of the op's dispatch tensor and ``tokens`` a strategy of that tensor's
+leading dimension (num_tokens). Sizes stay small (the kit runs a few dozen examples per
+variant) but cover what kernels get wrong: sizes that are not powers of two, extra leading
+dimensions, partial rotary, GQA, padding slots, shuffled block tables, prefill, chunked
+prefill and decode mixed in one batch, sliding windows and soft caps. Tensors are made on
+CPU from a drawn seed, so every example is reproducible; :meth:`Case.to` moves one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from hwplug.kernel_registry.reference import build_cos_sin_cache
+from hwplug.platform import torch_dtype
+
+#: Floating dtypes a non-fp8 tensor may take.
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class Case:
+    """One call of an op: its arguments and how to judge the result.
+
+    ``dtypes`` name the dtypes whose tolerances apply (the loosest wins), ``label`` says
+    in words what was called (shapes, dtype, options) for failure messages, and
+    ``mutated`` lists positional arguments the op writes in place (compared too).
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    dtypes: tuple[str, ...]
+    label: str
+    mutated: tuple[int, ...] = ()
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Case:
+        def one(value: Any) -> Any:
+            return fn(value) if isinstance(value, torch.Tensor) else value
+
+        return replace(self, args=tuple(one(a) for a in self.args),
+                       kwargs={k: one(v) for k, v in self.kwargs.items()})
+
+    def to(self, device: str | torch.device) -> Case:
+        """The same case with every tensor on ``device``."""
+        return self._map(lambda t: t.to(device))
+
+    def clone(self) -> Case:
+        """An independent copy (for ops that write their inputs in place)."""
+        return self._map(torch.clone)
+
+    def outputs(self, returned: Any) -> list[tuple[str, Any]]:
+        """What to compare after the call, named: the returned values, then the mutated args."""
+        if isinstance(returned, (tuple, list)):
+            named = [(f"output {i}", value) for i, value in enumerate(returned)]
+        else:
+            named = [("output", returned)]
+        return named + [(f"argument {i} (written in place)", self.args[i]) for i in self.mutated]
+
+
+Generator = Callable[[str, st.SearchStrategy[int]], st.SearchStrategy[Case]]
+
+
+def _rng(draw: st.DrawFn) -> torch.Generator:
+    return torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+
+def _randn(rng: torch.Generator, shape: Sequence[int], dtype: str,
+           scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    return (torch.randn(tuple(shape), generator=rng) * scale + shift).to(torch_dtype(dtype))
+
+
+def _leading(draw: st.DrawFn, tokens: st.SearchStrategy[int]) -> tuple[int, ...]:
+    """``(T,)`` or, sometimes, ``(T, extra)``: ops over ``[..., H]`` must handle both."""
+    num_tokens = draw(tokens)
+    return (num_tokens, draw(st.integers(2, 3))) if draw(st.booleans()) else (num_tokens,)
+
+
+@st.composite
+def rms_norm(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    rng = _rng(draw)
+    shape = (*_leading(draw, tokens), draw(st.sampled_from((8, 48, 64, 96, 128, 200))))
+    x = _randn(rng, shape, dtype, scale=2.0)
+    weight = _randn(rng, shape[-1:], dtype, scale=0.2, shift=1.0)
+    eps = draw(st.sampled_from((1e-6, 1e-5)))
+    label = f"x {shape} {dtype} eps={eps:g}"
+    if draw(st.booleans()):
+        return Case((x, weight, eps), {"residual": _randn(rng, shape, dtype)}, (dtype,),
+                    label + " with residual")
+    return Case((x, weight, eps), {}, (dtype,), label)
+
+
+@st.composite
+def rotary_embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    rng = _rng(draw)
+    num_tokens = draw(tokens)
+    num_kv_heads, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    head_size = draw(st.sampled_from((32, 64, 80, 128)))
+    rot_dim = draw(st.sampled_from((head_size, head_size // 2)))  # half = partial rotary
+    is_neox = draw(st.booleans())
+    max_position = draw(st.integers(1, 96))
+    positions = torch.randint(0, max_position, (num_tokens,), generator=rng)
+    cache = build_cos_sin_cache(rot_dim, max_position, draw(st.sampled_from((1e4, 1e6))))
+    query = _randn(rng, (num_tokens, num_kv_heads * group, head_size), dtype)
+    key = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
+    style = "neox" if is_neox else "gptj"
+    label = (f"query {tuple(query.shape)} key {tuple(key.shape)} {dtype} rot_dim={rot_dim} "
+             f"{style}")
+    return Case((positions, query, key, cache, is_neox), {}, (dtype,), label)
+
+
+@st.composite
+def silu_and_mul(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    rng = _rng(draw)
+    shape = (*_leading(draw, tokens), 2 * draw(st.sampled_from((8, 24, 64, 100, 128))))
+    return Case((_randn(rng, shape, dtype, scale=3.0),), {}, (dtype,), f"x {shape} {dtype}")
+
+
+@st.composite
+def gelu_and_mul(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    case = draw(silu_and_mul(dtype, tokens))
+    approximate = draw(st.sampled_from(("none", "tanh")))
+    return replace(case, kwargs={"approximate": approximate},
+                   label=f"{case.label} approximate={approximate}")
+
+
+@st.composite
+def reshape_and_cache(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    rng = _rng(draw)
+    num_tokens = draw(tokens)
+    num_kv_heads, head_size = draw(st.sampled_from((1, 2, 4))), draw(st.sampled_from((16, 64, 80)))
+    block_size = draw(st.sampled_from((1, 8, 16, 32)))
+    num_blocks = math.ceil(num_tokens / block_size) + draw(st.integers(0, 2))
+    slots = torch.randperm(num_blocks * block_size, generator=rng)[:num_tokens]
+    padded = draw(st.integers(0, num_tokens - 1))
+    slots[torch.randperm(num_tokens, generator=rng)[:padded]] = -1
+    key = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
+    value = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
+    kv_cache = _randn(rng, (2, num_blocks, block_size, num_kv_heads, head_size), dtype)
+    label = (f"key/value {tuple(key.shape)} {dtype} into cache {tuple(kv_cache.shape)}, "
+             f"{padded} padding slots")
+    return Case((key, value, kv_cache, slots), {}, (dtype,), label, mutated=(2,))
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each sequence's tokens live in a paged cache: shuffled, non-contiguous blocks.
+
+    ``tables[i]`` lists sequence i's blocks in token order; the cache has ``spare`` more
+    blocks than the sequences use, so reading a wrong block reads foreign data.
+    """
+
+    block_size: int
+    num_blocks: int
+    tables: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def shuffled(cls, rng: torch.Generator, seq_lens: Sequence[int], block_size: int,
+                 spare: int = 2) -> BlockLayout:
+        counts = [math.ceil(n / block_size) for n in seq_lens]
+        order = torch.randperm(sum(counts) + spare, generator=rng).tolist()
+        tables, start = [], 0
+        for count in counts:
+            tables.append(tuple(order[start:start + count]))
+            start += count
+        return cls(block_size, sum(counts) + spare, tuple(tables))
+
+    def slots(self, seq: int, start: int, stop: int) -> list[int]:
+        """Cache slots of sequence ``seq``'s tokens ``start .. stop - 1``."""
+        table, size = self.tables[seq], self.block_size
+        return [table[t // size] * size + t % size for t in range(start, stop)]
+
+    def table_tensor(self, pad: int = 0) -> torch.Tensor:
+        """``[B, max_blocks]`` int32 block table, short rows padded with ``pad``."""
+        width = max(len(t) for t in self.tables)
+        rows = [list(t) + [pad] * (width - len(t)) for t in self.tables]
+        return torch.tensor(rows, dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One batch of a sequence: ``new`` tokens after ``context`` already cached ones."""
+
+    context: int
+    new: int
+
+
+@dataclass
+class PagedBatch:
+    """The paged-attention metadata of one batch of steps over a :class:`BlockLayout`."""
+
+    slot_mapping: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32, context + new
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    max_query_len: int
+    max_seq_len: int
+    label: str = ""
+
+    @classmethod
+    def build(cls, layout: BlockLayout, steps: Sequence[Step], pad: int = 0) -> PagedBatch:
+        """Metadata for ``steps[i]`` of sequence i (a step with ``new == 0`` is left out)."""
+        active = [(i, s) for i, s in enumerate(steps) if s.new > 0]
+        slots = [slot for i, s in active for slot in layout.slots(i, s.context, s.context + s.new)]
+        lens = [s.context + s.new for _, s in active]
+        starts = [0]
+        for _, s in active:
+            starts.append(starts[-1] + s.new)
+        sub = BlockLayout(layout.block_size, layout.num_blocks,
+                          tuple(layout.tables[i] for i, _ in active))
+        label = "[" + ", ".join(_describe(s) for _, s in active) + "]"
+        return cls(torch.tensor(slots, dtype=torch.int64), sub.table_tensor(pad),
+                   torch.tensor(lens, dtype=torch.int32),
+                   torch.tensor(starts, dtype=torch.int32),
+                   max(s.new for _, s in active), max(lens), label)
+
+
+def _describe(step: Step) -> str:
+    if step.context == 0:
+        return f"prefill {step.new}"
+    if step.new == 1:
+        return f"decode at {step.context}"
+    return f"chunk {step.new} after {step.context}"
+
+
+def mixed_step() -> st.SearchStrategy[Step]:
+    """A prefill, a chunked-prefill chunk or a decode step, with a short context."""
+    return st.one_of(st.builds(Step, st.just(0), st.integers(1, 24)),
+                     st.builds(Step, st.integers(1, 20), st.integers(2, 12)),
+                     st.builds(Step, st.integers(1, 40), st.just(1)))
+
+
+@st.composite
+def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    """A mixed batch over a random cache; ``tokens`` is unused (T is the sum of query
+    lengths), so a variant limited by num_tokens declines the batches outside its range."""
+    rng = _rng(draw)
+    steps = draw(st.lists(mixed_step(), min_size=1, max_size=3))
+    num_kv_heads, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    head_size = draw(st.sampled_from((16, 32, 64, 80, 128)))
+    layout = BlockLayout.shuffled(rng, [s.context + s.new for s in steps],
+                                  draw(st.sampled_from((8, 16, 32))))
+    batch = PagedBatch.build(layout, steps, pad=draw(st.sampled_from((0, -1))))
+    causal = draw(st.booleans())
+    window = draw(st.none() | st.integers(1, 24)) if causal else None
+    soft_cap = draw(st.none() | st.sampled_from((5.0, 30.0)))
+    query = _randn(rng, (int(batch.query_start_loc[-1]), num_kv_heads * group, head_size), dtype)
+    kv_cache = _randn(rng, (2, layout.num_blocks, layout.block_size, num_kv_heads, head_size),
+                      dtype)
+    host_maxima = draw(st.booleans())
+    kwargs = {"causal": causal, "sliding_window": window, "soft_cap": soft_cap,
+              "max_query_len": batch.max_query_len if host_maxima else None,
+              "max_seq_len": batch.max_seq_len if host_maxima else None}
+    label = (f"query {tuple(query.shape)} {dtype}, KV heads {num_kv_heads}, block size "
+             f"{layout.block_size}, batch {batch.label}, causal={causal}, "
+             f"sliding_window={window}, soft_cap={soft_cap}")
+    args = (query, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            head_size ** -0.5)
+    return Case(args, kwargs, (dtype,), label)
+
+
+@st.composite
+def scaled_mm(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    rng = _rng(draw)
+    m, k, n = draw(tokens), draw(st.sampled_from((16, 32, 64))), draw(st.sampled_from((16, 48)))
+    a, b = _randn(rng, (m, k), dtype), _randn(rng, (k, n), dtype)
+    per_token, per_channel = draw(st.booleans()), draw(st.booleans())
+    scale_a = torch.rand((m, 1) if per_token else (), generator=rng) + 0.5
+    scale_b = torch.rand((1, n) if per_channel else (), generator=rng) + 0.5
+    out_dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    bias = _randn(rng, (n,), out_dtype) if draw(st.booleans()) else None
+    label = (f"a ({m}, {k}) b ({k}, {n}) {dtype} -> {out_dtype}, scale_a "
+             f"{'per token' if per_token else 'scalar'}, scale_b "
+             f"{'per channel' if per_channel else 'scalar'}, bias={bias is not None}")
+    return Case((a, b, scale_a, scale_b, torch_dtype(out_dtype)), {"bias": bias},
+                (dtype, out_dtype), label)
+
+
+#: op name -> its input generator.
+GENERATORS: dict[str, Generator] = {
+    "rms_norm": rms_norm,
+    "rotary_embedding": rotary_embedding,
+    "silu_and_mul": silu_and_mul,
+    "gelu_and_mul": gelu_and_mul,
+    "reshape_and_cache": reshape_and_cache,
+    "paged_attention": paged_attention,
+    "scaled_mm": scaled_mm,
+}

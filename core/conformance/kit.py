@@ -1,0 +1,118 @@
+"""The conformance kit: every check for one plugin, planned then run.
+
+:func:`plan` turns a resolved :class:`~hwplug.conformance.target.Target` into named
+checks (registration, probe, platform facts, one per kernel variant, per attention
+backend scenario, per quant method and per connector the plugin registered);
+:func:`run_conformance` resolves, plans and runs them into a
+:class:`~hwplug.conformance.result.Report`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hwplug import registries
+from hwplug.conformance.backends import backend_checks
+from hwplug.conformance.connectors import connector_check
+from hwplug.conformance.facts import check_facts
+from hwplug.conformance.probe import check_probe
+from hwplug.conformance.quant_methods import quant_method_check
+from hwplug.conformance.registration import check_hooks, check_loads, check_names
+from hwplug.conformance.result import Check, Report, Status
+from hwplug.conformance.target import Target, resolve_target
+from hwplug.conformance.variants import variant_check
+from hwplug.kernel_registry import REFERENCE, kernels
+from hwplug.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many generated examples each numerical check runs."""
+
+    kernel_examples: int = 20
+    attention_examples: int = 4
+    quant_examples: int = 10
+
+
+def _fixed(name: str, status: Status, detail: str) -> Check:
+    return Check(name, lambda: (status, detail))
+
+
+def _owned_names(registry: Registry[Any], target: Target) -> list[str]:
+    return [e.name for e in registry.entries()
+            if e.source in target.sources and e.status != "removed"]
+
+
+def _loader(registry: Registry[Any], name: str) -> Callable[[], Any]:
+    return lambda: registry.get(name)
+
+
+def _registration_checks(target: Target) -> list[Check]:
+    if target.plugin_ep is None and not target.builtin:
+        return [_fixed("registration", "skipped",
+                       "no hwplug.plugins entry point: the plugin registers nothing")]
+    return [Check("registration: plugin loads", lambda: check_loads(target)),
+            Check("registration: hooks", lambda: check_hooks(target)),
+            Check("registration: names", lambda: check_names(target))]
+
+
+def _probe_check(target: Target) -> Check:
+    if target.platform_ep is None:
+        why = ("the built-in platform is always active and has no probe" if target.builtin
+               else "the plugin has no hwplug.platforms entry point")
+        return _fixed("probe: cheap", "skipped", why)
+    return Check("probe: cheap", lambda: check_probe(target.name))
+
+
+def _interface_checks(target: Target, budget: Budget) -> list[Check]:
+    placement = target.placement
+    variants = [kernels.get(key) for key in _owned_names(kernels, target)]
+    checks = [variant_check(v, placement, budget.kernel_examples)
+              for v in variants if v.name != REFERENCE]
+    oracle = " besides the references (the oracle)" if target.builtin else ""
+    checks = checks or [_fixed("kernel variants", "skipped",
+                               f"the plugin registers no kernel variants{oracle}")]
+    backends = _owned_names(registries.attention_backends, target)
+    for name in backends:
+        checks += backend_checks(name, _loader(registries.attention_backends, name), placement,
+                                 budget.attention_examples)
+    quant = _owned_names(registries.quant_methods, target)
+    checks += [quant_method_check(n, _loader(registries.quant_methods, n), placement,
+                                  budget.quant_examples) for n in quant]
+    connectors = _owned_names(registries.connectors, target)
+    checks += [connector_check(n, _loader(registries.connectors, n), placement)
+               for n in connectors]
+    for kind, names in (("attention backends", backends), ("quant methods", quant),
+                        ("connectors", connectors)):
+        if not names:
+            checks.append(_fixed(kind, "skipped", f"the plugin registers no {kind}"))
+    return checks
+
+
+def plan(target: Target, budget: Budget | None = None) -> list[Check]:
+    """Every check of ``target``, in report order, none run yet."""
+    budget = budget or Budget()
+    setup = target.placement.explain() + "".join(f"; note: {n}" for n in target.notes)
+    return [_fixed("setup", "passed", f"numerical checks run {setup}"),
+            *_registration_checks(target), _probe_check(target),
+            Check("platform facts", lambda: check_facts(target)),
+            *_interface_checks(target, budget)]
+
+
+def run_conformance(name: str, budget: Budget | None = None,
+                    progress: Callable[[str], None] | None = None) -> Report:
+    """Check plugin ``name`` (an entry-point name, or ``"cpu"``/``"hwplug"`` for the
+    built-ins) and return the report; ``progress`` is called with each check's name
+    before it runs. Discovery is run afresh first."""
+    target = resolve_target(name)
+    report = Report(name)
+    for check in plan(target, budget):
+        if progress:
+            progress(check.name)
+        report.results.append(check.run())
+    return report

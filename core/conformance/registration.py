@@ -1,0 +1,136 @@
+"""Registration hygiene: the plugin loads, its hooks match the hookspecs, and everything it
+registered is importable, of the right kind and named as it says it is."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hwplug import discovery, registries
+from hwplug.conformance.result import Status
+from hwplug.conformance.target import Target
+from hwplug.platform import DTYPE_NAMES, DeviceCapability
+from hwplug.registry import Entry, Registry, import_object
+
+logger = logging.getLogger(__name__)
+
+Outcome = tuple[Status, str]
+
+
+def check_loads(target: Target) -> Outcome:
+    """The plugin's entry point imported, its hooks ran, and it declares its API range."""
+    record = target.record
+    if record is None:
+        return "failed", (f"no discovery record for plugin {target.name!r}: is it allowed by "
+                          "HWPLUG_PLUGINS?")
+    if record.status != "loaded":
+        return "failed", f"{record.status}: {record.reason}"
+    declared = getattr(target.plugin_module(), "hwplug_api_version", None)
+    if declared is None:
+        return "failed", (f"declares no hwplug_api_version; add e.g. hwplug_api_version = "
+                          f"\">={discovery.API_VERSION.split('.')[0]},"
+                          f"<{int(discovery.API_VERSION.split('.')[0]) + 1}\"")
+    where = "hwplug itself" if target.builtin else f"{record.distribution} {record.version}"
+    return "passed", (f"loaded from {where}; built for hwplug API {declared}, this hwplug "
+                      f"provides {discovery.API_VERSION}")
+
+
+def check_hooks(target: Target) -> Outcome:
+    """Every ``hwplug_*`` function is a marked hook implementation matching a hookspec."""
+    from hwplug.kernel_registry import kernels
+
+    module = target.plugin_module()
+    host = discovery.PluginHost(kernels)
+    scratch = discovery.PluginRecord(target.name, discovery.PLUGIN_GROUP, "", None, None)
+    unmarked = [name for name in dir(module)
+                if name.startswith("hwplug_") and callable(getattr(module, name))
+                and host.pm.parse_hookimpl_opts(module, name) is None]
+    problems = [f"{name} is not decorated with @hwplug.hookimpl, so it is never called"
+                for name in unmarked]
+    if not host.add(scratch, module):
+        problems.insert(0, scratch.reason)
+    if problems:
+        return "failed", "; ".join(problems)
+    hooks = sorted(caller.name for caller in host.pm.get_hookcallers(module) or [])
+    return "passed", f"hooks: {', '.join(hooks) or 'none'}"
+
+
+def _owned(registry: Registry[Any], target: Target) -> list[Entry[Any]]:
+    return [e for e in registry.entries()
+            if e.source in target.sources and e.status != "removed"]
+
+
+def _interface_problems(kind: str, registry: Registry[Any], entry: Entry[Any],
+                        base: type | None) -> list[str]:
+    try:
+        obj = registry.get(entry.name)
+    except Exception as exc:
+        return [f"{kind} {entry.name!r} fails to import: {exc!r}"]
+    if base is None:
+        return []
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        return [f"{kind} {entry.name!r} is {obj!r}, not a {base.__name__} subclass"]
+    if obj.get_name() != entry.name:
+        return [f"{kind} registered as {entry.name!r} but its get_name() returns "
+                f"{obj.get_name()!r}"]
+    return []
+
+
+def _variant_problems(entry: Entry[Any]) -> list[str]:
+    from hwplug.conformance.variants import missing_package
+    from hwplug.kernel_registry import kernels
+
+    variant, problems = entry.target, []
+    if variant.op not in kernels.ops():
+        return [f"kernel variant {entry.name!r} names op {variant.op!r}, which does not exist "
+                f"(ops: {', '.join(kernels.ops())})"]
+    if entry.name != variant.key:
+        problems.append(f"kernel variant registered as {entry.name!r} but its key is "
+                        f"{variant.key!r}")
+    unknown = [d for d in variant.dtypes if d not in DTYPE_NAMES]
+    if unknown:
+        problems.append(f"kernel variant {variant.key} declares unknown dtypes "
+                        f"{', '.join(unknown)} (known: {', '.join(DTYPE_NAMES)})")
+    for bound in filter(None, (variant.min_capability, variant.max_capability)):
+        try:
+            DeviceCapability.parse(bound)
+        except ValueError:
+            problems.append(f"kernel variant {variant.key} has capability {bound!r}; "
+                            "write it as 'major.minor'")
+    if isinstance(variant.impl, str) and not missing_package(variant):
+        try:
+            import_object(variant.impl)
+        except Exception as exc:
+            problems.append(f"kernel variant {variant.key} fails to import {variant.impl!r}: "
+                            f"{exc!r}")
+    return problems
+
+
+def check_names(target: Target) -> Outcome:
+    """Everything the plugin registered imports, is the right kind, and is named by its
+    ``get_name()``; kernel variants name an existing op and known dtypes."""
+    from hwplug.attention import AttentionBackend
+    from hwplug.connector import Connector
+    from hwplug.kernel_registry import kernels
+    from hwplug.quantization import QuantMethod
+
+    kinds: list[tuple[str, Registry[Any], type | None]] = [
+        ("attention backend", registries.attention_backends, AttentionBackend),
+        ("quant method", registries.quant_methods, QuantMethod),
+        ("connector", registries.connectors, Connector),
+        ("model", registries.models, None),
+    ]
+    problems: list[str] = []
+    counts: list[str] = []
+    for kind, registry, base in kinds:
+        owned = _owned(registry, target)
+        counts.append(f"{kind}s: {len(owned)}")
+        for entry in owned:
+            problems += _interface_problems(kind, registry, entry, base)
+    variants = _owned(kernels, target)
+    counts.append(f"kernel variants: {len(variants)}")
+    for entry in variants:
+        problems += _variant_problems(entry)
+    if problems:
+        return "failed", "; ".join(problems)
+    return "passed", "; ".join(counts)

@@ -1,0 +1,168 @@
+"""Kernel variants against their op's reference over generated inputs.
+
+For each example (see :mod:`hwplug.conformance.inputs`) the variant and the op's pure-torch
+reference get identical, independent copies of the inputs; their outputs (and any argument
+the op writes in place) must agree within the op's tolerance for the dtypes involved.
+Inputs the variant declines (``supports`` returns a reason, or the leading dimension is
+outside its ``num_tokens`` range) are counted as declined, not failed. Only the variant's
+declared dtypes are drawn. When the kit simulates an absent platform on CPU, an error
+that says the device is missing skips the check (see
+:func:`hwplug.conformance.explore.guarded`); a wrong number is a failure either way.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+
+from hwplug.conformance.compare import compare_outputs, loosest_tolerance
+from hwplug.conformance.explore import Failure, first_failure, guarded, judge
+from hwplug.conformance.inputs import GENERATORS, Case
+from hwplug.conformance.result import Check, CheckResult, Status
+from hwplug.conformance.target import Placement
+from hwplug.kernel_registry import REFERENCE, Variant, kernels
+from hwplug.registry import import_object
+
+logger = logging.getLogger(__name__)
+
+#: Most tokens a generated input has beyond the lower end of a variant's num_tokens range.
+TOKEN_SPAN = 8
+
+
+@dataclass
+class _Tally:
+    tested: Counter[str] = field(default_factory=Counter)  # dtype -> examples that matched
+    declined: Counter[str] = field(default_factory=Counter)  # reason -> examples
+
+    def summary(self) -> str:
+        tested = ", ".join(f"{n} {dtype}" for dtype, n in sorted(self.tested.items()))
+        text = f"{sum(self.tested.values())} inputs matched the reference ({tested})"
+        if self.declined:
+            reason, _ = self.declined.most_common(1)[0]
+            text += f"; {sum(self.declined.values())} declined (e.g. {reason})"
+        return text
+
+
+def missing_package(variant: Variant) -> str | None:
+    """Why the variant cannot even be imported here: a package it declares is missing."""
+    for package, spec in variant.packages.items():
+        try:
+            importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return f"package {package} is not installed (the variant needs {spec})"
+    return None
+
+
+def token_range(variant: Variant) -> st.SearchStrategy[int]:
+    """Leading dimensions to draw: inside the variant's ``num_tokens`` range when it has one."""
+    low, high = variant.num_tokens or (1, None)
+    low = max(low, 1)
+    top = low + TOKEN_SPAN if high is None else min(high - 1, low + TOKEN_SPAN)
+    return st.integers(low, top)
+
+
+def _declines(variant: Variant, op_dispatch_arg: int, case: Case) -> str | None:
+    if variant.num_tokens is not None:
+        low, high = variant.num_tokens
+        tokens = case.args[op_dispatch_arg].shape[0]
+        if tokens < low or (high is not None and tokens >= high):
+            return f"num_tokens {tokens} outside [{low}, {high or 'inf'})"
+    return variant.supports(*case.args, **case.kwargs) if variant.supports else None
+
+
+def _gated_dtypes(variant: Variant, dtypes: list[str], placement: Placement,
+                  gates: list[str]) -> list[str]:
+    """Drop dtypes the present platform's static gates reject; note why in ``gates``."""
+    platform = placement.platform
+    if platform is None or placement.simulating:
+        return dtypes
+    kept = []
+    for dtype in dtypes:
+        reason = variant.static_rejection(platform, platform.device_type, dtype, None)
+        if reason is None:
+            kept.append(dtype)
+        else:
+            gates.append(f"{dtype}: {reason}")
+    return kept
+
+
+def _case_body(variant: Variant, impl: Callable[..., Any], placement: Placement,
+               tally: _Tally) -> Callable[[Case], None]:
+    op = kernels.op(variant.op)
+
+    def body(case: Case) -> None:
+        case = case.to(placement.device)
+        declined = _declines(variant, op.dispatch_arg, case)
+        if declined:
+            tally.declined[declined] += 1
+            return
+        expected_case, actual_case = case.clone(), case.clone()
+        expected = expected_case.outputs(op.reference(*expected_case.args,
+                                                      **expected_case.kwargs))
+        returned = guarded(lambda: impl(*actual_case.args, **actual_case.kwargs), case.label,
+                           simulating=bool(placement.simulating))
+        actual = actual_case.outputs(returned)
+        problem = compare_outputs(actual, expected, *loosest_tolerance(op.tolerances,
+                                                                       case.dtypes))
+        if problem:
+            raise Failure(f"{problem} at {case.label}")
+        tally.tested[case.dtypes[0]] += 1
+
+    return body
+
+
+def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Status, str]:
+    op = kernels.op(variant.op)
+    generator = GENERATORS.get(op.name)
+    if generator is None:
+        return "skipped", f"the kit has no input generator for op {op.name}"
+    declared = list(variant.dtypes or op.tolerances)
+    dtypes = [d for d in declared if d in op.tolerances]
+    gates: list[str] = []
+    dtypes = placement.judgeable(_gated_dtypes(variant, dtypes, placement, gates), gates)
+    if not dtypes:
+        why = "; ".join(gates) or f"op {op.name} states no tolerance for {', '.join(declared)}"
+        return "skipped", f"no dtype to test: {why}"
+    missing = missing_package(variant)
+    if missing:
+        return "skipped", missing
+    try:
+        impl = import_object(variant.impl) if isinstance(variant.impl, str) else variant.impl
+    except Exception as exc:
+        return "failed", f"implementation {variant.impl!r} fails to import: {exc!r}"
+    tally = _Tally()
+    strategy = st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant)))
+    failure = first_failure(strategy, _case_body(variant, impl, placement, tally), examples)
+    where = placement.describe()
+    judged = judge(failure, where)
+    if judged:
+        return judged
+    if not tally.tested:
+        return "skipped", f"declined every generated input: {tally.summary()}"
+    gated = f"; not tested: {'; '.join(gates)}" if gates else ""
+    return "passed", f"{tally.summary()} {where}{gated}"
+
+
+def variant_check(variant: Variant, placement: Placement, examples: int) -> Check:
+    """The check of one variant, to run later."""
+    return Check(f"kernel {variant.key}", lambda: _outcome(variant, placement, examples))
+
+
+def check_variant(variant: Variant | str, placement: Placement | None = None,
+                  examples: int = 20) -> CheckResult:
+    """Check one kernel variant (a :class:`Variant` or its ``"op/name"`` key) now.
+
+    Runs on CPU unless ``placement`` says otherwise; the reference variant itself is the
+    oracle and cannot be checked against itself (ValueError).
+    """
+    if isinstance(variant, str):
+        variant = kernels.get(variant)
+    if variant.name == REFERENCE:
+        raise ValueError(f"{variant.key} is the oracle; check the other variants against it")
+    return variant_check(variant, placement or Placement(), examples).run()
