@@ -1,0 +1,97 @@
+"""The conversion cache: one directory per converted source file, written atomically.
+
+An entry is ``HWPLUG_CACHE_DIR/<kind>/<key>``, where the key hashes
+:data:`CACHE_FORMAT_VERSION`, the transformers version (it writes the converted config and
+tokenizer) and the source's resolved path, size and mtime_ns: replacing or editing the source,
+or upgrading transformers, gives a new entry. An entry is built in a temporary sibling
+directory and renamed into place only once complete, so a process killed mid-build leaves no
+entry, only a temporary directory that a later build of the same key removes after
+:data:`STALE_STAGING_S`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import transformers
+
+from hwplug import envs
+from hwplug.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the layout or content of an entry changes; old entries are then ignored.
+CACHE_FORMAT_VERSION = 1
+#: A staging directory this much older than now belongs to a process that died.
+STALE_STAGING_S = 3600.0
+
+
+def entry_dir(source: Path, kind: str) -> Path:
+    """The cache entry for ``source`` (which must exist); it may not have been built yet."""
+    stat = source.stat()
+    identity = "\n".join((str(CACHE_FORMAT_VERSION), transformers.__version__,
+                          str(source.resolve()), str(stat.st_size), str(stat.st_mtime_ns)))
+    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return envs.HWPLUG_CACHE_DIR.expanduser() / kind / key
+
+
+@contextmanager
+def building(entry: Path) -> Iterator[Path]:
+    """Yield an empty staging directory to write ``entry`` into.
+
+    When the block ends normally the staging directory is renamed to ``entry``; if another
+    process built the entry meanwhile, theirs is kept. When the block raises, the staging
+    directory is removed and nothing is left behind. Raises :class:`ConfigError` when the
+    cache directory is not writable.
+    """
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_staging(entry)
+        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".tmp",
+                                        dir=entry.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the model cache in {entry.parent} ({exc}); set "
+                          f"HWPLUG_CACHE_DIR to a writable directory") from exc
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        os.rename(staging, entry)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not entry.is_dir():
+            raise
+        logger.info("another process built the cache entry %s first; using it", entry)
+
+
+def discard(entry: Path) -> None:
+    """Remove ``entry``: renamed aside first, so no reader sees it half-deleted."""
+    doomed = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        os.rename(entry, doomed)
+    except FileNotFoundError:  # another process removed it first
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _remove_stale_staging(entry: Path) -> None:
+    cutoff = time.time() - STALE_STAGING_S
+    for staging in entry.parent.glob(f".{entry.name}.*.tmp"):
+        try:
+            stale = staging.stat().st_mtime < cutoff
+        except FileNotFoundError:
+            continue
+        if stale:
+            logger.info("removing %s, left by an interrupted conversion", staging)
+            shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,61 @@
+"""``Checkpoint``: a loaded model's config and tokenizer, with its weights read on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from hwplug.errors import ModelError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+#: How the checkpoint was stored: a GGUF file or a directory of safetensors files.
+CheckpointFormat = Literal["gguf", "safetensors"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a model needs to be built, tokenise its input and stop generating.
+
+    - ``config``: the transformers config; ``config.architectures[0]`` names the model class
+      (always set for a GGUF, as the file's causal-LM class, e.g. ``LlamaForCausalLM``).
+    - ``tokenizer``: a fast transformers tokenizer (with the chat template where the
+      checkpoint ships one).
+    - ``source``: the ``.gguf`` file or the directory that was loaded.
+    - ``format``: ``"gguf"`` (dequantised once, weights read from the conversion cache) or
+      ``"safetensors"`` (a Hugging Face directory, weights read in place).
+    - ``weight_files``: the safetensors files :meth:`weights` reads, in order.
+    - ``generation_config``: from ``generation_config.json`` when the checkpoint has one.
+    - ``eos_token_ids``: the tokens that end a generation; empty for an encoder.
+    """
+
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    source: Path
+    format: CheckpointFormat
+    weight_files: tuple[Path, ...]
+    generation_config: GenerationConfig | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(parameter name, tensor)`` for every tensor of every weight file.
+
+        Names are the transformers names of ``config.architectures[0]`` for a GGUF (a tied
+        ``lm_head.weight`` is absent) and the names stored in the file for a directory.
+        Tensors are memory-mapped copy-on-write, in their stored dtype (float32 for a
+        dequantised GGUF); the caller casts and copies them. Each call starts over.
+        Raises :class:`ModelError` when a file cannot be read.
+        """
+        for path in self.weight_files:
+            try:
+                with safe_open(path, framework="pt") as file:
+                    for name in file.keys():
+                        yield name, file.get_tensor(name)
+            except SafetensorError as exc:
+                raise ModelError(f"cannot read the weights in {path}: {exc}") from exc

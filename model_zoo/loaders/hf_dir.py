@@ -1,0 +1,130 @@
+"""Loading a Hugging Face model directory: ``config.json``, tokenizer files, safetensors weights.
+
+Weights must be safetensors (``model.safetensors``, or ``model.safetensors.index.json`` and its
+shards): pickle checkpoints (``pytorch_model.bin``, ``*.pt``) are refused, never unpickled.
+Nothing is fetched from the network: every transformers call gets ``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
+
+from hwplug.errors import ModelError
+from hwplug.model_zoo.loaders.checkpoint import Checkpoint, CheckpointFormat
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+#: Weight files that hold pickles, which hwplug never loads.
+PICKLE_WEIGHT_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def load_hf_dir(directory: Path, *, source: Path | None = None,
+                format: CheckpointFormat = "safetensors") -> Checkpoint:
+    """Load the model directory ``directory``.
+
+    ``source`` and ``format`` are what the checkpoint reports (default: the directory, and
+    ``"safetensors"``); the GGUF loader passes the ``.gguf`` file it converted. The weight
+    files' headers are read now, so a truncated or corrupt file fails here rather than while
+    the model loads. Raises :class:`ModelError` naming the directory or file and the problem.
+    """
+    weight_files = find_weight_files(directory)
+    for path in weight_files:
+        check_safetensors(path)
+    config = from_pretrained(AutoConfig, "config", directory)
+    tokenizer = from_pretrained(AutoTokenizer, "tokenizer", directory)
+    generation_config = None
+    if (directory / GENERATION_CONFIG_NAME).is_file():
+        generation_config = from_pretrained(GenerationConfig, "generation config", directory)
+    logger.debug("loaded %s (%s) with %d weight files", directory, config.architectures,
+                 len(weight_files))
+    return Checkpoint(config=config, tokenizer=tokenizer, source=source or directory,
+                      format=format, weight_files=weight_files,
+                      generation_config=generation_config,
+                      eos_token_ids=eos_token_ids(config, generation_config, tokenizer))
+
+
+def find_weight_files(directory: Path) -> tuple[Path, ...]:
+    """The safetensors files of ``directory`` (the shards in index order, or the one file).
+
+    Raises :class:`ModelError` listing what is missing: ``config.json``, any safetensors
+    weights (saying so when only pickle weights are there), or shards the index names.
+    """
+    problems = []
+    if not (directory / CONFIG_NAME).is_file():
+        problems.append(f"no {CONFIG_NAME}")
+    files: tuple[Path, ...] = ()
+    if (directory / WEIGHTS_INDEX_NAME).is_file():
+        files = _shards(directory / WEIGHTS_INDEX_NAME)
+        problems += [f"no shard {path.name} (named in {WEIGHTS_INDEX_NAME})"
+                     for path in files if not path.is_file()]
+    elif (directory / WEIGHTS_NAME).is_file():
+        files = (directory / WEIGHTS_NAME,)
+    else:
+        pickles = sorted(path.name for pattern in PICKLE_WEIGHT_PATTERNS
+                         for path in directory.glob(pattern))
+        problems.append(
+            f"only pickle weights ({', '.join(pickles)}), which hwplug does not load: "
+            f"safetensors is required (convert with transformers' save_pretrained)" if pickles
+            else f"no weights ({WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME} with its shards)")
+    if problems:
+        raise ModelError(f"{directory} is not a loadable model directory: "
+                         f"{'; '.join(problems)}")
+    return files
+
+
+def check_safetensors(path: Path) -> None:
+    """Read the header of ``path``; :class:`ModelError` if it is truncated or corrupt."""
+    try:
+        with safe_open(path, framework="pt"):
+            pass
+    except SafetensorError as exc:
+        raise ModelError(f"{path} is not a readable safetensors file (truncated or "
+                         f"corrupt?): {exc}") from exc
+
+
+def eos_token_ids(config: PretrainedConfig, generation_config: GenerationConfig | None,
+                  tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """The end-of-sequence ids: the generation config's, else the model config's, else the
+    tokenizer's; empty when none has one (an encoder)."""
+    for holder in (generation_config, config):
+        ids = getattr(holder, "eos_token_id", None)
+        if ids is not None:
+            return tuple(ids) if isinstance(ids, list | tuple) else (int(ids),)
+    return () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+
+
+def _shards(index: Path) -> tuple[Path, ...]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return tuple(index.parent / name for name in dict.fromkeys(weight_map.values()))
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise ModelError(f"{index} is not a valid safetensors index (a JSON object with a "
+                         f"'weight_map' of tensor name -> shard file): {exc}") from exc
+
+
+def from_pretrained(cls: Any, what: str, directory: Path, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(directory, local_files_only=True, **kwargs)``, with any failure
+    turned into a :class:`ModelError` naming ``what`` and the file or directory read."""
+    # transformers and tokenizers raise many types (OSError, ValueError, JSON and Rust
+    # errors) for an unreadable file, so every exception is translated.
+    try:
+        return cls.from_pretrained(directory, local_files_only=True, **kwargs)
+    except Exception as exc:
+        location = directory / kwargs["gguf_file"] if "gguf_file" in kwargs else directory
+        raise ModelError(f"cannot load the {what} from {location}: {exc}") from exc
