@@ -1,0 +1,27 @@
+"""Normalisation layers. :class:`RMSNorm` runs ``ops.rms_norm`` (with the fused residual
+add); BERT's LayerNorm is :class:`torch.nn.LayerNorm` itself."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hwplug.kernel_registry import ops
+
+
+class RMSNorm(nn.Module):
+    """``x * rsqrt(mean(x**2, -1) + eps) * weight`` over the last dim of size ``hidden_size``.
+
+    ``forward(x)`` returns the normalised tensor; ``forward(x, residual)`` first forms
+    ``s = x + residual`` and returns ``(rms_norm(s), s)``: the residual stream for the
+    next block comes out of the same kernel.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return ops.rms_norm(x, self.weight, self.eps, residual)

@@ -1,0 +1,60 @@
+"""Rotary position embedding: one ``cos_sin_cache`` per model, applied by
+``ops.rotary_embedding``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hwplug.kernel_registry import ops
+from hwplug.kernel_registry.reference import build_cos_sin_cache
+
+#: transformers' default RoPE base when a config names none.
+DEFAULT_THETA = 10000.0
+
+
+def rope_parameters(hf_config: Any) -> tuple[float, dict[str, Any] | None, float]:
+    """``(theta, rope_scaling, partial_rotary_factor)`` of a Hugging Face config.
+
+    Reads transformers 5's ``rope_parameters`` dict, or 4.x's ``rope_theta`` /
+    ``rope_scaling`` / ``partial_rotary_factor`` attributes. ``rope_scaling`` is None for
+    plain RoPE, else the HF dict with its ``rope_type`` (as ``build_cos_sin_cache`` takes it).
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None)
+                  or getattr(hf_config, "rope_scaling", None) or {})
+    theta = float(params.pop("rope_theta", getattr(hf_config, "rope_theta", DEFAULT_THETA)))
+    partial = float(params.pop("partial_rotary_factor",
+                               getattr(hf_config, "partial_rotary_factor", None) or 1.0))
+    rope_type = params.pop("type", params.get("rope_type", "default"))
+    scaling = None if rope_type == "default" else {**params, "rope_type": rope_type}
+    return theta, scaling, partial
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates the first ``rotary_dim`` dims of every query/key head by its position's angle.
+
+    ``cos_sin_cache [max_position, rotary_dim]`` float32 is built once here and shared by
+    every layer that holds this module. ``forward(positions [T] int64, query [T, Hq, D],
+    key [T, Hkv, D]) -> (query, key)`` rotated, same shapes and dtype.
+    """
+
+    def __init__(self, rotary_dim: int, max_position: int, base: float,
+                 rope_scaling: dict[str, Any] | None = None, is_neox: bool = True) -> None:
+        super().__init__()
+        self.rotary_dim, self.is_neox = rotary_dim, is_neox
+        self.register_buffer("cos_sin_cache",
+                             build_cos_sin_cache(rotary_dim, max_position, base, rope_scaling),
+                             persistent=False)
+
+    @classmethod
+    def from_config(cls, hf_config: Any, head_size: int, is_neox: bool = True) -> RotaryEmbedding:
+        """The RoPE a Hugging Face decoder config describes, for heads of ``head_size``."""
+        theta, scaling, partial = rope_parameters(hf_config)
+        return cls(int(head_size * partial), hf_config.max_position_embeddings, theta, scaling,
+                   is_neox)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.rotary_embedding(positions, query, key, self.cos_sin_cache, self.is_neox)

@@ -1,0 +1,74 @@
+"""Copying checkpoint tensors into a model's parameters by Hugging Face name."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from hwplug.errors import ModelError
+from hwplug.model_zoo.layers.linear import copy_checked
+
+logger = logging.getLogger(__name__)
+
+#: ``(parameter name in the model, shard of a fused layer or None)``.
+Target = tuple[str, str | None]
+#: Maps a checkpoint name to its target, or to None for a tensor the model skips on purpose.
+Rename = Callable[[str], Target | None]
+
+
+def fused_target(name: str, fused: Mapping[str, Target]) -> Target:
+    """Route ``a.b.q_proj.weight`` to ``("a.b.qkv_proj.weight", "q")`` when ``fused`` maps
+    the owning module's name ``q_proj`` to ``("qkv_proj", "q")``; other names map to
+    ``(name, None)``."""
+    module_path, _, param = name.rpartition(".")
+    parent, _, module = module_path.rpartition(".")
+    if module not in fused:
+        return name, None
+    fused_module, shard = fused[module]
+    return f"{parent}.{fused_module}.{param}" if parent else f"{fused_module}.{param}", shard
+
+
+def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                       rename: Rename) -> None:
+    """Load every ``(checkpoint name, tensor)`` of ``weights`` into ``model``.
+
+    ``rename`` gives each name's target parameter and shard. Parameters of a module with
+    ``shard_names`` (a :class:`~.linear.FusedLinear`) are expected once per shard and
+    loaded through its ``load_weight(param_name, tensor, shard)``; any other parameter is
+    expected once and copied whole. Tensors are cast to the parameter's dtype and device.
+    Raises :class:`ModelError` naming every unexpected checkpoint name and every parameter
+    (or shard) the checkpoint did not provide, or the tensor whose shape does not fit.
+    """
+    params = dict(model.named_parameters())
+    expected = {(name, shard) for name in params
+                for shard in getattr(_owner(model, name), "shard_names", (None,))}
+    unexpected, loaded = [], set()
+    for hf_name, tensor in weights:
+        target = rename(hf_name)
+        if target is None:
+            logger.debug("skipping checkpoint tensor %s", hf_name)
+            continue
+        name, shard = target
+        if (name, shard) not in expected:
+            unexpected.append(hf_name)
+            continue
+        try:
+            if shard is None:
+                copy_checked(params[name], tensor, name)
+            else:
+                _owner(model, name).load_weight(name.rpartition(".")[2], tensor, shard)
+        except ModelError as exc:
+            raise ModelError(f"checkpoint tensor {hf_name}: {exc}") from None
+        loaded.add((name, shard))
+    missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
+    if unexpected or missing:
+        raise ModelError(f"checkpoint does not match {type(model).__name__}: "
+                         f"unexpected tensors {sorted(unexpected) or 'none'}; "
+                         f"missing parameters {missing or 'none'}")
+
+
+def _owner(model: nn.Module, param_name: str) -> nn.Module:
+    return model.get_submodule(param_name.rpartition(".")[0])

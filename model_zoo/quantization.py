@@ -1,0 +1,30 @@
+"""``UnquantizedLinearMethod``: plain ``weight [out, in]`` (+ ``bias [out]``), ``F.linear``.
+
+Registered as ``"unquantized"`` by :mod:`hwplug.builtin_plugin`; it is the quant method of
+every checkpoint without a ``quantization_config``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hwplug.quantization import QuantMethod
+
+
+class UnquantizedLinearMethod(QuantMethod):
+    """Weights stored as given in the model dtype; the matmul is ``F.linear``."""
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "unquantized"
+
+    def create_weights(self, layer: torch.nn.Module, input_size: int, output_size: int,
+                       params_dtype: torch.dtype, bias: bool) -> None:
+        layer.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=params_dtype),
+                                          requires_grad=False)
+        layer.register_parameter("bias", torch.nn.Parameter(
+            torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight, layer.bias)
