@@ -25,7 +25,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check core platforms kernel_registry model_zoo plugins tests benchmarks
+	$(BIN)/ruff check core platforms kernel_registry model_zoo plugins tests benchmarks conftest.py
 
 clean:
 	rm -rf $(VENV)

@@ -16,6 +16,14 @@ def hwplug_register_attention_backends(registry: Any) -> None:
 
 
 @hookimpl
+def hwplug_register_kernels(registry: Any) -> None:
+    registry.register_variant(
+        "linear", "onednn_packed", "hwplug.platforms.cpu_kernels:linear", platforms=("cpu",),
+        dtypes=("float32",), priority=10,
+        description="oneDNN matmul on a weight reordered once into its blocked layout")
+
+
+@hookimpl
 def hwplug_register_quant_methods(registry: Any) -> None:
     registry.register("unquantized", "hwplug.model_zoo.quantization:UnquantizedLinearMethod")
 

@@ -42,8 +42,9 @@ def hwplug_register_kernels(registry: Any) -> None:
     """Register kernel variants of the registry's ops (see :mod:`hwplug.kernel_registry`).
 
     Use ``registry.register_variant(op, name, impl, platforms=..., priority=...,
-    requires=..., supports=...)``; ``impl`` may be a lazy ``"module:function"`` so
-    importing the kernel library (e.g. triton) waits until the variant is first chosen.
+    packages=..., supports=...)``; ``impl`` and ``supports`` may be lazy
+    ``"module:function"`` strings so importing the kernel library (e.g. triton) waits
+    until the variant is first considered.
     """
 
 

@@ -9,7 +9,6 @@ imported without importing torch; :func:`torch_dtype` converts.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,8 +20,6 @@ if TYPE_CHECKING:
 
     from hwplug.config import EngineConfig
     from hwplug.platforms.sighting import Sighting
-
-logger = logging.getLogger(__name__)
 
 #: dtype names hwplug understands for compute and KV caches.
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")

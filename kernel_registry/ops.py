@@ -63,6 +63,14 @@ paged_attention(query [T, Hq, D], kv_cache [2, num_blocks, block_size, Hkv, D],
     chunked prefill and decode, mixed in one batch.
 """)
 
+linear = kernels.define_op("linear", _REF + "linear",
+                           tolerances={"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 2e-2),
+                                       "float16": (2e-3, 2e-3)}, doc="""
+linear(x [..., K], weight [N, K], bias [N] | None = None) -> [..., N] = x @ weight.T + bias
+    Weights are read-only between calls: a variant may keep a repacked copy of a weight,
+    rebuilt when the tensor's version counter shows it was written.
+""")
+
 scaled_mm = kernels.define_op("scaled_mm", _REF + "scaled_mm",
                               tolerances={"fp8_e4m3": (2e-2, 2e-2), "fp8_e5m2": (5e-2, 5e-2),
                                           "float32": (1e-4, 1e-4), "bfloat16": (2e-2, 2e-2),

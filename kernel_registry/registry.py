@@ -127,7 +127,7 @@ class KernelRegistry(Registry[Variant]):
         for variant in self._preferred_order(op):
             reason = ("disabled by HWPLUG_DISABLED_KERNELS" if variant.key in disabled
                       else variant.static_rejection(platform, device_type, dtype, num_tokens))
-            if reason is None and isinstance(variant.impl, str):
+            if reason is None:
                 reason = _import_failure(variant)
             if reason is None:
                 result.chain.append(variant)
@@ -152,11 +152,9 @@ class KernelRegistry(Registry[Variant]):
 
 
 def _import_failure(variant: Variant) -> str | None:
-    """Import a lazy ``impl`` in place; return the failure as a reason instead of raising."""
-    from hwplug.registry import import_object
-
+    """Load a lazy variant; return an import failure as a reason instead of raising."""
     try:
-        variant.impl = import_object(variant.impl)  # type: ignore[arg-type]
+        variant.load()
     except Exception as exc:
         logger.warning("kernel variant %s failed to import: %r", variant.key, exc)
         return f"import failed: {exc!r}"

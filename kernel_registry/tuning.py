@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import bisect
 import json
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hwplug import envs
 from hwplug.errors import ConfigError
-
-logger = logging.getLogger(__name__)
 
 Config = dict[str, Any]
 Layer = Mapping[str, Mapping[str, Config]]

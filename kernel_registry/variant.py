@@ -27,8 +27,9 @@ class Variant:
     Facts checked once per dispatch key: ``platforms`` (empty = any platform, on any
     device), ``dtypes`` (of the op's first tensor; empty = any), capability range,
     ``min_toolkit`` and ``packages`` version gates, and the ``num_tokens`` range
-    ``[low, high)`` of the first tensor's leading dimension. ``supports`` is checked on
-    every call for what only the call's shapes can tell; leave it None where possible.
+    ``[low, high)`` of the first tensor's leading dimension. ``supports`` (a callable or a
+    lazy ``"module:function"``, imported with ``impl``) is checked on every call for what
+    only the call's shapes can tell; leave it None where possible.
     """
 
     op: str
@@ -42,12 +43,21 @@ class Variant:
     min_toolkit: str | None = None
     packages: dict[str, str] = field(default_factory=dict)
     num_tokens: tuple[int, int | None] | None = None
-    supports: SupportsFn | None = None
+    supports: SupportsFn | str | None = None
     description: str = ""
 
     @property
     def key(self) -> str:
         return f"{self.op}/{self.name}"
+
+    def load(self) -> None:
+        """Import a lazy ``impl`` and ``supports`` in place (import errors propagate)."""
+        from hwplug.registry import import_object
+
+        if isinstance(self.impl, str):
+            self.impl = import_object(self.impl)
+        if isinstance(self.supports, str):
+            self.supports = import_object(self.supports)
 
     def static_rejection(self, platform: Platform, device_type: str, dtype: str,
                          num_tokens: int | None) -> str | None:

@@ -1,4 +1,5 @@
-"""``UnquantizedLinearMethod``: plain ``weight [out, in]`` (+ ``bias [out]``), ``F.linear``.
+"""``UnquantizedLinearMethod``: plain ``weight [out, in]`` (+ ``bias [out]``), the
+registry's ``linear`` op.
 
 Registered as ``"unquantized"`` by :mod:`hwplug.builtin_plugin`; it is the quant method of
 every checkpoint without a ``quantization_config``.
@@ -7,13 +8,13 @@ every checkpoint without a ``quantization_config``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from hwplug.kernel_registry import ops
 from hwplug.quantization import QuantMethod
 
 
 class UnquantizedLinearMethod(QuantMethod):
-    """Weights stored as given in the model dtype; the matmul is ``F.linear``."""
+    """Weights stored as given in the model dtype; the matmul is ``ops.linear``."""
 
     @classmethod
     def get_name(cls) -> str:
@@ -27,4 +28,4 @@ class UnquantizedLinearMethod(QuantMethod):
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, layer.weight, layer.bias)
+        return ops.linear(x, layer.weight, layer.bias)

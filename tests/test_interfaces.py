@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from hwplug import envs
-from hwplug.attention import AttentionBackend, AttentionSpec, select_backend, settle_attention
+from hwplug.attention import AttentionSpec, select_backend, settle_attention
 from hwplug.config import EngineConfig
 from hwplug.errors import (
     ConfigError,

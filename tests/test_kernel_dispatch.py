@@ -140,3 +140,15 @@ def test_global_ops_dispatch_to_reference_on_cpu(fresh_discovery):
     gate = torch.randn(4, 8)
     out = kernels.op("silu_and_mul")(torch.cat([x, gate], -1))
     torch.testing.assert_close(out, torch.nn.functional.silu(x) * gate)
+
+
+def test_lazy_supports_is_imported_with_the_variant(reg, tmp_path, monkeypatch):
+    (tmp_path / "lazy_checks.py").write_text(
+        "def small_only(x):\n"
+        "    return None if x.numel() <= 4 else f'{x.numel()} elements > 4'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg.register_variant("double", "small", tagged(7.0), priority=5,
+                         supports="lazy_checks:small_only")
+    assert torch.equal(reg.op("double")(torch.ones(2)), torch.full((2,), 7.0))
+    assert torch.equal(reg.op("double")(torch.ones(6)), torch.full((6,), 2.0))
+    assert callable(reg.get("double/small").supports)

@@ -21,6 +21,7 @@ from fake_hw import (
     make_tpu_tree,
     write,
 )
+
 from hwplug.platforms import amd, arm, intel_xpu, nvidia, tpu
 from hwplug.platforms.probes import ALL_PROBES, KNOWN_PLUGINS, probe_all
 from hwplug.platforms.sighting import Sighting

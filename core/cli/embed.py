@@ -1,8 +1,43 @@
-"""placeholder"""
+"""``hwplug embed``: sentence embeddings of texts with an encoder model.
 
-def add_arguments(parser):
-    pass
+Prints, per text, the vector's dimension and first values; with ``--json``, every
+text with its whole vector. The vectors are mean-pooled and L2-normalised.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from hwplug.cli.output import add_json_flag, print_json, table
+
+DEFAULT_MODEL = "all-minilm-l6-v2"
+#: Values shown per vector in the table.
+SHOWN_VALUES = 6
 
 
-def run(args, console):
-    raise NotImplementedError
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"an encoder: path or alias (default: {DEFAULT_MODEL})")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32", help="compute dtype")
+    add_json_flag(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from hwplug.model_zoo.llm import LLM
+
+    llm = LLM(args.model, dtype=args.dtype)
+    vectors = llm.embed(args.texts).tolist()
+    if args.json:
+        print_json(console, {"model": args.model, "dimension": len(vectors[0]),
+                             "embeddings": [{"text": text, "embedding": vector} for text, vector
+                                            in zip(args.texts, vectors, strict=True)]})
+        return 0
+    rows = [(text, len(vector), ", ".join(f"{v:+.4f}" for v in vector[:SHOWN_VALUES]) + ", ...")
+            for text, vector in zip(args.texts, vectors, strict=True)]
+    console.print(table(f"embeddings ({args.model}, {llm.platform}, {llm.dtype})",
+                        ("text", "dimension", "first values"), rows))
+    return 0

@@ -1,8 +1,115 @@
-"""placeholder"""
+"""``hwplug generate``: complete one prompt (streamed to stdout) or a file of prompts (batched).
 
-def add_arguments(parser):
-    pass
+After the text, stderr gets one line of speed (tokens/s, time to first token) and one of
+where it ran: the platform, the attention backend, and the kernel variant chosen for
+each op in the model's dtype. Bad input (a missing model, an invalid sampling value) is a
+:class:`~hwplug.errors.HwplugError`, printed by ``hwplug`` without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from hwplug.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.llm import LLM
+    from hwplug.model_zoo.sampling import SamplingParams
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-def run(args, console):
-    raise NotImplementedError
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="?", help="the prompt (or use --prompts-file)")
+    parser.add_argument("--model", help="a .gguf file, a Hugging Face style directory, or an "
+                                        "alias (default: smollm2)")
+    parser.add_argument("--prompts-file", type=Path,
+                        help="generate for every line of this file, as one batch")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap each prompt as a user message in the model's chat template")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k most likely "
+                                                              "tokens (0 = all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    parser.add_argument("--seed", type=int, help="seed for sampling")
+    parser.add_argument("--stop", nargs="+", default=[], metavar="STR",
+                        help="stop when the text reaches one of these strings")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from hwplug.model_zoo.llm import LLM
+    from hwplug.model_zoo.sampling import SamplingParams
+
+    if (args.prompt is None) == (args.prompts_file is None):
+        raise ConfigError("give either a prompt or --prompts-file (one of them)")
+    prompts = [args.prompt] if args.prompts_file is None else _read_prompts(args.prompts_file)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, stop=tuple(args.stop))
+    llm = LLM(args.model, dtype=args.dtype, seed=args.seed)
+    inputs = [llm.apply_chat_template(p) if args.chat else llm.tokenize(p) for p in prompts]
+    if args.prompts_file is None:
+        num_tokens, seconds, first_token = _stream(llm, inputs[0], sampling, console)
+    else:
+        num_tokens, seconds, first_token = _batch(llm, prompts, inputs, sampling, console)
+    _report(llm, num_tokens, seconds, first_token, Console(stderr=True))
+    return 0
+
+
+def _read_prompts(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --prompts-file {path}: {exc.strerror}") from None
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise ConfigError(f"--prompts-file {path} holds no prompt (one per non-empty line)")
+    return prompts
+
+
+def _stream(llm: LLM, prompt: list[int], sampling: SamplingParams,
+            console: Console) -> tuple[int, float, float | None]:
+    """Print the completion as it is produced; (tokens, seconds, time to first text)."""
+    start = time.perf_counter()
+    first_text = None
+    stream = llm.stream(prompt, sampling)
+    for piece in stream:
+        first_text = first_text or time.perf_counter() - start
+        console.print(piece, end="", markup=False, highlight=False, soft_wrap=True)
+    console.print()
+    num_tokens = len(stream.output.token_ids) if stream.output else 0
+    return num_tokens, time.perf_counter() - start, first_text
+
+
+def _batch(llm: LLM, prompts: list[str], inputs: list[list[int]], sampling: SamplingParams,
+           console: Console) -> tuple[int, float, None]:
+    """Generate for every prompt at once, then print each prompt and its completion."""
+    start = time.perf_counter()
+    outputs = llm.generate(inputs, sampling)
+    seconds = time.perf_counter() - start
+    for index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        console.rule(f"[{index}] {prompt}", align="left", characters="-")
+        console.print(output.text, markup=False, highlight=False, soft_wrap=True)
+    return sum(len(output.token_ids) for output in outputs), seconds, None
+
+
+def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
+            console: Console) -> None:
+    from hwplug.cli.kernels import collect
+
+    speed = f"{num_tokens} tokens in {seconds:.2f} s: {num_tokens / seconds:.1f} tokens/s"
+    if first_text is not None and num_tokens > 1 and seconds > first_text:
+        speed += (f"; first text after {first_text:.2f} s, then "
+                  f"{(num_tokens - 1) / (seconds - first_text):.1f} tokens/s")
+    console.print(speed, highlight=False)
+    chosen = collect(dtypes=[llm.dtype])["ops"]
+    kernels = ", ".join(f"{op}={by_dtype[llm.dtype]['chosen']}"
+                        for op, by_dtype in chosen.items())
+    console.print(f"platform {llm.platform}, attention backend {llm.attention_backend}, "
+                  f"dtype {llm.dtype}; kernels: {kernels}", highlight=False, soft_wrap=True)

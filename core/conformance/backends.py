@@ -13,7 +13,6 @@ attributes) are skipped, and a separate check makes sure ``validate`` refuses th
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -29,8 +28,6 @@ from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.kernel_registry import ops
 from hwplug.platform import DTYPE_NAMES, torch_dtype
-
-logger = logging.getLogger(__name__)
 
 #: Two steps per sequence: the first may be empty (the sequence starts in step two).
 Plan = tuple[Step, Step]

@@ -8,7 +8,6 @@ other block untouched. Block ``b`` of a layer's cache is ``cache[:, b]``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
@@ -16,8 +15,6 @@ import torch
 from hwplug.conformance.result import Check, Status
 from hwplug.conformance.target import Placement
 from hwplug.connector import Connector, ConnectorMetadata, KVLayout
-
-logger = logging.getLogger(__name__)
 
 LAYOUT = KVLayout(backend="REFERENCE", layout="NHD", kv_cache_dtype="float32", block_size=4,
                   num_kv_heads=2, head_size=8, num_layers=2)

@@ -7,7 +7,6 @@ so no device query runs.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from hwplug import registries
@@ -15,8 +14,6 @@ from hwplug.conformance.result import Status
 from hwplug.conformance.target import Target
 from hwplug.errors import UnsupportedError
 from hwplug.platform import torch_dtype
-
-logger = logging.getLogger(__name__)
 
 #: Distributed backends a platform may declare that ``torch.distributed`` does not know.
 NON_TORCH_DIST_BACKENDS = {"xla": "JAX/TPU collectives through XLA"}

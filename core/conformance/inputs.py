@@ -267,6 +267,17 @@ def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int])
 
 
 @st.composite
+def linear(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    rng = _rng(draw)
+    leading = _leading(draw, tokens)
+    k, n = draw(st.sampled_from((16, 40, 64))), draw(st.sampled_from((8, 24, 96)))
+    x, weight = _randn(rng, (*leading, k), dtype), _randn(rng, (n, k), dtype, scale=k ** -0.5)
+    bias = _randn(rng, (n,), dtype) if draw(st.booleans()) else None
+    label = f"x {(*leading, k)} weight ({n}, {k}) {dtype}, bias={bias is not None}"
+    return Case((x, weight), {"bias": bias}, (dtype,), label)
+
+
+@st.composite
 def scaled_mm(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
     rng = _rng(draw)
     m, k, n = draw(tokens), draw(st.sampled_from((16, 32, 64))), draw(st.sampled_from((16, 48)))
@@ -291,5 +302,6 @@ GENERATORS: dict[str, Generator] = {
     "gelu_and_mul": gelu_and_mul,
     "reshape_and_cache": reshape_and_cache,
     "paged_attention": paged_attention,
+    "linear": linear,
     "scaled_mm": scaled_mm,
 }

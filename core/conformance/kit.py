@@ -9,7 +9,6 @@ backend scenario, per quant method and per connector the plugin registered);
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,6 @@ from hwplug.conformance.target import Target, resolve_target
 from hwplug.conformance.variants import variant_check
 from hwplug.kernel_registry import REFERENCE, kernels
 from hwplug.registry import Registry
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ skipped with that reason.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,8 +25,6 @@ from hwplug.conformance.target import Placement
 from hwplug.kernel_registry import ops
 from hwplug.platform import dtype_name, torch_dtype
 from hwplug.quantization import QuantMethod
-
-logger = logging.getLogger(__name__)
 
 
 class _PackedWeights(Exception):

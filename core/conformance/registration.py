@@ -3,16 +3,13 @@ registered is importable, of the right kind and named as it says it is."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from hwplug import discovery, registries
 from hwplug.conformance.result import Status
 from hwplug.conformance.target import Target
 from hwplug.platform import DTYPE_NAMES, DeviceCapability
-from hwplug.registry import Entry, Registry, import_object
-
-logger = logging.getLogger(__name__)
+from hwplug.registry import Entry, Registry
 
 Outcome = tuple[Status, str]
 
@@ -97,12 +94,11 @@ def _variant_problems(entry: Entry[Any]) -> list[str]:
         except ValueError:
             problems.append(f"kernel variant {variant.key} has capability {bound!r}; "
                             "write it as 'major.minor'")
-    if isinstance(variant.impl, str) and not missing_package(variant):
+    if not missing_package(variant):
         try:
-            import_object(variant.impl)
+            variant.load()
         except Exception as exc:
-            problems.append(f"kernel variant {variant.key} fails to import {variant.impl!r}: "
-                            f"{exc!r}")
+            problems.append(f"kernel variant {variant.key} fails to import: {exc!r}")
     return problems
 
 

@@ -13,7 +13,6 @@ that says the device is missing skips the check (see
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +26,6 @@ from hwplug.conformance.inputs import GENERATORS, Case
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.kernel_registry import REFERENCE, Variant, kernels
-from hwplug.registry import import_object
-
-logger = logging.getLogger(__name__)
 
 #: Most tokens a generated input has beyond the lower end of a variant's num_tokens range.
 TOKEN_SPAN = 8
@@ -133,12 +129,13 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     if missing:
         return "skipped", missing
     try:
-        impl = import_object(variant.impl) if isinstance(variant.impl, str) else variant.impl
+        variant.load()
     except Exception as exc:
         return "failed", f"implementation {variant.impl!r} fails to import: {exc!r}"
     tally = _Tally()
     strategy = st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant)))
-    failure = first_failure(strategy, _case_body(variant, impl, placement, tally), examples)
+    failure = first_failure(strategy, _case_body(variant, variant.impl, placement, tally),
+                            examples)
     where = placement.describe()
     judged = judge(failure, where)
     if judged:

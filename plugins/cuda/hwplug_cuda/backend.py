@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.attention import AttentionBackend, AttentionMetadata, InternalFallback
+from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec, InternalFallback
+from hwplug_cuda.kernels import MAX_HEAD_SIZE
 
 if TYPE_CHECKING:
     import torch
+
+    from hwplug.platform import Platform
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -22,8 +25,9 @@ class TritonAttentionBackend(AttentionBackend):
     platforms: ClassVar[tuple[str, ...]] = ("cuda",)
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
-    supported_head_sizes: ClassVar[tuple[int, ...]] = (32, 64, 96, 128, 256)
-    supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64)
+    #: Any head size up to ``MAX_HEAD_SIZE`` (checked in :meth:`validate`); any block size
+    #: works, these are the ones offered when settling the cache.
+    supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128)
     supports_non_causal: ClassVar[bool] = True
     supports_sliding_window: ClassVar[bool] = True
     supports_soft_cap: ClassVar[bool] = True
@@ -38,6 +42,13 @@ class TritonAttentionBackend(AttentionBackend):
     @classmethod
     def get_name(cls) -> str:
         return "TRITON_ATTN"
+
+    @classmethod
+    def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
+        reasons = super().validate(spec, platform)
+        if spec.head_size > MAX_HEAD_SIZE:
+            reasons.append(f"head size {spec.head_size} above {MAX_HEAD_SIZE}")
+        return reasons
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        metadata: AttentionMetadata) -> None:

@@ -1,7 +1,7 @@
 """hwplug hooks of hwplug-cuda: the Triton kernel variants and the TRITON_ATTN backend.
 
-Kernels are registered as lazy ``"module:function"`` strings, so triton is imported only
-when a variant is first chosen on a CUDA device.
+Kernels and their ``supported`` checks are registered as lazy ``"module:function"``
+strings, so triton is imported only when a variant is first considered on a CUDA device.
 """
 
 from __future__ import annotations
@@ -17,21 +17,24 @@ _KERNELS = "hwplug_cuda.kernels."
 _TRITON = {"platforms": ("cuda",), "min_capability": "8.0", "packages": {"triton": ">=3.0"},
            "priority": 10}
 
-#: op -> lazy implementation of its Triton variant.
-TRITON_VARIANTS = {
-    "rms_norm": _KERNELS + "norm:rms_norm",
-    "rotary_embedding": _KERNELS + "rotary:rotary_embedding",
-    "silu_and_mul": _KERNELS + "activation:silu_and_mul",
-    "gelu_and_mul": _KERNELS + "activation:gelu_and_mul",
-    "reshape_and_cache": _KERNELS + "cache:reshape_and_cache",
-    "paged_attention": _KERNELS + "attention:paged_attention",
+#: op -> the kernel module implementing its Triton variant (function named like the op,
+#: per-call check named ``supported``).
+TRITON_MODULES = {
+    "rms_norm": "norm",
+    "rotary_embedding": "rotary",
+    "silu_and_mul": "activation",
+    "gelu_and_mul": "activation",
+    "reshape_and_cache": "cache",
+    "paged_attention": "attention",
 }
 
 
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
-    for op, impl in TRITON_VARIANTS.items():
-        registry.register_variant(op, "triton", impl, description="Triton kernel", **_TRITON)
+    for op, module in TRITON_MODULES.items():
+        registry.register_variant(op, "triton", f"{_KERNELS}{module}:{op}",
+                                  supports=f"{_KERNELS}{module}:supported",
+                                  description="Triton kernel", **_TRITON)
     from hwplug_cuda import scaled_mm
 
     registry.register_variant(

@@ -1,0 +1,69 @@
+"""Cold start: seconds from process start to the first generated token, twice.
+
+Each run is a fresh ``python -c`` process that imports hwplug, builds ``hwplug.LLM()``
+(the default model) and generates one token. The first run may fill hwplug's cache
+(converted tokenizer, dequantised weights); the second must reuse it. By default both
+runs share a new temporary ``HWPLUG_CACHE_DIR`` so the first is truly cold; pass
+``--cache-dir`` to use another (e.g. your usual one).
+
+    python benchmarks/cold_start.py
+    python benchmarks/cold_start.py --model smollm2 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+#: The measured process; prints the wall-clock times of its milestones as JSON.
+CHILD = """
+import json, sys, time
+import hwplug
+imported = time.time()
+llm = hwplug.LLM({model!r})
+loaded = time.time()
+llm.generate("Hello", hwplug.SamplingParams(max_tokens=1))
+print(json.dumps({{"imported": imported, "loaded": loaded, "first_token": time.time()}}))
+"""
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="path or alias (default: the default model)")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--cache-dir", help="HWPLUG_CACHE_DIR for the runs (default: a new "
+                                            "temporary directory)")
+    return parser.parse_args()
+
+
+def run_once(model: str | None, cache_dir: str) -> dict[str, float]:
+    """Seconds from launch to import done, model loaded and first token."""
+    env = {**os.environ, "HWPLUG_CACHE_DIR": cache_dir}
+    start = time.time()
+    result = subprocess.run([sys.executable, "-c", CHILD.format(model=model)], env=env,
+                            capture_output=True, text=True, check=False)
+    if result.returncode:
+        sys.exit(f"the child process failed:\n{result.stderr}")
+    marks = json.loads(result.stdout.strip().splitlines()[-1])
+    return {name: stamp - start for name, stamp in marks.items()}
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="hwplug-cold-start-") as scratch:
+        cache_dir = args.cache_dir or scratch
+        print(f"HWPLUG_CACHE_DIR={cache_dir}; seconds since process launch")
+        print(f"{'run':>3} {'import':>8} {'loaded':>8} {'first token':>12}")
+        for run in range(1, args.runs + 1):
+            marks = run_once(args.model, cache_dir)
+            print(f"{run:>3} {marks['imported']:>8.2f} {marks['loaded']:>8.2f} "
+                  f"{marks['first_token']:>12.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

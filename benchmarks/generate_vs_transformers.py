@@ -1,0 +1,107 @@
+"""Decode speed: ``hwplug.LLM.generate`` vs transformers ``generate`` on the same weights.
+
+SmolLM2-135M-Instruct is loaded once by hwplug; transformers' ``LlamaForCausalLM`` is
+built from the same config and given the same (dequantised) state dict, in the same
+dtype. For each batch size, both generate greedily from the same random prompts and
+ignore EOS. Decode tokens/s is ``batch * (N - 1) / (T(N) - T(1))`` where ``T(n)`` is the
+wall time of a generate call for ``n`` new tokens, so prefill is excluded alike for both.
+Calls alternate between the two sides and the median of ``--repeats`` is kept, so load
+from other processes hits both alike.
+
+    python benchmarks/generate_vs_transformers.py                   # batch 1, 8, 32
+    python benchmarks/generate_vs_transformers.py --batch-sizes 1 --new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import hwplug
+from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="path or alias (default: the default model)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=64, help="N new tokens per prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls of each side")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    return parser.parse_args()
+
+
+def transformers_model(model: str | None, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' Llama with the checkpoint's weights, as hwplug loads them."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = load_checkpoint(resolve_model(model))
+    reference = AutoModelForCausalLM.from_config(checkpoint.config, dtype=dtype).eval()
+    result = reference.load_state_dict(dict(checkpoint.weights()), strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
+        raise RuntimeError(f"weights do not match transformers' model: {result}")
+    reference.tie_weights()
+    return reference
+
+
+def seconds(generate: Callable[[int], object], new_tokens: int) -> float:
+    start = time.perf_counter()
+    generate(new_tokens)
+    return time.perf_counter() - start
+
+
+def decode_rates(sides: dict[str, Callable[[int], object]], batch: int, new_tokens: int,
+                 repeats: int) -> dict[str, float]:
+    """Median decode tokens/s of each side, timed in alternating order."""
+    for generate in sides.values():  # warm-up
+        generate(2)
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for repeat in range(repeats):
+        order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
+        for name in order:
+            full, prefill = seconds(sides[name], new_tokens), seconds(sides[name], 1)
+            rates[name].append(batch * (new_tokens - 1) / (full - prefill))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    llm = hwplug.LLM(args.model, dtype=args.dtype, max_num_seqs=max(args.batch_sizes))
+    reference = transformers_model(args.model, getattr(torch, args.dtype))
+    vocab = llm.hf_config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    print(f"model {llm.architecture}, dtype {args.dtype}, platform {llm.platform}, attention "
+          f"{llm.attention_backend}, {torch.get_num_threads()} threads, {args.new_tokens} new "
+          f"tokens after {args.prompt_tokens}-token prompts; decode tokens/s (median of "
+          f"{args.repeats})")
+    print(f"{'batch':>5} {'hwplug':>10} {'transformers':>13} {'ratio':>7}")
+    for batch in args.batch_sizes:
+        prompts = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=generator)
+        token_lists = prompts.tolist()
+
+        def ours(new_tokens: int, token_lists: list[list[int]] = token_lists) -> object:
+            sampling = hwplug.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+            return llm.generate(token_lists, sampling)
+
+        def theirs(new_tokens: int, prompts: torch.Tensor = prompts) -> object:
+            with torch.inference_mode():
+                return reference.generate(prompts, attention_mask=torch.ones_like(prompts),
+                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                          do_sample=False, pad_token_id=0)
+
+        rates = decode_rates({"hwplug": ours, "transformers": theirs}, batch, args.new_tokens,
+                             args.repeats)
+        print(f"{batch:>5} {rates['hwplug']:>10.1f} {rates['transformers']:>13.1f} "
+              f"{rates['hwplug'] / rates['transformers']:>6.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""``ModelRunner``: one scheduled step of a model-zoo model over the paged KV cache.
+
+The runner owns one KV cache per layer (shape from the attention backend's
+``kv_cache_shape``, dtype ``ctx.engine.kv_cache_dtype``). For a step it builds the flat
+inputs and :class:`~hwplug.attention.AttentionMetadata` of the whole mixed batch
+(prefill chunks and decode tokens together) from plain lists, one ``torch.tensor`` call
+per tensor, runs the model under ``torch.inference_mode()``, computes logits only for
+the last token of each sequence that samples, and samples them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hwplug.attention import AttentionMetadata
+from hwplug.model_zoo.context import ModelContext
+from hwplug.model_zoo.engine.scheduler import ScheduledBatch
+from hwplug.model_zoo.engine.sequence import Sequence
+from hwplug.model_zoo.sampling import SamplingRow, sample
+from hwplug.platform import torch_dtype
+
+
+@dataclass
+class StepInputs:
+    """A step's flat model inputs: ``input_ids``/``positions [T]`` int64, the metadata,
+    and ``sample_rows`` — the token index of each sampled sequence's last token (None
+    when every sequence samples from its last token, i.e. a pure decode step)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    sample_rows: torch.Tensor | None
+
+
+def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
+    """Bytes one block takes across all layers' caches."""
+    engine = ctx.engine
+    shape = ctx.attention_backend.kv_cache_shape(1, engine.block_size, engine.num_kv_heads,
+                                                 engine.head_size)
+    element = torch.empty((), dtype=torch_dtype(engine.kv_cache_dtype)).element_size()
+    return num_layers * element * int(torch.Size(shape).numel())
+
+
+class ModelRunner:
+    """Runs steps of ``model`` with ``num_blocks`` KV blocks per layer."""
+
+    def __init__(self, model: nn.Module, ctx: ModelContext, num_blocks: int,
+                 generator: torch.Generator | None = None) -> None:
+        self.model, self.ctx = model, ctx
+        self.device = ctx.device
+        self.generator = generator
+        engine = ctx.engine
+        self.block_size: int = engine.block_size
+        shape = ctx.attention_backend.kv_cache_shape(num_blocks, self.block_size,
+                                                     engine.num_kv_heads, engine.head_size)
+        dtype = torch_dtype(engine.kv_cache_dtype)
+        # zeroed: attention reads whole blocks and masks the unused slots, so they must
+        # hold finite values
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
+                          for _ in range(model.num_layers)]
+
+    def prepare(self, seqs: Seq[Sequence], num_new_tokens: Seq[int]) -> StepInputs:
+        """Inputs of a step in which ``seqs[i]`` computes its next ``num_new_tokens[i]``
+        tokens (their blocks must be allocated)."""
+        block_size = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        starts = [0]
+        sample_rows: list[int] = []
+        for seq, num_new in zip(seqs, num_new_tokens, strict=True):
+            start = seq.num_computed_tokens
+            end = start + num_new
+            table = seq.block_table
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [table[p // block_size] * block_size + p % block_size
+                      for p in range(start, end)]
+            seq_lens.append(end)
+            starts.append(starts[-1] + num_new)
+            if end == seq.num_tokens:
+                sample_rows.append(starts[-1] - 1)
+        width = max(len(seq.block_table) for seq in seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
+        device = self.device
+        metadata = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            max_query_len=max(num_new_tokens), max_seq_len=max(seq_lens))
+        every_token_samples = len(sample_rows) == len(input_ids)
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            metadata=metadata,
+            sample_rows=None if every_token_samples else torch.tensor(sample_rows,
+                                                                      device=device))
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs, **model_kwargs: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` of every token of the step."""
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata,
+                          **model_kwargs)
+
+    @torch.inference_mode()
+    def step(self, batch: ScheduledBatch) -> list[int]:
+        """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``."""
+        inputs = self.prepare(batch.seqs, batch.num_new_tokens)
+        hidden = self.forward(inputs)
+        sampled = batch.sampled_seqs
+        if not sampled:
+            return []
+        if inputs.sample_rows is not None:
+            hidden = hidden[inputs.sample_rows]
+        logits = self.model.compute_logits(hidden)
+        rows = [SamplingRow(seq.sampling, seq.generator, seq.token_ids) for seq in sampled]
+        return sample(logits, rows, self.generator).tolist()

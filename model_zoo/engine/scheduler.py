@@ -1,0 +1,163 @@
+"""``Scheduler``: which sequences run in the next step, and how many tokens each.
+
+Continuous batching with chunked prefill. Every step has a budget of
+``max_num_batched_tokens`` tokens. Running sequences are served first, oldest first,
+each with all its uncomputed tokens (1 for a decoding sequence; the rest of its prompt
+for one still in prefill) or what is left of the budget, so a long prompt is split
+across steps while the other sequences keep decoding in the same mixed batch. Then
+waiting sequences join, first come first served, while the budget, ``max_num_seqs`` and
+the free KV blocks allow. When a running sequence needs a block and none is free, the
+newest running sequence is preempted: its blocks are freed and it goes back to the front
+of the waiting queue, to be recomputed later (its output so far is kept).
+
+After the step, :meth:`Scheduler.update` records the computed tokens, appends the
+sampled ones and finishes sequences on EOS, a stop token, ``max_tokens`` or the model's
+context length; :meth:`Scheduler.finish` finishes one for a reason found outside
+(a stop string).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from hwplug.model_zoo.engine.block_manager import BlockManager
+from hwplug.model_zoo.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledBatch:
+    """One step: ``seqs[i]`` computes its next ``num_new_tokens[i]`` tokens.
+
+    ``sampled[i]`` is True when those tokens reach the end of ``seqs[i]``, so the step
+    yields its next token (False while a prompt is still being prefilled in chunks).
+    """
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+        self.sampled.append(num_new_tokens == seq.num_uncomputed_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        return [seq for seq, sampled in zip(self.seqs, self.sampled, strict=True) if sampled]
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    """Waiting and running queues over one :class:`BlockManager`."""
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int,
+                 eos_token_ids: Seq[int] = ()) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1, got "
+                             f"{max_num_seqs} and {max_num_batched_tokens}")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        """The next step's batch (empty when nothing can run)."""
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._allocate_or_preempt(seq, num_new):
+                break  # seq itself was the newest and was preempted
+            batch.add(seq, num_new)
+            budget -= num_new
+            index += 1
+        # after a preemption, new sequences would take the blocks the preempted one needs
+        while (self.num_preemptions == preemptions_before and self.waiting and budget > 0
+               and len(self.running) < self.max_num_seqs):
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.allocate(seq, num_new):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.add(seq, num_new)
+            budget -= num_new
+        return batch
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Allocate ``seq``'s blocks, preempting the newest running sequences as needed.
+
+        Returns False when ``seq`` itself had to be preempted.
+        """
+        while not self.block_manager.allocate(seq, num_new_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        logger.debug("preempting sequence %d (%d tokens) for lack of KV blocks",
+                     seq.seq_id, seq.num_tokens)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def update(self, batch: ScheduledBatch, tokens: Seq[int]) -> list[Sequence]:
+        """Record a finished step: ``tokens[j]`` is the next token of
+        ``batch.sampled_seqs[j]``. Returns those sequences (some now finished)."""
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += num_new
+        sampled = batch.sampled_seqs
+        for seq, token in zip(sampled, tokens, strict=True):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+        return sampled
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.sampling
+        if token in params.stop_token_ids or (not params.ignore_eos
+                                              and token in self.eos_token_ids):
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Finish ``seq`` (running or waiting) now and free its blocks."""
+        queue = self.running if seq.status is SequenceStatus.RUNNING else self.waiting
+        queue.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

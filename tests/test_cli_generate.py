@@ -1,0 +1,80 @@
+"""``hwplug generate`` and ``hwplug embed`` as a user runs them: subprocesses, real models.
+
+The embedding printed by ``hwplug embed --json`` is compared with transformers'
+``BertModel`` on the same checkpoint, mean-pooled and L2-normalised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HWPLUG = [sys.executable, "-m", "hwplug"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HWPLUG, *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=180)
+
+
+def test_generate_streams_text_then_reports_speed_and_kernels():
+    out = run("generate", "The capital of France is", "--max-tokens", "8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert "8 tokens in" in out.stderr and "tokens/s" in out.stderr
+    assert "platform cpu, attention backend REFERENCE" in out.stderr
+    assert "paged_attention=" in out.stderr
+
+
+def test_generate_a_batch_from_a_prompts_file(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello, my name is\n\nThe sky is\n")
+    out = run("generate", "--prompts-file", str(prompts), "--max-tokens", "4", "--chat")
+    assert out.returncode == 0, out.stderr
+    assert "[0] Hello, my name is" in out.stdout and "[1] The sky is" in out.stdout
+    assert "tokens/s" in out.stderr
+
+
+def test_a_missing_model_is_a_one_line_error(tmp_path):
+    out = run("generate", "hi", "--model", str(tmp_path / "missing.gguf"))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "error:" in out.stderr
+
+
+def test_invalid_sampling_value_is_a_config_error():
+    out = run("generate", "hi", "--top-p", "0")
+    assert out.returncode == 2 and "ConfigError" in out.stderr and "(0, 1]" in out.stderr
+
+
+def test_embed_json_matches_transformers_mean_pooling():
+    from transformers import BertModel
+
+    from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
+
+    texts = ["A man is eating food.", "hwplug embeds text"]
+    out = run("embed", *texts, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["dimension"] == 384 and len(data["embeddings"]) == 2
+    ours = torch.tensor([item["embedding"] for item in data["embeddings"]])
+
+    path = resolve_model("all-minilm-l6-v2")
+    tokenizer = load_checkpoint(path).tokenizer
+    reference = BertModel.from_pretrained(path, add_pooling_layer=False).eval()
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = reference(**encoded).last_hidden_state
+    mask = encoded.attention_mask[..., None].float()
+    theirs = F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    assert F.cosine_similarity(ours, theirs).min() > 0.9999
+
+
+def test_generate_on_an_encoder_says_to_use_embed():
+    out = run("generate", "hi", "--model", "all-minilm-l6-v2")
+    assert out.returncode == 2 and "use embed()" in out.stderr
