@@ -17,10 +17,9 @@ def hwplug_register_attention_backends(registry: Any) -> None:
 
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
-    registry.register_variant(
-        "linear", "onednn_packed", "hwplug.platforms.cpu_kernels:linear", platforms=("cpu",),
-        dtypes=("float32",), priority=10,
-        description="oneDNN matmul on a weight reordered once into its blocked layout")
+    for op, (name, function, supports, description) in CPU_VARIANTS.items():
+        registry.register_variant(op, name, function, platforms=("cpu",), dtypes=("float32",),
+                                  priority=10, supports=supports, description=description)
 
 
 @hookimpl
@@ -41,4 +40,19 @@ BUILTIN_MODELS = {
     "Qwen2ForCausalLM": "hwplug.model_zoo.models.llama:LlamaForCausalLM",
     "Qwen3ForCausalLM": "hwplug.model_zoo.models.qwen3:Qwen3ForCausalLM",
     "BertModel": "hwplug.model_zoo.models.bert:BertModel",
+}
+
+_CPU = "hwplug.platforms.cpu_kernels:"
+#: op -> (variant name, function, per-call check or None, description) of the fp32
+#: variants the built-in cpu platform adds over the references.
+CPU_VARIANTS = {
+    "linear": ("onednn_packed", "hwplug.platforms.cpu_onednn:linear", None,
+               "oneDNN matmul on a weight reordered once into its blocked layout"),
+    "rms_norm": ("torch_fused", _CPU + "rms_norm", None, "torch's fused F.rms_norm"),
+    "rotary_embedding": ("torch_fused", _CPU + "rotary_embedding", None,
+                         "x * cos + swap(x) * sin, cos/sin expanded once per call"),
+    "reshape_and_cache": ("index_copy", _CPU + "reshape_and_cache", _CPU + "cache_supported",
+                          "one index_copy_ per half of the cache"),
+    "paged_attention": ("sdpa_decode", _CPU + "decode_attention", _CPU + "decode_supported",
+                        "decode batches up to 32 MiB of K/V: gather the blocks, one SDPA call"),
 }

@@ -29,12 +29,15 @@ class _FallbackChain:
     def __init__(self, op: str, key: tuple[Any, ...], chain: list[Variant]) -> None:
         self.op, self.key, self.chain = op, key, chain
         self.logged: set[str] = set()
+        #: Names of the variants that have served a call.
+        self.used: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         reasons = []
         for variant in self.chain:
             reason = variant.supports(*args, **kwargs) if variant.supports else None
             if reason is None:
+                self.used.add(variant.name)
                 if reasons and variant.name not in self.logged:
                     self.logged.add(variant.name)
                     logger.info("%s %s: falling back to %s (%s)", self.op, self.key,
@@ -53,6 +56,7 @@ class Op:
         self.registry, self.name, self.__doc__ = registry, name, doc
         self.tolerances, self.dispatch_arg = tolerances, dispatch_arg
         self._cache: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._first_choice: dict[tuple[Any, ...], str] = {}
         self._edges: list[int] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -76,9 +80,17 @@ class Op:
             variant.impl = import_object(variant.impl)
         return variant.impl(*args, **kwargs)
 
+    def variants_used(self) -> set[str]:
+        """Names of the variants that served this op's calls since the last change."""
+        used = set()
+        for key, target in self._cache.items():
+            used |= (target.used if isinstance(target, _FallbackChain)
+                     else {self._first_choice[key]})
+        return used
+
     def invalidate(self) -> None:
         """Forget cached choices (the registry calls this on every change)."""
-        self._cache = {}
+        self._cache, self._first_choice = {}, {}
         edges = set()
         for variant in self.registry.variants(self.name):
             if variant.num_tokens is not None:
@@ -112,5 +124,6 @@ class Op:
         target = (chain[0].impl if chain[0].supports is None
                   else _FallbackChain(self.name, key, chain))
         logger.debug("%s %s -> %s", self.name, key, chain[0].name)
+        self._first_choice[key] = chain[0].name
         self._cache[key] = target  # type: ignore[assignment]
         return target  # type: ignore[return-value]

@@ -31,6 +31,7 @@ from hwplug.model_zoo.engine import (
     Sequence,
 )
 from hwplug.model_zoo.engine.model_runner import kv_cache_bytes_per_block
+from hwplug.model_zoo.engine.scheduler import check_limits
 from hwplug.model_zoo.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class LLM:
                  seed: int | None = None) -> None:
         from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
+        check_limits(max_num_seqs, max_num_batched_tokens)  # before the slow load
         checkpoint = load_checkpoint(resolve_model(model))
         self.model, self.ctx = build_model(
             checkpoint, dtype=dtype, attention_backend=attention_backend,

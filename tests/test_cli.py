@@ -47,7 +47,7 @@ def test_kernels_explains_rejections():
     out = run("kernels", "--json", "--op", "rms_norm", "--dtype", "float32")
     assert out.returncode == 0, out.stderr
     why = json.loads(out.stdout)["ops"]["rms_norm"]["float32"]
-    assert why["chosen"] == "reference"
+    assert why["chosen"] == "torch_fused" and why["fallbacks"] == ["reference"]
     assert why["rejected"]["triton"] == "serves platform cuda, not cpu"
 
 

@@ -47,3 +47,34 @@ def test_disabling_onednn_falls_back_to_reference(fresh_discovery, monkeypatch):
     why = explain_linear("float32")
     assert why.chosen.name == "reference"
     assert why.rejected["onednn_packed"] == "disabled by HWPLUG_DISABLED_KERNELS"
+
+
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 5), (False, None)],
+                         ids=["causal", "window5", "non-causal"])
+def test_sdpa_decode_matches_reference(fresh_discovery, causal, window):
+    gen = torch.Generator().manual_seed(2)
+    seq_lens = torch.tensor([1, 17, 40], dtype=torch.int32)  # 1, 2 and 3 blocks of 16
+    kv_cache = torch.randn(2, 12, 16, 2, 32, generator=gen)
+    block_tables = torch.tensor([[7, -1, -1], [3, 0, -1], [11, 5, 9]], dtype=torch.int32)
+    query = torch.randn(3, 8, 32, generator=gen)  # GQA: 8 query heads over 2 KV heads
+    args = (query, kv_cache, block_tables, seq_lens, torch.arange(4, dtype=torch.int32), 0.2,
+            causal, window, None, 1, 40)
+    chosen = kernels.explain("paged_attention", current_platform(), "cpu", "float32").chosen
+    assert chosen.name == "sdpa_decode"
+    assert chosen.supports(*args) is None
+    atol, rtol = ops.paged_attention.tolerances["float32"]
+    torch.testing.assert_close(ops.paged_attention(*args), reference.paged_attention(*args),
+                               atol=atol, rtol=rtol)
+
+
+def test_sdpa_decode_declines_prefill_and_soft_cap(fresh_discovery):
+    chosen = kernels.explain("paged_attention", current_platform(), "cpu", "float32").chosen
+    query, kv_cache = torch.randn(4, 2, 16), torch.randn(2, 4, 16, 2, 16)
+    tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+    prefill = (query, kv_cache, tables, lens, torch.tensor([0, 4], dtype=torch.int32), 0.25)
+    assert "decode-only" in chosen.supports(*prefill, max_query_len=4, max_seq_len=20)
+    decode = (query[:1], kv_cache, tables, lens, torch.tensor([0, 1], dtype=torch.int32), 0.25)
+    assert "soft cap" in chosen.supports(*decode, soft_cap=30.0, max_query_len=1, max_seq_len=20)
+    many = (query[:1].expand(64, -1, -1), kv_cache, tables.expand(64, -1), lens.expand(64),
+            torch.arange(65, dtype=torch.int32), 0.25)
+    assert "MiB of K/V" in chosen.supports(*many, max_query_len=1, max_seq_len=8192)

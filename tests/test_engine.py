@@ -263,6 +263,14 @@ def test_invalid_sampling_parameters_name_the_valid_range(kwargs, message):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("limits", [dict(max_num_seqs=0), dict(max_num_batched_tokens=-1)])
+def test_bad_engine_limits_fail_before_the_model_loads(tmp_path, limits):
+    import hwplug
+
+    with pytest.raises(ConfigError, match=f"{next(iter(limits))} must be an integer >= 1"):
+        hwplug.LLM(tmp_path / "no-such-model.gguf", **limits)
+
+
 def test_a_single_stop_string_becomes_a_tuple():
     assert SamplingParams(stop="\n").stop == ("\n",)
 

@@ -55,6 +55,20 @@ def test_supports_rejection_falls_back_and_logs_once(reg, caplog):
     assert len(fallbacks) == 1 and "odd length" in fallbacks[0].message
 
 
+def test_variants_used_names_what_served_calls(reg):
+    reg.register_variant("double", "even_only", tagged(5.0), priority=9,
+                         supports=lambda x: None if x.shape[0] % 2 == 0 else "odd length")
+    op = reg.op("double")
+    assert op.variants_used() == set()
+    op(torch.zeros(4))
+    assert op.variants_used() == {"even_only"}
+    op(torch.zeros(3))
+    assert op.variants_used() == {"even_only", "reference"}
+    op(torch.zeros(2, dtype=torch.float64))  # a new key, served by its first choice
+    reg.register_variant("double", "other", tagged(1.0))
+    assert op.variants_used() == set()
+
+
 def test_static_facts_reject_with_reasons(reg):
     reg.register_variant("double", "gpu_only", tagged(3.0), platforms=("cuda",), priority=9)
     reg.register_variant("double", "bf16_only", tagged(3.0), dtypes=("bfloat16",), priority=8)

@@ -101,15 +101,14 @@ def _batch(llm: LLM, prompts: list[str], inputs: list[list[int]], sampling: Samp
 
 def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
             console: Console) -> None:
-    from hwplug.cli.kernels import collect
+    from hwplug.kernel_registry import kernels
 
     speed = f"{num_tokens} tokens in {seconds:.2f} s: {num_tokens / seconds:.1f} tokens/s"
     if first_text is not None and num_tokens > 1 and seconds > first_text:
         speed += (f"; first text after {first_text:.2f} s, then "
                   f"{(num_tokens - 1) / (seconds - first_text):.1f} tokens/s")
     console.print(speed, highlight=False)
-    chosen = collect(dtypes=[llm.dtype])["ops"]
-    kernels = ", ".join(f"{op}={by_dtype[llm.dtype]['chosen']}"
-                        for op, by_dtype in chosen.items())
+    used = ", ".join(f"{name}={'+'.join(sorted(op.variants_used()))}"
+                     for name, op in kernels.ops().items() if op.variants_used())
     console.print(f"platform {llm.platform}, attention backend {llm.attention_backend}, "
-                  f"dtype {llm.dtype}; kernels: {kernels}", highlight=False, soft_wrap=True)
+                  f"dtype {llm.dtype}; kernels: {used}", highlight=False, soft_wrap=True)

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from hwplug.errors import ConfigError
 from hwplug.model_zoo.engine.block_manager import BlockManager
 from hwplug.model_zoo.engine.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -58,15 +59,21 @@ class ScheduledBatch:
         return bool(self.seqs)
 
 
+def check_limits(max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    """Raise :class:`~hwplug.errors.ConfigError` unless both limits are >= 1."""
+    for name, value in (("max_num_seqs", max_num_seqs),
+                        ("max_num_batched_tokens", max_num_batched_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 class Scheduler:
     """Waiting and running queues over one :class:`BlockManager`."""
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
                  eos_token_ids: Seq[int] = ()) -> None:
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1, got "
-                             f"{max_num_seqs} and {max_num_batched_tokens}")
+        check_limits(max_num_seqs, max_num_batched_tokens)
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
