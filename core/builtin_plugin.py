@@ -17,8 +17,8 @@ def hwplug_register_attention_backends(registry: Any) -> None:
 
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
-    for op, (name, function, supports, description) in CPU_VARIANTS.items():
-        registry.register_variant(op, name, function, platforms=("cpu",), dtypes=("float32",),
+    for op, (name, function, supports, platforms, description) in CPU_VARIANTS.items():
+        registry.register_variant(op, name, function, platforms=platforms, dtypes=("float32",),
                                   priority=10, supports=supports, description=description)
 
 
@@ -43,16 +43,20 @@ BUILTIN_MODELS = {
 }
 
 _CPU = "hwplug.platforms.cpu_kernels:"
-#: op -> (variant name, function, per-call check or None, description) of the fp32
-#: variants the built-in cpu platform adds over the references.
+#: Pure-torch variants serve every CPU platform (the built-in one and hwplug-cpu-arm's);
+#: the oneDNN one is validated on x86 only.
+_ANY_CPU, _X86 = ("cpu", "cpu-arm"), ("cpu",)
+#: op -> (variant name, function, per-call check or None, platforms, description) of the
+#: fp32 variants hwplug adds over the references on CPUs.
 CPU_VARIANTS = {
-    "linear": ("onednn_packed", "hwplug.platforms.cpu_onednn:linear", None,
+    "linear": ("onednn_packed", "hwplug.platforms.cpu_onednn:linear", None, _X86,
                "oneDNN matmul on a weight reordered once into its blocked layout"),
-    "rms_norm": ("torch_fused", _CPU + "rms_norm", None, "torch's fused F.rms_norm"),
-    "rotary_embedding": ("torch_fused", _CPU + "rotary_embedding", None,
+    "rms_norm": ("torch_fused", _CPU + "rms_norm", None, _ANY_CPU, "torch's fused F.rms_norm"),
+    "rotary_embedding": ("torch_fused", _CPU + "rotary_embedding", None, _ANY_CPU,
                          "x * cos + swap(x) * sin, cos/sin expanded once per call"),
     "reshape_and_cache": ("index_copy", _CPU + "reshape_and_cache", _CPU + "cache_supported",
-                          "one index_copy_ per half of the cache"),
+                          _ANY_CPU, "one index_copy_ per half of the cache"),
     "paged_attention": ("sdpa_decode", _CPU + "decode_attention", _CPU + "decode_supported",
+                        _ANY_CPU,
                         "decode batches up to 32 MiB of K/V: gather the blocks, one SDPA call"),
 }

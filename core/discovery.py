@@ -70,7 +70,7 @@ class Candidate:
 
     name: str
     source: str  # distribution name, or "hwplug" for the built-in CPU platform
-    status: str  # "active", "inactive", "failed", "not probed"
+    status: str  # "active", "inactive", "unavailable", "failed", "not probed"
     reason: str = ""
     platform_cls: type | None = None
     traceback: str | None = None
@@ -187,14 +187,34 @@ def _resolve_platform(eps: list[importlib_metadata.EntryPoint]) -> tuple[Candida
     candidates = [_probe(ep) for ep in eps]
     if BUILTIN_PLATFORM not in {c.name for c in candidates if c.status == "active"}:
         candidates.append(_builtin_candidate())
-    active = sorted((c for c in candidates if c.status == "active"), key=Candidate.rank,
+    ranked = sorted((c for c in candidates if c.status == "active"), key=Candidate.rank,
                     reverse=True)
+    active = [c for c in ranked if _usable(c)]
     chosen = active[0]
     chosen.reason = chosen.reason or _why_chosen(chosen, active[1:])
     for other in active[1:]:
         other.reason = f"ranked below {chosen.name}" + (
             " (an accelerator)" if chosen.rank()[0] and not other.rank()[0] else "")
     return chosen, [c for c in candidates if c is not chosen]
+
+
+def _usable(candidate: Candidate) -> bool:
+    """An accelerator whose probe saw hardware must also be usable from this process
+    (``is_available()``, which may import torch): a torch built without that device's
+    support cannot drive it. CPU platforms are always usable."""
+    if not candidate.rank()[0]:
+        return True
+    try:
+        available = candidate.platform_cls().is_available()
+    except Exception as exc:
+        _fail(candidate, f"is_available() raised {exc!r}", exc)
+        return False
+    if not available:
+        candidate.status = "unavailable"
+        candidate.reason = ("its probe saw the hardware, but is_available() is False in this "
+                            "process (e.g. torch was built without support for it)")
+        logger.info("platform %s skipped: %s", candidate.name, candidate.reason)
+    return available
 
 
 def _why_chosen(chosen: Candidate, runners_up: list[Candidate]) -> str:

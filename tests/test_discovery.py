@@ -25,6 +25,9 @@ class {cls}(Platform):
     supported_kv_cache_dtypes = ("float32",)
     attention_backend_priority = ("REFERENCE",)
 
+    def is_available(self):
+        return {available}
+
 def activate():
     return {result}
 """
@@ -52,12 +55,14 @@ def hwplug_platform_resolved(platform):
 
 
 def add_platform(site: FakeSite, name: str, *, accel: bool = True, priority: int = 0,
-                 active: bool = True, plugin_src: str | None = None) -> dict[str, str]:
+                 active: bool = True, available: bool = True,
+                 plugin_src: str | None = None) -> dict[str, str]:
     """A distribution ``acme-<name>`` with a platform entry point and optionally a plugin."""
     mod = site.module(f"acme_{name.replace('-', '_')}")
     result = f'"{mod}:Plat"' if active else "None"
     modules = {mod: PLATFORM_SRC.format(cls="Plat", name=name, accel=accel,
-                                        priority=priority, result=result)}
+                                        priority=priority, result=result,
+                                        available=available)}
     eps = {"hwplug.platforms": {name: f"{mod}:activate"}}
     if plugin_src is not None:
         modules[mod + "_plugin"] = plugin_src
@@ -143,6 +148,14 @@ def test_two_accelerators_rank_by_priority(site, fresh_discovery):
     assert fresh_discovery.current_platform().name == "beta"
     alpha = next(c for c in fresh_discovery.resolution().candidates if c.name == "alpha")
     assert alpha.status == "active" and "ranked below beta" in alpha.reason
+
+
+def test_an_accelerator_torch_cannot_drive_is_skipped_with_its_reason(site, fresh_discovery):
+    add_platform(site, "igpu", priority=9, available=False)
+    add_platform(site, "usable", priority=1)
+    assert fresh_discovery.current_platform().name == "usable"
+    igpu = next(c for c in fresh_discovery.resolution().candidates if c.name == "igpu")
+    assert igpu.status == "unavailable" and "is_available() is False" in igpu.reason
 
 
 def test_inactive_and_failing_probes_are_reported(site, fresh_discovery):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from hwplug.platforms import arm
 from hwplug.platforms.cpu import CpuPlatform
 
 
@@ -15,7 +16,9 @@ class ArmCpuPlatform(CpuPlatform):
     priority: ClassVar[int] = 10
 
     def __init__(self, sighting: object | None = None) -> None:
-        super().__init__(sighting)
+        # Discovery creates the platform without the probe's sighting, so read the cores'
+        # features here (the probe is cheap: /proc/cpuinfo) rather than never seeing bf16.
+        super().__init__(sighting if sighting is not None else arm.probe())
         features = self._features()
         if "bf16" not in features:
             self.supported_dtypes = ("float32", "float16")

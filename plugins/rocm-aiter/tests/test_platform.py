@@ -1,0 +1,105 @@
+"""hwplug-rocm-aiter: the probe entry point and ``RocmPlatform`` against fake sysfs trees.
+
+Hardware is simulated only at the probe boundary: ``hwplug.platforms.amd.probe`` reads a
+fake tree (``tests/fake_hw.py``); for ``activate``, which probes ``/``, the plugin's
+``amd`` reference is pointed at that same probe bound to the fake tree.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from importlib.metadata import entry_points
+
+import pytest
+from fake_hw import make_amd_tree, make_nvidia_tree
+
+import hwplug_rocm_aiter.probe as probe_module
+from hwplug.attention import AttentionSpec, select_backend
+from hwplug.config import EngineConfig
+from hwplug.conformance import run_conformance
+from hwplug.errors import UnsupportedError
+from hwplug.platforms import amd
+from hwplug.registry import import_object
+from hwplug_rocm_aiter.platform import RocmPlatform
+
+NO_BACKEND = ("platform 'rocm' declares no attention backend: its plugin has not "
+              "registered one yet")
+
+
+def amd_probe_at(root) -> types.SimpleNamespace:
+    """Stands in for the ``hwplug.platforms.amd`` module: the real probe, on ``root``."""
+    return types.SimpleNamespace(probe=functools.partial(amd.probe, root))
+
+
+@pytest.fixture
+def mi300x(tmp_path) -> RocmPlatform:
+    """The platform created from the probe's sighting of an 8 x MI300X (gfx942) node."""
+    make_amd_tree(tmp_path, ["AMD Instinct MI300X"] * 8)
+    sighting = amd.probe(tmp_path)
+    assert (sighting.devices, sighting.count) == (("AMD Instinct MI300X",) * 8, 8)
+    assert dict(sighting.details) == {"gfx_targets": "gfx942"}
+    return RocmPlatform(sighting)
+
+
+def test_declared_facts(mi300x):
+    assert (mi300x.name, mi300x.vendor, mi300x.device_type) == ("rocm", "amd", "cuda")
+    assert mi300x.dist_backend == "nccl" and mi300x.is_accelerator
+    assert mi300x.supported_dtypes == ("bfloat16", "float16", "float32")
+    assert mi300x.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
+    assert mi300x.supported_quant_methods == ("unquantized",)
+    assert mi300x.attention_backend_priority == ()
+
+
+def test_without_a_rocm_torch_the_device_queries_report_nothing(mi300x):
+    import torch
+
+    if torch.version.hip is not None and torch.cuda.is_available():
+        pytest.skip("a ROCm device is present: names and capability come from torch")
+    assert not mi300x.is_available()
+    facts = mi300x.describe()
+    assert (facts["device_name"], facts["capability"], facts["toolkit_version"]) == (
+        "AMD GPU", None, None)
+    assert not mi300x.has_capability("9.0")
+
+
+@pytest.mark.parametrize("builder, expected", [
+    (make_amd_tree, "hwplug_rocm_aiter.platform:RocmPlatform"),
+    (functools.partial(make_amd_tree, products=[None], kfd=False),  # amdgpu, no ROCm driver
+     "hwplug_rocm_aiter.platform:RocmPlatform"),
+    (make_nvidia_tree, None),
+    (lambda root: None, None),
+], ids=["kfd", "drm-only", "nvidia", "empty"])
+def test_activate_answers_for_amd_gpus_only(tmp_path, monkeypatch, builder, expected):
+    builder(tmp_path)
+    (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == "rocm"]
+    assert ep.value == "hwplug_rocm_aiter.probe:activate"
+    monkeypatch.setattr(probe_module, "amd", amd_probe_at(tmp_path))
+    target = ep.load()()
+    assert target == expected
+    if target is not None:
+        assert import_object(target) is RocmPlatform and RocmPlatform.name == ep.name
+
+
+def test_asking_for_attention_names_the_missing_backend(mi300x):
+    with pytest.raises(UnsupportedError) as excinfo:
+        select_backend(mi300x, AttentionSpec(32, 8, 128, "bfloat16"))
+    assert str(excinfo.value) == NO_BACKEND
+    with pytest.raises(UnsupportedError, match=NO_BACKEND):
+        mi300x.check_and_update_config(EngineConfig(32, 8, 128, dtype="bfloat16"))
+
+
+def test_fp8_kv_cache_is_refused_before_attention(mi300x):
+    with pytest.raises(UnsupportedError, match="KV-cache dtype 'fp8_e4m3' is not supported "
+                                               "on platform 'rocm'"):
+        mi300x.check_and_update_config(
+            EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"))
+
+
+def test_conformance_passes_and_notes_the_missing_backend():
+    report = run_conformance("rocm")
+    assert report.ok, report.summary()
+    results = {r.check: r for r in report.results}
+    assert results["probe: cheap"].status == "passed"
+    assert "declares no attention backend" in results["platform facts"].detail
+    assert results["registration"].status == "skipped"  # no hwplug.plugins entry point

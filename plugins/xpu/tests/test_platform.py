@@ -1,0 +1,103 @@
+"""hwplug-xpu: the probe entry point, ``XpuPlatform`` and the plugin's hook.
+
+Hardware is simulated only at the probe boundary: ``hwplug.platforms.intel_xpu.probe``
+reads a fake sysfs tree (``tests/fake_hw.py``); for ``activate``, which probes ``/``, the
+plugin's ``intel_xpu`` reference is pointed at that same probe bound to the fake tree.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import types
+from importlib.metadata import entry_points
+
+import pytest
+from fake_hw import make_amd_tree, make_intel_tree
+
+import hwplug_xpu.probe as probe_module
+from hwplug.attention import AttentionSpec, select_backend
+from hwplug.config import EngineConfig
+from hwplug.conformance import run_conformance
+from hwplug.errors import UnsupportedError
+from hwplug.platforms import intel_xpu
+from hwplug.platforms.cpu import CpuPlatform
+from hwplug.registry import import_object
+from hwplug_xpu import plugin
+from hwplug_xpu.platform import XpuPlatform
+
+NO_BACKEND = ("platform 'xpu' declares no attention backend: its plugin has not "
+              "registered one yet")
+IPEX_INSTALLED = importlib.util.find_spec("intel_extension_for_pytorch") is not None
+
+
+def xpu_probe_at(root) -> types.SimpleNamespace:
+    """Stands in for the ``hwplug.platforms.intel_xpu`` module: the real probe, on ``root``."""
+    return types.SimpleNamespace(probe=functools.partial(intel_xpu.probe, root))
+
+
+@pytest.fixture
+def max1550(tmp_path) -> XpuPlatform:
+    """The platform created from the probe's sighting of two Data Center GPU Max 1550."""
+    make_intel_tree(tmp_path, [0x0BD5, 0x0BD5], driver="i915")
+    sighting = intel_xpu.probe(tmp_path)
+    assert (sighting.devices, dict(sighting.details)) == (("8086:0bd5",) * 2, {"driver": "i915"})
+    return XpuPlatform(sighting)
+
+
+def test_declared_facts(max1550):
+    assert (max1550.name, max1550.vendor, max1550.device_type) == ("xpu", "intel", "xpu")
+    assert max1550.dist_backend == "xccl" and max1550.is_accelerator
+    assert max1550.supported_dtypes == ("bfloat16", "float16", "float32")
+    assert max1550.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
+    assert max1550.attention_backend_priority == ()
+    if not max1550.is_available():  # torch without an XPU device
+        assert (max1550.get_device_name(), max1550.device_count()) == ("Intel GPU", 0)
+        assert max1550.get_device_capability() is None
+
+
+@pytest.mark.parametrize("builder, expected", [
+    (functools.partial(make_intel_tree, driver="i915"), "hwplug_xpu.platform:XpuPlatform"),
+    (functools.partial(make_intel_tree, driver="xe"), "hwplug_xpu.platform:XpuPlatform"),
+    (functools.partial(make_intel_tree, driver="vfio-pci"), None),  # passed through to a VM
+    (make_amd_tree, None),
+], ids=["i915", "xe", "vfio-pci", "amd"])
+def test_activate_answers_for_intel_gpu_drivers_only(tmp_path, monkeypatch, builder, expected):
+    builder(tmp_path)
+    (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == "xpu"]
+    assert ep.value == "hwplug_xpu.probe:activate"
+    monkeypatch.setattr(probe_module, "intel_xpu", xpu_probe_at(tmp_path))
+    target = ep.load()()
+    assert target == expected
+    if target is not None:
+        assert import_object(target) is XpuPlatform and XpuPlatform.name == ep.name
+
+
+def test_asking_for_attention_names_the_missing_backend(max1550):
+    with pytest.raises(UnsupportedError) as excinfo:
+        select_backend(max1550, AttentionSpec(32, 8, 128, "float32"))
+    assert str(excinfo.value) == NO_BACKEND
+    with pytest.raises(UnsupportedError, match=NO_BACKEND):
+        max1550.check_and_update_config(EngineConfig(32, 8, 128, dtype="float16"))
+
+
+@pytest.mark.skipif(IPEX_INSTALLED, reason="intel-extension-for-pytorch is installed")
+def test_resolved_hook_suggests_the_ipex_extra_on_xpu_only(max1550, caplog):
+    caplog.set_level(logging.INFO, logger=plugin.__name__)
+    plugin.hwplug_platform_resolved(CpuPlatform())
+    assert not caplog.records
+    plugin.hwplug_platform_resolved(max1550)
+    assert [r.getMessage() for r in caplog.records] == [
+        "intel-extension-for-pytorch is not installed; "
+        'pip install "hwplug-xpu[ipex]" adds its fused kernels']
+
+
+def test_conformance_passes_with_its_hook_registered():
+    (ep,) = [ep for ep in entry_points(group="hwplug.plugins") if ep.name == "xpu"]
+    assert ep.value == "hwplug_xpu.plugin"
+    report = run_conformance("xpu")
+    assert report.ok, report.summary()
+    results = {r.check: r for r in report.results}
+    assert results["registration: hooks"].detail == "hooks: hwplug_platform_resolved"
+    assert "declares no attention backend" in results["platform facts"].detail
