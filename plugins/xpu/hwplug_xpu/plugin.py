@@ -17,5 +17,5 @@ hwplug_api_version = ">=1,<2"
 def hwplug_platform_resolved(platform: Platform) -> None:
     """Say where intel-extension-for-pytorch would help and is missing."""
     if platform.name == "xpu" and importlib.util.find_spec("intel_extension_for_pytorch") is None:
-        logger.info("intel-extension-for-pytorch is not installed; "
-                    "pip install \"hwplug-xpu[ipex]\" adds its fused kernels")
+        logger.info("intel-extension-for-pytorch is not installed (optional: "
+                    "pip install \"hwplug-xpu[ipex]\"); hwplug-xpu has no kernels of its own yet")
