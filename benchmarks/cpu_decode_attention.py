@@ -1,7 +1,9 @@
-"""CPU decode attention: the paged reference kernel vs SDPA over the same K/V stored contiguously.
+"""CPU decode attention: the paged reference backend vs SDPA over the same K/V stored contiguously.
 
 Every sequence decodes one token against a ``--context``-token history. The paged side
-reads a KV cache whose blocks are shuffled (as an allocator leaves them); the contiguous
+is the ``paged_attention`` op as the REFERENCE backend calls it (the registry picks the
+variant; the table names it) over a KV cache whose blocks are shuffled (as an allocator
+leaves them); the contiguous
 side is ``torch.nn.functional.scaled_dot_product_attention`` over ``[B, Hkv, L, D]``
 copies of the same keys and values. The two are timed interleaved, so load from other
 processes hits both alike; the table shows the median ms per call and paged/contiguous.
@@ -21,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hwplug.kernel_registry.reference import paged_attention
+from hwplug.kernel_registry import ops
 
 #: The issue's goal: paged decode within this factor of contiguous SDPA.
 GOAL_RATIO = 1.5
@@ -82,15 +84,15 @@ def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int,
     return {name: 1e3 * statistics.median(samples) for name, samples in times.items()}
 
 
-def run(args: argparse.Namespace, dtype: torch.dtype) -> tuple[float, float, float]:
-    """(paged ms, contiguous ms, max |paged - contiguous|) for one dtype."""
+def run(args: argparse.Namespace, dtype: torch.dtype) -> tuple[float, float, float, str]:
+    """(paged ms, contiguous ms, max |paged - contiguous|, variant) for one dtype."""
     torch.manual_seed(args.seed)
     inputs = make_inputs(args, dtype)
     scale = args.head_size ** -0.5
     batch, num_heads, head_size = inputs["query"].shape
 
     def paged() -> torch.Tensor:
-        return paged_attention(inputs["query"], inputs["kv_cache"], inputs["block_tables"],
+        return ops.paged_attention(inputs["query"], inputs["kv_cache"], inputs["block_tables"],
                                inputs["seq_lens"], inputs["query_start_loc"], scale,
                                max_query_len=1, max_seq_len=args.context)
 
@@ -100,10 +102,12 @@ def run(args: argparse.Namespace, dtype: torch.dtype) -> tuple[float, float, flo
         return out.view(batch, num_heads, head_size)
 
     with torch.inference_mode():
+        ops.paged_attention.invalidate()  # so variants_used() covers this dtype's calls only
         error = (paged().float() - contiguous().float()).abs().max().item()
         medians = interleaved_medians({"paged": paged, "contiguous": contiguous},
                                       args.repeats, args.warmup)
-    return medians["paged"], medians["contiguous"], error
+    variant = "+".join(sorted(ops.paged_attention.variants_used()))
+    return medians["paged"], medians["contiguous"], error, variant
 
 
 def main() -> None:
@@ -115,12 +119,13 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     # Other processes slow the paged side (many short ops) more than SDPA (one fused op).
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
-    print(f"{'dtype':<9} {'paged ms':>9} {'SDPA ms':>9} {'paged/SDPA':>11} {'max |diff|':>11}")
+    print(f"{'dtype':<9} {'variant':<12} {'paged ms':>9} {'SDPA ms':>9} {'paged/SDPA':>11} "
+          f"{'max |diff|':>11}")
     for name in args.dtypes:
-        paged_ms, contiguous_ms, error = run(args, getattr(torch, name))
+        paged_ms, contiguous_ms, error, variant = run(args, getattr(torch, name))
         ratio = paged_ms / contiguous_ms
         verdict = "ok" if ratio <= GOAL_RATIO else f"over the {GOAL_RATIO}x goal"
-        print(f"{name:<9} {paged_ms:>9.2f} {contiguous_ms:>9.2f} {ratio:>10.2f}x "
+        print(f"{name:<9} {variant:<12} {paged_ms:>9.2f} {contiguous_ms:>9.2f} {ratio:>10.2f}x "
               f"{error:>11.2e}  {verdict}")
     print(f"load average {os.getloadavg()[0]:.2f} at end")
 

@@ -17,9 +17,8 @@ def hwplug_register_attention_backends(registry: Any) -> None:
 
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
-    for op, (name, function, supports, platforms, description) in CPU_VARIANTS.items():
-        registry.register_variant(op, name, function, platforms=platforms, dtypes=("float32",),
-                                  priority=10, supports=supports, description=description)
+    for variant in CPU_VARIANTS:
+        registry.register_variant(priority=10, **variant)
 
 
 @hookimpl
@@ -43,20 +42,26 @@ BUILTIN_MODELS = {
 }
 
 _CPU = "hwplug.platforms.cpu_kernels:"
+_ONEDNN = "hwplug.platforms.cpu_onednn:"
 #: Pure-torch variants serve every CPU platform (the built-in one and hwplug-cpu-arm's);
 #: the oneDNN one is validated on x86 only.
 _ANY_CPU, _X86 = ("cpu", "cpu-arm"), ("cpu",)
-#: op -> (variant name, function, per-call check or None, platforms, description) of the
-#: fp32 variants hwplug adds over the references on CPUs.
-CPU_VARIANTS = {
-    "linear": ("onednn_packed", "hwplug.platforms.cpu_onednn:linear", None, _X86,
-               "oneDNN matmul on a weight reordered once into its blocked layout"),
-    "rms_norm": ("torch_fused", _CPU + "rms_norm", None, _ANY_CPU, "torch's fused F.rms_norm"),
-    "rotary_embedding": ("torch_fused", _CPU + "rotary_embedding", None, _ANY_CPU,
-                         "x * cos + swap(x) * sin, cos/sin expanded once per call"),
-    "reshape_and_cache": ("index_copy", _CPU + "reshape_and_cache", _CPU + "cache_supported",
-                          _ANY_CPU, "one index_copy_ per half of the cache"),
-    "paged_attention": ("sdpa_decode", _CPU + "decode_attention", _CPU + "decode_supported",
-                        _ANY_CPU,
-                        "decode batches up to 32 MiB of K/V: gather the blocks, one SDPA call"),
-}
+_FLOATS = ("float32", "bfloat16", "float16")
+#: The variants hwplug adds over the references on CPUs (register_variant arguments).
+CPU_VARIANTS: list[dict[str, Any]] = [
+    dict(op="linear", name="onednn_packed", impl=_ONEDNN + "linear",
+         supports=_ONEDNN + "supported", platforms=_X86, dtypes=("float32", "bfloat16"),
+         description="oneDNN matmul on a weight reordered once into its blocked layout"),
+    dict(op="rms_norm", name="torch_fused", impl=_CPU + "rms_norm", platforms=_ANY_CPU,
+         dtypes=_FLOATS, description="torch's fused F.rms_norm"),
+    dict(op="rotary_embedding", name="torch_fused", impl=_CPU + "rotary_embedding",
+         platforms=_ANY_CPU, dtypes=_FLOATS,
+         description="x * cos + swap(x) * sin, cos/sin expanded once per call"),
+    dict(op="reshape_and_cache", name="index_copy", impl=_CPU + "reshape_and_cache",
+         supports=_CPU + "cache_supported", platforms=_ANY_CPU, dtypes=_FLOATS,
+         description="one index_copy_ per half of the cache"),
+    # fp32 only: torch's CPU SDPA is several times slower in bf16 than the reference
+    dict(op="paged_attention", name="sdpa_decode", impl=_CPU + "decode_attention",
+         supports=_CPU + "decode_supported", platforms=_ANY_CPU, dtypes=("float32",),
+         description="decode batches up to 16 MiB of K/V: gather the blocks, one SDPA call"),
+]

@@ -14,6 +14,9 @@ from torch.utils.weak import WeakTensorKeyDictionary
 if not torch.backends.mkldnn.is_available():
     raise ImportError("this torch build has no oneDNN (torch.backends.mkldnn unavailable)")
 
+#: Whether this CPU has the bf16 instructions oneDNN's bf16 matmul needs (AVX512-BF16 or AMX).
+BF16_SUPPORTED: bool = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
 #: weight -> (its ``_version`` when packed, the packed copy).
 _packed: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
@@ -25,6 +28,14 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
         entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
         _packed[weight] = entry
     return entry[1]
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+              ) -> str | None:
+    """Why :func:`linear` declines a call, or None."""
+    if x.dtype == torch.bfloat16 and not BF16_SUPPORTED:
+        return "this CPU has no bf16 matmul instructions (AVX512-BF16 or AMX)"
+    return None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

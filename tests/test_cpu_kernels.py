@@ -19,9 +19,24 @@ def assert_matches_reference(x, weight, bias=None):
                                atol=atol, rtol=rtol)
 
 
-def test_fp32_linear_on_cpu_chooses_onednn(fresh_discovery):
+def test_linear_on_cpu_chooses_onednn_for_fp32_and_bf16_only(fresh_discovery):
     assert explain_linear("float32").chosen.name == "onednn_packed"
-    assert "dtype bfloat16" in explain_linear("bfloat16").rejected["onednn_packed"]
+    assert explain_linear("bfloat16").chosen.name == "onednn_packed"
+    assert "dtype float16" in explain_linear("float16").rejected["onednn_packed"]
+
+
+def test_bf16_linear_matches_reference_or_declines_naming_the_missing_instructions(
+        fresh_discovery):
+    from hwplug.platforms import cpu_onednn
+
+    gen = torch.Generator().manual_seed(3)
+    x, weight = (torch.randn(4, 64, generator=gen).bfloat16(),
+                 (torch.randn(48, 64, generator=gen) / 8).bfloat16())
+    reason = cpu_onednn.supported(x, weight)
+    assert (reason is None) == cpu_onednn.BF16_SUPPORTED
+    if reason is not None:
+        assert "no bf16 matmul instructions" in reason
+    assert_matches_reference(x, weight)
 
 
 @pytest.mark.parametrize("leading", [(1,), (7,), (2, 5)], ids=str)
