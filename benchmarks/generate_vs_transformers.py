@@ -10,6 +10,9 @@ from other processes hits both alike.
 
     python benchmarks/generate_vs_transformers.py                   # batch 1, 8, 32
     python benchmarks/generate_vs_transformers.py --batch-sizes 1 --new-tokens 128
+    python benchmarks/generate_vs_transformers.py --dtype bfloat16 --batch-sizes 1 32 128  # GPU
+
+Both sides run on the resolved platform's device (transformers' model is moved there).
 """
 
 from __future__ import annotations
@@ -51,9 +54,17 @@ def transformers_model(model: str | None, dtype: torch.dtype) -> torch.nn.Module
 
 
 def seconds(generate: Callable[[int], object], new_tokens: int) -> float:
+    synchronize()
     start = time.perf_counter()
     generate(new_tokens)
+    synchronize()
     return time.perf_counter() - start
+
+
+def synchronize() -> None:
+    """Wait for queued GPU work, so wall time covers it (no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def decode_rates(sides: dict[str, Callable[[int], object]], batch: int, new_tokens: int,
@@ -75,7 +86,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     llm = hwplug.LLM(args.model, dtype=args.dtype, max_num_seqs=max(args.batch_sizes))
-    reference = transformers_model(args.model, getattr(torch, args.dtype))
+    device = llm.ctx.device
+    reference = transformers_model(args.model, getattr(torch, args.dtype)).to(device)
     vocab = llm.hf_config.vocab_size
     generator = torch.Generator().manual_seed(0)
     print(f"model {llm.architecture}, dtype {args.dtype}, platform {llm.platform}, attention "
@@ -86,6 +98,7 @@ def main() -> None:
     for batch in args.batch_sizes:
         prompts = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=generator)
         token_lists = prompts.tolist()
+        prompts = prompts.to(device)
 
         def ours(new_tokens: int, token_lists: list[list[int]] = token_lists) -> object:
             sampling = hwplug.SamplingParams(max_tokens=new_tokens, ignore_eos=True)

@@ -3,7 +3,8 @@
 A plain ``F.linear`` hands oneDNN the row-major weight on every call; the packed copy is
 already in the order the CPU's matmul micro-kernel consumes. The copy is cached per
 weight tensor (weakly: it goes when the weight goes) and rebuilt if the weight is
-written in place, which its version counter shows. It costs a second copy of each weight.
+written in place, which its version counter shows. It costs a second copy of each weight;
+where memory is tight, ``HWPLUG_DISABLED_KERNELS=onednn_packed`` falls back to ``F.linear``.
 """
 
 from __future__ import annotations
