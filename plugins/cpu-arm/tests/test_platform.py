@@ -1,28 +1,26 @@
 """hwplug-cpu-arm: the probe entry point and ``ArmCpuPlatform`` against fake /proc/cpuinfo.
 
-Hardware is simulated only at the probe boundary: ``hwplug.platforms.arm.probe`` reads a
-fake tree (``tests/fake_hw.py``) with ``machine="aarch64"``; where the plugin calls the
-probe itself (``activate``, a platform created without a sighting, as discovery does),
-the plugin's ``arm`` reference is pointed at that same probe bound to the fake tree.
+Hardware is simulated only at the probe boundary: the probe and the ``activate`` entry
+point read a fake tree (``tests/fake_hw.py``) with ``machine="aarch64"``; for a platform
+created without a sighting (as discovery does), which probes ``/`` itself, the plugin's
+``arm`` reference is pointed at that same probe bound to the fake tree.
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from importlib.metadata import entry_points
 
 import pytest
 from fake_hw import NEOVERSE_V2_FEATURES, ArmCore, arm_cpuinfo
+from plugin_checks import check_activate
 
 import hwplug_cpu_arm.platform as platform_module
-import hwplug_cpu_arm.probe as probe_module
 from hwplug import discovery
 from hwplug.attention import AttentionSpec, select_backend
 from hwplug.config import EngineConfig
 from hwplug.errors import UnsupportedError
 from hwplug.platforms import arm
-from hwplug.registry import import_object
 from hwplug_cpu_arm.platform import ArmCpuPlatform
 
 #: Neoverse N1 (Graviton2, Ampere Altra): Armv8.2, no bf16, no SVE.
@@ -75,16 +73,11 @@ def test_created_without_a_sighting_it_probes_the_cpu_itself(tmp_path, monkeypat
     assert "bfloat16" in platform.supported_dtypes
 
 
-def test_activate_names_the_platform_only_on_an_arm_host(tmp_path, monkeypatch):
+def test_activate_names_the_platform_only_on_an_arm_host(tmp_path):
     arm_cpuinfo(tmp_path)
-    (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == "cpu-arm"]
-    assert ep.value == "hwplug_cpu_arm.probe:activate"
-    monkeypatch.setattr(probe_module, "arm", arm_probe_at(tmp_path))
-    target = ep.load()()
-    assert target == "hwplug_cpu_arm.platform:ArmCpuPlatform"
-    assert import_object(target) is ArmCpuPlatform and ArmCpuPlatform.name == ep.name
-    monkeypatch.setattr(probe_module, "arm", arm_probe_at(tmp_path, machine="x86_64"))
-    assert probe_module.activate() is None
+    check_activate("cpu-arm", tmp_path, "hwplug_cpu_arm.platform:ArmCpuPlatform",
+                   ArmCpuPlatform, machine="aarch64")
+    check_activate("cpu-arm", tmp_path, None, ArmCpuPlatform, machine="x86_64")
 
 
 def test_attention_uses_the_reference_backend(tmp_path):

@@ -1,35 +1,22 @@
 """hwplug-rocm-aiter: the probe entry point and ``RocmPlatform`` against fake sysfs trees.
 
-Hardware is simulated only at the probe boundary: ``hwplug.platforms.amd.probe`` reads a
-fake tree (``tests/fake_hw.py``); for ``activate``, which probes ``/``, the plugin's
-``amd`` reference is pointed at that same probe bound to the fake tree.
+Hardware is simulated only at the probe boundary: the probe and the ``activate`` entry
+point read a fake tree (``tests/fake_hw.py``).
 """
 
 from __future__ import annotations
 
 import functools
-import types
-from importlib.metadata import entry_points
 
 import pytest
 from fake_hw import make_amd_tree, make_nvidia_tree
+from plugin_checks import check_activate, check_no_attention_backend
 
-import hwplug_rocm_aiter.probe as probe_module
-from hwplug.attention import AttentionSpec, select_backend
 from hwplug.config import EngineConfig
 from hwplug.conformance import run_conformance
 from hwplug.errors import UnsupportedError
 from hwplug.platforms import amd
-from hwplug.registry import import_object
 from hwplug_rocm_aiter.platform import RocmPlatform
-
-NO_BACKEND = ("platform 'rocm' declares no attention backend: its plugin has not "
-              "registered one yet")
-
-
-def amd_probe_at(root) -> types.SimpleNamespace:
-    """Stands in for the ``hwplug.platforms.amd`` module: the real probe, on ``root``."""
-    return types.SimpleNamespace(probe=functools.partial(amd.probe, root))
 
 
 @pytest.fixture
@@ -70,23 +57,13 @@ def test_without_a_rocm_torch_the_device_queries_report_nothing(mi300x):
     (make_nvidia_tree, None),
     (lambda root: None, None),
 ], ids=["kfd", "drm-only", "nvidia", "empty"])
-def test_activate_answers_for_amd_gpus_only(tmp_path, monkeypatch, builder, expected):
+def test_activate_answers_for_amd_gpus_only(tmp_path, builder, expected):
     builder(tmp_path)
-    (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == "rocm"]
-    assert ep.value == "hwplug_rocm_aiter.probe:activate"
-    monkeypatch.setattr(probe_module, "amd", amd_probe_at(tmp_path))
-    target = ep.load()()
-    assert target == expected
-    if target is not None:
-        assert import_object(target) is RocmPlatform and RocmPlatform.name == ep.name
+    check_activate("rocm", tmp_path, expected, RocmPlatform)
 
 
 def test_asking_for_attention_names_the_missing_backend(mi300x):
-    with pytest.raises(UnsupportedError) as excinfo:
-        select_backend(mi300x, AttentionSpec(32, 8, 128, "bfloat16"))
-    assert str(excinfo.value) == NO_BACKEND
-    with pytest.raises(UnsupportedError, match=NO_BACKEND):
-        mi300x.check_and_update_config(EngineConfig(32, 8, 128, dtype="bfloat16"))
+    check_no_attention_backend(mi300x, 32, 8, "bfloat16")
 
 
 def test_fp8_kv_cache_is_refused_before_attention(mi300x):

@@ -1,37 +1,24 @@
 """hwplug-tpu: the probe entry point and ``TpuPlatform`` against fake TPU VM trees.
 
-Hardware is simulated only at the probe boundary: ``hwplug.platforms.tpu.probe`` reads a
-fake tree (``tests/fake_hw.py``) and the real ``TPU_*`` environment variables; for
-``activate``, which probes ``/``, the plugin's ``tpu`` reference is pointed at that same
-probe bound to the fake tree.
+Hardware is simulated only at the probe boundary: the probe and the ``activate`` entry
+point read a fake tree (``tests/fake_hw.py``) and a given ``TPU_*`` environment.
 """
 
 from __future__ import annotations
 
 import functools
-import types
-from importlib.metadata import entry_points
 
 import pytest
 from fake_hw import make_intel_tree, make_tpu_tree, write
+from plugin_checks import check_activate, check_no_attention_backend
 
-import hwplug_tpu.probe as probe_module
-from hwplug.attention import AttentionSpec, select_backend
 from hwplug.config import EngineConfig
 from hwplug.conformance import run_conformance
 from hwplug.errors import UnsupportedError
 from hwplug.platforms import tpu
-from hwplug.registry import import_object
 from hwplug_tpu.platform import TpuPlatform
 
 TARGET = "hwplug_tpu.platform:TpuPlatform"
-NO_BACKEND = ("platform 'tpu' declares no attention backend: its plugin has not "
-              "registered one yet")
-
-
-def tpu_probe_at(root) -> types.SimpleNamespace:
-    """Stands in for the ``hwplug.platforms.tpu`` module: the real probe, on ``root``."""
-    return types.SimpleNamespace(probe=functools.partial(tpu.probe, root))
 
 
 @pytest.fixture
@@ -71,27 +58,14 @@ def test_device_queries_go_through_jax(v5e):
     (functools.partial(write, relpath="dev/accel0"), None, None),             # nodes alone
     (make_intel_tree, "v5litepod-1", None),
 ], ids=["pci", "gvnic-only", "vfio-with-env", "accel-without-env", "intel"])
-def test_activate_answers_for_tpus_only(tmp_path, monkeypatch, builder, env, expected):
+def test_activate_answers_for_tpus_only(tmp_path, builder, env, expected):
     builder(tmp_path)
-    if env is None:
-        monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
-    else:
-        monkeypatch.setenv("TPU_ACCELERATOR_TYPE", env)
-    (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == "tpu"]
-    assert ep.value == "hwplug_tpu.probe:activate"
-    monkeypatch.setattr(probe_module, "tpu", tpu_probe_at(tmp_path))
-    target = ep.load()()
-    assert target == expected
-    if target is not None:
-        assert import_object(target) is TpuPlatform and TpuPlatform.name == ep.name
+    environ = {} if env is None else {"TPU_ACCELERATOR_TYPE": env}
+    check_activate("tpu", tmp_path, expected, TpuPlatform, environ=environ)
 
 
 def test_asking_for_attention_names_the_missing_backend(v5e):
-    with pytest.raises(UnsupportedError) as excinfo:
-        select_backend(v5e, AttentionSpec(16, 16, 128, "bfloat16"))
-    assert str(excinfo.value) == NO_BACKEND
-    with pytest.raises(UnsupportedError, match=NO_BACKEND):
-        v5e.check_and_update_config(EngineConfig(16, 16, 128, dtype="bfloat16"))
+    check_no_attention_backend(v5e, 16, 16, "bfloat16")
 
 
 def test_conformance_accepts_xla_as_a_documented_dist_backend():

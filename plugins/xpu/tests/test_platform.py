@@ -1,8 +1,7 @@
 """hwplug-xpu: the probe entry point, ``XpuPlatform`` and the plugin's hook.
 
-Hardware is simulated only at the probe boundary: ``hwplug.platforms.intel_xpu.probe``
-reads a fake sysfs tree (``tests/fake_hw.py``); for ``activate``, which probes ``/``, the
-plugin's ``intel_xpu`` reference is pointed at that same probe bound to the fake tree.
+Hardware is simulated only at the probe boundary: the probe and the ``activate`` entry
+point read a fake sysfs tree (``tests/fake_hw.py``).
 """
 
 from __future__ import annotations
@@ -10,31 +9,20 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import types
 from importlib.metadata import entry_points
 
 import pytest
 from fake_hw import make_amd_tree, make_intel_tree
+from plugin_checks import check_activate, check_no_attention_backend
 
-import hwplug_xpu.probe as probe_module
-from hwplug.attention import AttentionSpec, select_backend
-from hwplug.config import EngineConfig
 from hwplug.conformance import run_conformance
-from hwplug.errors import UnsupportedError
 from hwplug.platforms import intel_xpu
 from hwplug.platforms.cpu import CpuPlatform
-from hwplug.registry import import_object
 from hwplug_xpu import plugin
 from hwplug_xpu.platform import XpuPlatform
 
-NO_BACKEND = ("platform 'xpu' declares no attention backend: its plugin has not "
-              "registered one yet")
 IPEX_INSTALLED = importlib.util.find_spec("intel_extension_for_pytorch") is not None
 
-
-def xpu_probe_at(root) -> types.SimpleNamespace:
-    """Stands in for the ``hwplug.platforms.intel_xpu`` module: the real probe, on ``root``."""
-    return types.SimpleNamespace(probe=functools.partial(intel_xpu.probe, root))
 
 
 @pytest.fixture
@@ -63,23 +51,13 @@ def test_declared_facts(max1550):
     (functools.partial(make_intel_tree, driver="vfio-pci"), None),  # passed through to a VM
     (make_amd_tree, None),
 ], ids=["i915", "xe", "vfio-pci", "amd"])
-def test_activate_answers_for_intel_gpu_drivers_only(tmp_path, monkeypatch, builder, expected):
+def test_activate_answers_for_intel_gpu_drivers_only(tmp_path, builder, expected):
     builder(tmp_path)
-    (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == "xpu"]
-    assert ep.value == "hwplug_xpu.probe:activate"
-    monkeypatch.setattr(probe_module, "intel_xpu", xpu_probe_at(tmp_path))
-    target = ep.load()()
-    assert target == expected
-    if target is not None:
-        assert import_object(target) is XpuPlatform and XpuPlatform.name == ep.name
+    check_activate("xpu", tmp_path, expected, XpuPlatform)
 
 
 def test_asking_for_attention_names_the_missing_backend(max1550):
-    with pytest.raises(UnsupportedError) as excinfo:
-        select_backend(max1550, AttentionSpec(32, 8, 128, "float32"))
-    assert str(excinfo.value) == NO_BACKEND
-    with pytest.raises(UnsupportedError, match=NO_BACKEND):
-        max1550.check_and_update_config(EngineConfig(32, 8, 128, dtype="float16"))
+    check_no_attention_backend(max1550, 32, 8, "float16")
 
 
 @pytest.mark.skipif(IPEX_INSTALLED, reason="intel-extension-for-pytorch is installed")
