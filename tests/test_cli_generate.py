@@ -81,3 +81,19 @@ def test_embed_json_matches_transformers_mean_pooling():
 def test_generate_on_an_encoder_says_to_use_embed():
     out = run("generate", "hi", "--model", "all-minilm-l6-v2")
     assert out.returncode == 2 and "use embed()" in out.stderr
+
+
+def test_an_unregistered_architecture_lists_the_registered_ones(tmp_path):
+    from hwplug.model_zoo.loaders import resolve_model
+
+    source = resolve_model("all-minilm-l6-v2")
+    for item in source.iterdir():  # the real checkpoint, but a config naming another arch
+        if item.name != "config.json":
+            (tmp_path / item.name).symlink_to(item)
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config,
+                                                      "architectures": ["FooForMaskedLM"]}))
+    out = run("embed", "hi", "--model", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "unknown model architecture 'FooForMaskedLM'; registered: BertModel" in out.stderr
+    assert "hwplug.register_model(" in out.stderr
