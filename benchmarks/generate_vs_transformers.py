@@ -12,20 +12,26 @@ from other processes hits both alike.
     python benchmarks/generate_vs_transformers.py --batch-sizes 1 --new-tokens 128
     python benchmarks/generate_vs_transformers.py --dtype bfloat16 --batch-sizes 1 32 128  # GPU
 
-Both sides run on the resolved platform's device (transformers' model is moved there).
+Both sides run on the resolved platform's device (transformers' model is moved there),
+in one process with the platform's process environment (``Platform.process_env``, e.g.
+``OMP_WAIT_POLICY=ACTIVE`` on CPUs), applied as ``hwplug generate`` does before torch loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
 
-import torch
-
 import hwplug
-from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
+
+hwplug.current_platform().apply_process_env()  # before torch loads; both sides share it
+
+import torch  # noqa: E402
+
+from hwplug.model_zoo.loaders import load_checkpoint, resolve_model  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -91,7 +97,8 @@ def main() -> None:
     vocab = llm.hf_config.vocab_size
     generator = torch.Generator().manual_seed(0)
     print(f"model {llm.architecture}, dtype {args.dtype}, platform {llm.platform}, attention "
-          f"{llm.attention_backend}, {torch.get_num_threads()} threads, {args.new_tokens} new "
+          f"{llm.attention_backend}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, {args.new_tokens} new "
           f"tokens after {args.prompt_tokens}-token prompts; decode tokens/s (median of "
           f"{args.repeats})")
     print(f"{'batch':>5} {'hwplug':>10} {'transformers':>13} {'ratio':>7}")

@@ -9,6 +9,9 @@ imported without importing torch; :func:`torch_dtype` converts.
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -20,6 +23,8 @@ if TYPE_CHECKING:
 
     from hwplug.config import EngineConfig
     from hwplug.platforms.sighting import Sighting
+
+logger = logging.getLogger(__name__)
 
 #: dtype names hwplug understands for compute and KV caches.
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
@@ -110,9 +115,27 @@ class Platform(StrictInterface):
     attention_backend_priority: ClassVar[tuple[str, ...]] = ()
     #: Block size used when a configuration does not ask for one.
     default_block_size: ClassVar[int] = 16
+    #: Environment variables the platform runs best with (e.g. OpenMP settings), set by
+    #: :meth:`apply_process_env` where the user has not set them.
+    process_env: ClassVar[dict[str, str]] = {}
 
     def __init__(self, sighting: Sighting | None = None) -> None:
         self.sighting = sighting
+
+    def apply_process_env(self) -> dict[str, str]:
+        """Set each :attr:`process_env` variable the environment lacks; return what was set.
+
+        Runtimes read these when torch loads them, so this only acts before torch is
+        imported (hwplug's CLI calls it first thing); afterwards it sets nothing.
+        """
+        if "torch" in sys.modules:
+            return {}
+        applied = {k: v for k, v in self.process_env.items() if k not in os.environ}
+        os.environ.update(applied)
+        if applied:
+            logger.info("platform %s set %s", self.name,
+                        ", ".join(f"{k}={v}" for k, v in applied.items()))
+        return applied
 
     # --- device queries (override where the device knows better) ---------------------
 

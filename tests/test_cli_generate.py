@@ -17,9 +17,10 @@ import torch.nn.functional as F
 HWPLUG = [sys.executable, "-m", "hwplug"]
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     return subprocess.run([*HWPLUG, *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=180)
+                          env={**base, **env}, timeout=180)
 
 
 def test_generate_streams_text_then_reports_speed_and_kernels():
@@ -93,7 +94,8 @@ def test_an_unregistered_architecture_lists_the_registered_ones(tmp_path):
     config = json.loads((source / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config,
                                                       "architectures": ["FooForMaskedLM"]}))
-    out = run("embed", "hi", "--model", str(tmp_path))
+    out = run("embed", "hi", "--model", str(tmp_path), HWPLUG_LOG_LEVEL="info")
     assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "platform cpu set OMP_WAIT_POLICY=ACTIVE" in out.stderr  # before torch loaded
     assert "unknown model architecture 'FooForMaskedLM'; registered: BertModel" in out.stderr
     assert "hwplug.register_model(" in out.stderr

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -106,6 +109,29 @@ def test_block_size_is_settled_at_configuration(fresh_discovery, caplog):
     assert odd.block_size == 16 and "block size 24 matches no registered" in caplog.text
     with pytest.raises(UnsupportedError, match="dtype 'fp8_e4m3' is not supported.*float32"):
         platform.check_and_update_config(EngineConfig(4, 2, 64, dtype="fp8_e4m3"))
+
+
+PROCESS_ENV_PROBE = """
+import os, hwplug
+platform = hwplug.current_platform()
+first = platform.apply_process_env()
+import torch
+print(first, platform.apply_process_env(), os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@pytest.mark.parametrize(("preset", "expected"), [
+    (None, "{'OMP_WAIT_POLICY': 'ACTIVE'} {} ACTIVE"),
+    ("PASSIVE", "{} {} PASSIVE"),  # the user's choice stands
+], ids=["unset", "user-set"])
+def test_cpu_process_env_is_applied_before_torch_loads(preset, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if preset:
+        env["OMP_WAIT_POLICY"] = preset
+    out = subprocess.run([sys.executable, "-c", PROCESS_ENV_PROBE], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected
 
 
 def test_capability_comparisons():

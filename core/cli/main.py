@@ -14,6 +14,8 @@ from rich.markup import escape
 from hwplug import envs
 from hwplug.errors import HwplugError
 
+#: Subcommands that run a model: the platform's process environment is applied first.
+RUNS_MODELS = ("generate", "embed")
 #: subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and
 #: ``run(args, console) -> int``.
 COMMANDS = {
@@ -43,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=envs.HWPLUG_LOG_LEVEL.upper(),
                             format="%(levelname)s %(name)s: %(message)s")
         args = build_parser().parse_args(argv)
+        if args.command in RUNS_MODELS:
+            from hwplug.discovery import current_platform
+
+            current_platform().apply_process_env()
         return importlib.import_module(args.module).run(args, Console())
     except HwplugError as exc:
         console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
