@@ -82,6 +82,8 @@ def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
         return "serves decode-only batches (max_query_len=1, one query per sequence)"
     if soft_cap is not None:
         return "no soft cap (SDPA has none)"
+    if kv_cache.dtype != query.dtype:
+        return f"needs the KV cache in the query's dtype ({kv_cache.dtype} != {query.dtype})"
     if max_seq_len is None:
         return "needs max_seq_len"
     block_size, num_kv_heads, head_size = kv_cache.shape[2:]

@@ -90,6 +90,13 @@ def test_sdpa_decode_declines_prefill_and_soft_cap(fresh_discovery):
     assert "decode-only" in chosen.supports(*prefill, max_query_len=4, max_seq_len=20)
     decode = (query[:1], kv_cache, tables, lens, torch.tensor([0, 1], dtype=torch.int32), 0.25)
     assert "soft cap" in chosen.supports(*decode, soft_cap=30.0, max_query_len=1, max_seq_len=20)
+    bf16_cache = (decode[0], kv_cache.bfloat16(), *decode[2:])
+    assert "KV cache in the query's dtype" in chosen.supports(*bf16_cache, max_query_len=1,
+                                                              max_seq_len=20)
+    # and the op still serves it, through the reference
+    torch.testing.assert_close(
+        ops.paged_attention(*bf16_cache, max_query_len=1, max_seq_len=20),
+        reference.paged_attention(*bf16_cache, max_query_len=1, max_seq_len=20))
     many = (query[:1].expand(64, -1, -1), kv_cache, tables.expand(64, -1), lens.expand(64),
             torch.arange(65, dtype=torch.int32), 0.25)
     assert "MiB of K/V" in chosen.supports(*many, max_query_len=1, max_seq_len=8192)

@@ -230,19 +230,26 @@ def _describe(step: Step) -> str:
     return f"chunk {step.new} after {step.context}"
 
 
+def decode_step() -> st.SearchStrategy[Step]:
+    """One new token after a short context."""
+    return st.builds(Step, st.integers(1, 40), st.just(1))
+
+
 def mixed_step() -> st.SearchStrategy[Step]:
     """A prefill, a chunked-prefill chunk or a decode step, with a short context."""
     return st.one_of(st.builds(Step, st.just(0), st.integers(1, 24)),
                      st.builds(Step, st.integers(1, 20), st.integers(2, 12)),
-                     st.builds(Step, st.integers(1, 40), st.just(1)))
+                     decode_step())
 
 
 @st.composite
 def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    """A mixed batch over a random cache; ``tokens`` is unused (T is the sum of query
-    lengths), so a variant limited by num_tokens declines the batches outside its range."""
+    """A mixed or a decode-only batch (about half each) over a random cache, its KV cache
+    often in the query's dtype; ``tokens`` is unused (T is the sum of query lengths), so a
+    variant limited by num_tokens declines the batches outside its range."""
     rng = _rng(draw)
-    steps = draw(st.lists(mixed_step(), min_size=1, max_size=3))
+    steps = draw(st.lists(mixed_step(), min_size=1, max_size=3)
+                 | st.lists(decode_step(), min_size=1, max_size=4))
     num_kv_heads, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
     head_size = draw(st.sampled_from((16, 32, 64, 80, 128)))
     layout = BlockLayout.shuffled(rng, [s.context + s.new for s in steps],
@@ -252,18 +259,20 @@ def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int])
     window = draw(st.none() | st.integers(1, 24)) if causal else None
     soft_cap = draw(st.none() | st.sampled_from((5.0, 30.0)))
     query = _randn(rng, (int(batch.query_start_loc[-1]), num_kv_heads * group, head_size), dtype)
+    kv_dtype = draw(st.just(dtype) | st.sampled_from(FLOAT_DTYPES))  # often the same
     kv_cache = _randn(rng, (2, layout.num_blocks, layout.block_size, num_kv_heads, head_size),
-                      dtype)
+                      kv_dtype)
     host_maxima = draw(st.booleans())
     kwargs = {"causal": causal, "sliding_window": window, "soft_cap": soft_cap,
               "max_query_len": batch.max_query_len if host_maxima else None,
               "max_seq_len": batch.max_seq_len if host_maxima else None}
-    label = (f"query {tuple(query.shape)} {dtype}, KV heads {num_kv_heads}, block size "
+    label = (f"query {tuple(query.shape)} {dtype}, KV cache {kv_dtype}, KV heads "
+             f"{num_kv_heads}, block size "
              f"{layout.block_size}, batch {batch.label}, causal={causal}, "
              f"sliding_window={window}, soft_cap={soft_cap}")
     args = (query, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
             head_size ** -0.5)
-    return Case(args, kwargs, (dtype,), label)
+    return Case(args, kwargs, (dtype, kv_dtype), label)
 
 
 @st.composite
