@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hwplug.hookspecs import hookimpl
+from hwplug.platform import FLOAT_DTYPES
 
 hwplug_api_version = ">=1,<2"
 hwplug_order = -100  # before every third-party plugin, so they may override
@@ -46,19 +47,18 @@ _ONEDNN = "hwplug.platforms.cpu_onednn:"
 #: Pure-torch variants serve every CPU platform (the built-in one and hwplug-cpu-arm's);
 #: the oneDNN one is validated on x86 only.
 _ANY_CPU, _X86 = ("cpu", "cpu-arm"), ("cpu",)
-_FLOATS = ("float32", "bfloat16", "float16")
 #: The variants hwplug adds over the references on CPUs (register_variant arguments).
 CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="linear", name="onednn_packed", impl=_ONEDNN + "linear",
          supports=_ONEDNN + "supported", platforms=_X86, dtypes=("float32", "bfloat16"),
          description="oneDNN matmul on a weight reordered once into its blocked layout"),
     dict(op="rms_norm", name="torch_fused", impl=_CPU + "rms_norm", platforms=_ANY_CPU,
-         dtypes=_FLOATS, description="torch's fused F.rms_norm"),
+         dtypes=FLOAT_DTYPES, description="torch's fused F.rms_norm"),
     dict(op="rotary_embedding", name="torch_fused", impl=_CPU + "rotary_embedding",
-         platforms=_ANY_CPU, dtypes=_FLOATS,
+         platforms=_ANY_CPU, dtypes=FLOAT_DTYPES,
          description="x * cos + swap(x) * sin, cos/sin expanded once per call"),
     dict(op="reshape_and_cache", name="index_copy", impl=_CPU + "reshape_and_cache",
-         supports=_CPU + "cache_supported", platforms=_ANY_CPU, dtypes=_FLOATS,
+         supports=_CPU + "cache_supported", platforms=_ANY_CPU, dtypes=FLOAT_DTYPES,
          description="one index_copy_ per half of the cache"),
     # fp32 only: torch's CPU SDPA is several times slower in bf16 than the reference
     dict(op="paged_attention", name="sdpa_decode", impl=_CPU + "decode_attention",

@@ -74,6 +74,8 @@ class Candidate:
     reason: str = ""
     platform_cls: type | None = None
     traceback: str | None = None
+    #: The instance made to ask ``is_available()``, reused if this candidate is chosen.
+    platform: Any = None
 
     def rank(self) -> tuple[bool, bool, int]:
         cls = self.platform_cls
@@ -189,8 +191,8 @@ def _resolve_platform(eps: list[importlib_metadata.EntryPoint]) -> tuple[Candida
         candidates.append(_builtin_candidate())
     ranked = sorted((c for c in candidates if c.status == "active"), key=Candidate.rank,
                     reverse=True)
-    active = [c for c in ranked if _usable(c)]
-    chosen = active[0]
+    chosen = next(c for c in ranked if _usable(c))  # the built-in CPU always is
+    active = ranked[ranked.index(chosen):]
     chosen.reason = chosen.reason or _why_chosen(chosen, active[1:])
     for other in active[1:]:
         other.reason = f"ranked below {chosen.name}" + (
@@ -201,11 +203,13 @@ def _resolve_platform(eps: list[importlib_metadata.EntryPoint]) -> tuple[Candida
 def _usable(candidate: Candidate) -> bool:
     """An accelerator whose probe saw hardware must also be usable from this process
     (``is_available()``, which may import torch): a torch built without that device's
-    support cannot drive it. CPU platforms are always usable."""
+    support cannot drive it. CPU platforms are always usable. Only asked in rank order
+    until one is usable, so a lower-ranked runtime is never imported for nothing."""
     if not candidate.rank()[0]:
         return True
     try:
-        available = candidate.platform_cls().is_available()
+        candidate.platform = candidate.platform_cls()
+        available = candidate.platform.is_available()
     except Exception as exc:
         _fail(candidate, f"is_available() raised {exc!r}", exc)
         return False
@@ -391,7 +395,7 @@ def discover(root: Path = Path("/")) -> Resolution:
     envs.warn_unknown()
     platform_eps = [ep for ep in entry_points(PLATFORM_GROUP) if _allowed(ep.name)]
     chosen, others = _resolve_platform(platform_eps)
-    platform = chosen.platform_cls()
+    platform = chosen.platform or chosen.platform_cls()
     records: list[PluginRecord] = []
     loaded = [_builtin_loaded(), *_import_plugins(chosen, platform_eps, records)]
     records.insert(0, loaded[0][0])

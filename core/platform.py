@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Floating dtypes a model can compute in.
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 #: dtype names hwplug understands for compute and KV caches.
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
+DTYPE_NAMES = (*FLOAT_DTYPES, "fp8_e4m3", "fp8_e5m2")
 _TORCH_NAMES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 

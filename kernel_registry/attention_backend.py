@@ -12,18 +12,17 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.attention import AttentionBackend, AttentionMetadata
 from hwplug.kernel_registry import ops
+from hwplug.platform import FLOAT_DTYPES
 
 if TYPE_CHECKING:
     import torch
-
-_FLOATS = ("float32", "bfloat16", "float16")
 
 
 class ReferenceBackend(AttentionBackend):
     """Writes K/V with ``reshape_and_cache``, then attends with ``paged_attention``."""
 
-    supported_dtypes: ClassVar[tuple[str, ...]] = _FLOATS
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = _FLOATS
+    supported_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     supported_block_sizes: ClassVar[tuple[int, ...]] = (1, 8, 16, 32, 64, 128, 256)
     supports_non_causal: ClassVar[bool] = True
     supports_sliding_window: ClassVar[bool] = True

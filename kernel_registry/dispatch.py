@@ -74,11 +74,8 @@ class Op:
         from hwplug.kernel_registry.registry import REFERENCE
 
         variant = self.registry.get(f"{self.name}/{REFERENCE}")
-        if isinstance(variant.impl, str):
-            from hwplug.registry import import_object
-
-            variant.impl = import_object(variant.impl)
-        return variant.impl(*args, **kwargs)
+        variant.load()
+        return variant.impl(*args, **kwargs)  # type: ignore[operator]
 
     def variants_used(self) -> set[str]:
         """Names of the variants that served this op's calls since the last change."""

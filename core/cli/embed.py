@@ -10,7 +10,7 @@ import argparse
 
 from rich.console import Console
 
-from hwplug.cli.output import add_json_flag, print_json, table
+from hwplug.cli.output import add_dtype_flag, add_json_flag, print_json, table
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
 #: Values shown per vector in the table.
@@ -21,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"an encoder: path or alias (default: {DEFAULT_MODEL})")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                        default="float32", help="compute dtype")
+    add_dtype_flag(parser)
     add_json_flag(parser)
 
 

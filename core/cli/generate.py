@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from hwplug.cli.output import add_dtype_flag
 from hwplug.errors import ConfigError
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.llm import LLM
     from hwplug.model_zoo.sampling import SamplingParams
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed for sampling")
     parser.add_argument("--stop", nargs="+", default=[], metavar="STR",
                         help="stop when the text reaches one of these strings")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
+    add_dtype_flag(parser)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

@@ -10,9 +10,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hwplug.platform import FLOAT_DTYPES
+
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def add_dtype_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", choices=FLOAT_DTYPES, default="float32",
+                        help="compute dtype")
 
 
 def print_json(console: Console, data: Any) -> None:

@@ -20,10 +20,7 @@ import torch
 from hypothesis import strategies as st
 
 from hwplug.kernel_registry.reference import build_cos_sin_cache
-from hwplug.platform import torch_dtype
-
-#: Floating dtypes a non-fp8 tensor may take.
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+from hwplug.platform import FLOAT_DTYPES, torch_dtype
 
 
 @dataclass
