@@ -17,8 +17,8 @@ _KERNELS = "hwplug_cuda.kernels."
 _TRITON = {"platforms": ("cuda",), "min_capability": "8.0", "packages": {"triton": ">=3.0"},
            "priority": 10}
 
-#: op -> the kernel module implementing its Triton variant (function named like the op,
-#: per-call check named ``supported``).
+#: op -> the kernel module implementing its Triton variant: the entry point named like the
+#: op (registered ``.unchecked``: the registry runs the module's ``supported`` per call).
 TRITON_MODULES = {
     "rms_norm": "norm",
     "rotary_embedding": "rotary",
@@ -32,15 +32,13 @@ TRITON_MODULES = {
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
     for op, module in TRITON_MODULES.items():
-        registry.register_variant(op, "triton", f"{_KERNELS}{module}:{op}",
+        registry.register_variant(op, "triton", f"{_KERNELS}{module}:{op}.unchecked",
                                   supports=f"{_KERNELS}{module}:supported",
                                   description="Triton kernel", **_TRITON)
-    from hwplug_cuda import scaled_mm
-
     registry.register_variant(
         "scaled_mm", "cublaslt_fp8", "hwplug_cuda.scaled_mm:scaled_mm", platforms=("cuda",),
         dtypes=("fp8_e4m3", "fp8_e5m2"), min_capability="8.9", min_toolkit="12.1",
-        supports=scaled_mm.supported, priority=10,
+        supports="hwplug_cuda.scaled_mm:supported", priority=10,
         description="torch._scaled_mm (cuBLASLt fp8 GEMM)")
 
 

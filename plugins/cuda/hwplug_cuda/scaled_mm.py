@@ -1,6 +1,6 @@
 """fp8 ``scaled_mm`` through ``torch._scaled_mm`` (cuBLASLt), for capability >= 8.9.
 
-Importing this module does not import torch (the plugin hook imports it for ``supported``).
+Importing this module does not import torch.
 """
 
 from __future__ import annotations

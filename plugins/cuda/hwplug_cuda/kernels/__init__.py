@@ -5,8 +5,34 @@ Modules: ``norm`` (rms_norm), ``rotary`` (rotary_embedding), ``activation``
 (paged_attention, dispatching to ``decode_attention`` and ``prefill_attention``) and
 ``configs`` (launch configs from ``configs.json``). Each op module has a
 ``supported(...)`` taking the op's arguments and returning why it cannot serve a call,
-or None. Importing this package imports neither torch nor triton.
+or None, and its entry point is decorated with :func:`checked`. Importing this package
+imports neither torch nor triton.
 """
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 #: Largest head size the attention kernels hold in registers.
 MAX_HEAD_SIZE = 256
+
+
+def checked(supported: Callable[..., str | None]
+            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a kernel entry point: called directly, it first raises ``ValueError``
+    with ``supported``'s reason. ``entry.unchecked`` is the bare function; the plugin
+    registers that one, with ``supported`` as the variant's per-call check, so a call
+    through the registry is checked once and falls back instead of raising."""
+    def decorate(launch: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(launch)
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            reason = supported(*args, **kwargs)
+            if reason:
+                raise ValueError(f"{launch.__name__}: {reason}")
+            return launch(*args, **kwargs)
+
+        entry.unchecked = launch  # type: ignore[attr-defined]
+        return entry
+    return decorate

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwplug_cuda.kernels import checked
 from hwplug_cuda.kernels.configs import launch_config
 from hwplug_cuda.kernels.functions import tanh
 
@@ -30,23 +31,19 @@ def supported(x: torch.Tensor, approximate: str = "none") -> str | None:
     return None
 
 
+@checked(supported)
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]``."""
     return _gated(x, "silu")
 
 
+@checked(supported)
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]``."""
-    if approximate not in GELU_APPROXIMATIONS:
-        raise ValueError(f"gelu_and_mul: approximate must be one of "
-                         f"{', '.join(GELU_APPROXIMATIONS)}, got {approximate!r}")
     return _gated(x, GELU_APPROXIMATIONS[approximate])
 
 
 def _gated(x: torch.Tensor, activation: str) -> torch.Tensor:
-    reason = supported(x)
-    if reason:
-        raise ValueError(f"gated {activation}: {reason}")
     width = x.shape[-1] // 2
     rows = x.reshape(-1, 2 * width).contiguous()
     out = rows.new_empty((rows.shape[0], width))

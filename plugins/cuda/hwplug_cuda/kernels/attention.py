@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from hwplug_cuda.kernels import MAX_HEAD_SIZE
+from hwplug_cuda.kernels import MAX_HEAD_SIZE, checked
 from hwplug_cuda.kernels.decode_attention import decode_attention
 from hwplug_cuda.kernels.prefill_attention import prefill_attention
 
@@ -64,17 +64,13 @@ def supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
     return None
 
 
+@checked(supported)
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     causal: bool = True, sliding_window: int | None = None,
                     soft_cap: float | None = None, max_query_len: int | None = None,
                     max_seq_len: int | None = None) -> torch.Tensor:
-    """The ``paged_attention`` op (see the module docstring). Raises ``ValueError`` with
-    :func:`supported`'s reason for a call these kernels cannot serve."""
-    reason = supported(query, kv_cache, block_tables, seq_lens, query_start_loc, scale, causal,
-                       sliding_window, soft_cap)
-    if reason:
-        raise ValueError(f"paged_attention: {reason}")
+    """The ``paged_attention`` op (see the module docstring)."""
     num_tokens, num_seqs = query.shape[0], seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return query.new_empty(query.shape)

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwplug_cuda.kernels import checked
 from hwplug_cuda.kernels.configs import launch_config
 
 
@@ -34,12 +35,10 @@ def supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     return None
 
 
+@checked(supported)
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                       slot_mapping: torch.Tensor) -> None:
     """The ``reshape_and_cache`` op (see the module docstring)."""
-    reason = supported(key, value, kv_cache, slot_mapping)
-    if reason:
-        raise ValueError(f"reshape_and_cache: {reason}")
     num_tokens, num_heads, head_size = key.shape
     if num_tokens == 0:
         return

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwplug_cuda.kernels import checked
 from hwplug_cuda.kernels.configs import launch_config
 
 #: Largest hidden size one program holds in registers.
@@ -34,13 +35,11 @@ def supported(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return None
 
 
+@checked(supported)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ``rms_norm`` op (see the module docstring)."""
-    reason = supported(x, weight, eps, residual)
-    if reason:
-        raise ValueError(f"rms_norm: {reason}")
     hidden = x.shape[-1]
     rows = x.reshape(-1, hidden).contiguous()
     out = torch.empty_like(rows)

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwplug_cuda.kernels import checked
 from hwplug_cuda.kernels.configs import launch_config
 
 
@@ -35,13 +36,11 @@ def supported(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     return None
 
 
+@checked(supported)
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                      cos_sin_cache: torch.Tensor, is_neox: bool
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``rotary_embedding`` op (see the module docstring)."""
-    reason = supported(positions, query, key, cos_sin_cache, is_neox)
-    if reason:
-        raise ValueError(f"rotary_embedding: {reason}")
     query, key = _unit_stride(query), _unit_stride(key)
     query_out, key_out = query.new_empty(query.shape), key.new_empty(key.shape)
     num_tokens, _, head_size = query.shape
