@@ -1,8 +1,8 @@
 """``hwplug generate``: complete one prompt (streamed to stdout) or a file of prompts (batched).
 
 After the text, stderr gets one line of speed (tokens/s, time to first token) and one of
-where it ran: the platform, the attention backend, and the kernel variant chosen for
-each op in the model's dtype. Bad input (a missing model, an invalid sampling value) is a
+where it ran: the platform, the attention backend, and the kernel variants that served
+each op the run called. Bad input (a missing model, an invalid sampling value) is a
 :class:`~hwplug.errors.HwplugError`, printed by ``hwplug`` without a traceback.
 """
 

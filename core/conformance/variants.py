@@ -16,7 +16,6 @@ import importlib.metadata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from hypothesis import strategies as st
 
@@ -88,8 +87,9 @@ def _gated_dtypes(variant: Variant, dtypes: list[str], placement: Placement,
     return kept
 
 
-def _case_body(variant: Variant, impl: Callable[..., Any], placement: Placement,
-               tally: _Tally) -> Callable[[Case], None]:
+def _case_body(variant: Variant, placement: Placement, tally: _Tally
+               ) -> Callable[[Case], None]:
+    """Check one generated case against the reference (``variant`` must be loaded)."""
     op = kernels.op(variant.op)
 
     def body(case: Case) -> None:
@@ -101,7 +101,7 @@ def _case_body(variant: Variant, impl: Callable[..., Any], placement: Placement,
         expected_case, actual_case = case.clone(), case.clone()
         expected = expected_case.outputs(op.reference(*expected_case.args,
                                                       **expected_case.kwargs))
-        returned = guarded(lambda: impl(*actual_case.args, **actual_case.kwargs), case.label,
+        returned = guarded(lambda: variant.impl(*actual_case.args, **actual_case.kwargs), case.label,
                            simulating=bool(placement.simulating))
         actual = actual_case.outputs(returned)
         problem = compare_outputs(actual, expected, *loosest_tolerance(op.tolerances,
@@ -131,11 +131,10 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     try:
         variant.load()
     except Exception as exc:
-        return "failed", f"implementation {variant.impl!r} fails to import: {exc!r}"
+        return "failed", f"fails to import: {exc!r}"
     tally = _Tally()
     strategy = st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant)))
-    failure = first_failure(strategy, _case_body(variant, variant.impl, placement, tally),
-                            examples)
+    failure = first_failure(strategy, _case_body(variant, placement, tally), examples)
     where = placement.describe()
     judged = judge(failure, where)
     if judged:
