@@ -14,8 +14,8 @@ import timeit
 import torch
 
 from hwplug import current_platform
+from hwplug.dtypes import dtype_name
 from hwplug.kernel_registry import kernels
-from hwplug.platform import dtype_name
 
 
 def per_call_us(fn, args: tuple, number: int, repeat: int) -> float:

@@ -2,7 +2,8 @@
 
 ``import hwplug`` is cheap: it imports neither torch nor any plugin. The platform is
 resolved and plugins are loaded on first use of :func:`current_platform` (or of
-anything that needs it). Public names are loaded lazily from their modules.
+anything that needs it). Public names are loaded lazily from their modules; this facade
+is the one place core names the layers above it (kernel registry, model zoo).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from hwplug.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
+#: Public name -> the module that defines it.
 _LAZY = {
     "API_VERSION": "hwplug.discovery",
     "current_platform": "hwplug.discovery",
-    "Platform": "hwplug.platform",
-    "DeviceCapability": "hwplug.platform",
+    "Platform": "hwplug.platform_interface",
+    "DeviceCapability": "hwplug.platform_interface",
+    "DeviceFacts": "hwplug.platform_interface",
     "AttentionBackend": "hwplug.attention",
     "AttentionSpec": "hwplug.attention",
     "AttentionMetadata": "hwplug.attention",
@@ -27,12 +30,13 @@ _LAZY = {
     "ConnectorMetadata": "hwplug.connector",
     "KVLayout": "hwplug.connector",
     "EngineConfig": "hwplug.config",
+    "kernels": "hwplug.kernel_registry",
     "register_model": "hwplug.model_zoo.registry",
     "LLM": "hwplug.model_zoo.llm",
     "SamplingParams": "hwplug.model_zoo.sampling",
 }
-_MODULES = {"ops": "hwplug.kernel_registry.ops", "envs": "hwplug.envs",
-            "errors": "hwplug.errors", "kernels": "hwplug.kernel_registry"}
+#: Public submodules.
+_MODULES = {"ops": "hwplug.kernel_registry.ops", "envs": "hwplug.envs", "errors": "hwplug.errors"}
 
 __all__ = ["hookimpl", "__version__", *_LAZY, *_MODULES]
 
@@ -40,8 +44,6 @@ __all__ = ["hookimpl", "__version__", *_LAZY, *_MODULES]
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name == "kernels":
-        value = importlib.import_module("hwplug.kernel_registry").kernels
     elif name in _MODULES:
         value = importlib.import_module(_MODULES[name])
     else:

@@ -1,30 +1,28 @@
 """``AttentionBackend``: paged attention over a KV cache, with its eligibility as data.
 
-A backend states what it can serve as class attributes (dtypes, KV dtypes, head sizes,
-block sizes, masks, capability range, layout), so :func:`select_backend` can explain
-every accept and reject. ``validate(spec)`` turns those facts into reasons; a backend
-only overrides it to add checks the attributes cannot express.
+A backend states what it can serve as class attributes (platforms, dtypes, KV dtypes,
+head sizes, block sizes, masks, capability range, layout), so
+:func:`hwplug.attention_selection.select_backend` can explain every accept and reject.
+``validate(spec)`` turns those facts into reasons; a backend only overrides it to add
+checks the attributes cannot express. Its computation goes through the kernel registry's
+ops (``hwplug.ops``), so kernel policy and the "kernels used" report reach attention too.
 """
 
 from __future__ import annotations
 
 import abc
-import logging
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-from hwplug import envs, registries
 from hwplug.errors import UnsupportedError
 from hwplug.interface import StrictInterface
-from hwplug.platform import DeviceCapability
+from hwplug.platform_interface import DeviceCapability
 
 if TYPE_CHECKING:
     import torch
 
     from hwplug.config import EngineConfig
-    from hwplug.platform import Platform
-
-logger = logging.getLogger(__name__)
+    from hwplug.platform_interface import Platform
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,8 @@ class AttentionBackend(StrictInterface, abc.ABC):
 
     _interface_root = True
 
-    #: Platform names this backend runs on; empty means any platform.
+    #: Platform or family names this backend runs on (see ``Platform.matches``); empty
+    #: means any platform.
     platforms: ClassVar[tuple[str, ...]] = ()
     supported_dtypes: ClassVar[tuple[str, ...]] = ()
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ()
@@ -96,7 +95,8 @@ class AttentionBackend(StrictInterface, abc.ABC):
     #: Name of the KV-cache layout :meth:`kv_cache_shape` describes.
     kv_cache_layout: ClassVar[str] = "NHD"
     #: True: :meth:`forward` writes the new K/V into the cache itself. False: the caller
-    #: must call :meth:`write_kv_cache` before :meth:`forward`.
+    #: must call :meth:`write_kv_cache` before :meth:`forward` (which the backend then
+    #: implements).
     updates_kv_cache_in_forward: ClassVar[bool] = True
     #: The backend's own fallbacks, shown by ``hwplug kernels``.
     internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = ()
@@ -123,7 +123,7 @@ class AttentionBackend(StrictInterface, abc.ABC):
     def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
         """Reasons this backend cannot serve ``spec`` on ``platform``; empty means it can."""
         reasons = []
-        if platform is not None and cls.platforms and platform.name not in cls.platforms:
+        if platform is not None and not platform.matches(cls.platforms):
             reasons.append(f"runs on {', '.join(cls.platforms)}, not {platform.name}")
         if spec.dtype not in cls.supported_dtypes:
             reasons.append(f"dtype {spec.dtype} not in {', '.join(cls.supported_dtypes)}")
@@ -157,7 +157,7 @@ class AttentionBackend(StrictInterface, abc.ABC):
     def _capability_reasons(cls, platform: Platform | None) -> list[str]:
         if platform is None or (cls.min_capability is None and cls.max_capability is None):
             return []
-        current = platform.get_device_capability()
+        current = platform.facts.capability
         if current is None:
             return ["needs a device capability, the platform reports none"]
         if cls.min_capability and current < DeviceCapability.parse(cls.min_capability):
@@ -168,10 +168,11 @@ class AttentionBackend(StrictInterface, abc.ABC):
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        metadata: AttentionMetadata) -> None:
-        """Store this step's ``key``/``value`` ``[T, Hkv, D]`` at ``metadata.slot_mapping``."""
-        from hwplug.kernel_registry import ops
-
-        ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        """Store this step's ``key``/``value`` ``[T, Hkv, D]`` at ``metadata.slot_mapping``
+        in the backend's layout. A backend that does not update the cache inside
+        :meth:`forward` must implement this."""
+        raise UnsupportedError(f"{self.get_name()} has no separate KV-cache write step "
+                               "(updates_kv_cache_in_forward is True)")
 
     @abc.abstractmethod
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -182,106 +183,3 @@ class AttentionBackend(StrictInterface, abc.ABC):
         If ``updates_kv_cache_in_forward`` the backend first stores ``key``/``value``
         ``[T, Hkv, D]`` in ``kv_cache``; otherwise they are already there.
         """
-
-
-@dataclass
-class Selection:
-    """The outcome of :func:`select_backend`: the chosen class and why others were not."""
-
-    backend: type[AttentionBackend]
-    rejected: dict[str, list[str]]
-    forced: bool
-
-
-def _backends() -> dict[str, type[AttentionBackend] | str]:
-    """Every registered backend class, or why it failed to import (a reason, not a crash)."""
-    result: dict[str, type[AttentionBackend] | str] = {}
-    for name in registries.attention_backends.names():
-        try:
-            result[name] = registries.attention_backends.get(name)
-        except Exception as exc:
-            logger.warning("attention backend %s failed to import: %r", name, exc)
-            result[name] = f"failed to import: {exc!r}"
-    return result
-
-
-def _rejections(platform: Platform, spec: AttentionSpec) -> dict[str, list[str]]:
-    """Every registered backend's reasons for refusing ``spec`` (empty list: it can)."""
-    return {name: [backend] if isinstance(backend, str) else backend.validate(spec, platform)
-            for name, backend in _backends().items()}
-
-
-def select_backend(platform: Platform, spec: AttentionSpec,
-                   requested: str | None = None) -> Selection:
-    """Choose the attention backend for ``spec`` on ``platform``.
-
-    ``requested`` (or ``HWPLUG_ATTENTION_BACKEND``) forces a backend: if it cannot serve
-    the spec that is an error listing its reasons and the backends that can. Otherwise
-    the first backend of ``platform.attention_backend_priority`` that validates wins.
-    """
-    reasons = _rejections(platform, spec)
-    able = [name for name, why in reasons.items() if not why]
-    requested = requested or envs.HWPLUG_ATTENTION_BACKEND
-    if requested:
-        backend = registries.attention_backends.get(requested)  # unknown -> lists choices
-        if reasons[requested]:
-            raise UnsupportedError(
-                f"attention backend {requested} cannot serve {spec}: "
-                f"{'; '.join(reasons[requested])}. Backends that can: {', '.join(able) or 'none'}"
-            )
-        return Selection(backend, {n: r for n, r in reasons.items() if n != requested}, True)
-    if not platform.attention_backend_priority:
-        raise UnsupportedError(
-            f"platform {platform.name!r} declares no attention backend: its plugin has not "
-            "registered one yet"
-        )
-    rejected: dict[str, list[str]] = {}
-    for name in platform.attention_backend_priority:
-        why = reasons.get(name, [f"not registered (registered: {', '.join(reasons) or 'none'})"])
-        if not why:
-            rejected.update({n: r or ["lower in the platform's priority list"]
-                             for n, r in reasons.items() if n not in rejected and n != name})
-            return Selection(registries.attention_backends.get(name), rejected, False)
-        rejected[name] = why
-    detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items())
-    raise UnsupportedError(f"no attention backend of platform {platform.name!r} can serve "
-                           f"{spec}: {detail}")
-
-
-def settle_attention(platform: Platform, config: EngineConfig) -> Selection:
-    """Pick the backend and the block size for ``config`` once, at configuration time.
-
-    A requested block size no registered backend accepts is warned about and replaced by
-    one the chosen backend accepts (the platform default when it is among them).
-    """
-    spec = AttentionSpec.from_config(config)
-    if config.block_size is not None:
-        accepting = [name for name, backend in _backends().items()
-                     if not isinstance(backend, str)
-                     and config.block_size in backend.supported_block_sizes]
-        if not accepting:
-            logger.warning("block size %d matches no registered attention backend; "
-                           "choosing one the selected backend accepts", config.block_size)
-            spec = replace(spec, block_size=None)
-    selection = select_backend(platform, spec, config.attention_backend)
-    sizes = selection.backend.supported_block_sizes
-    if spec.block_size is None:
-        config.block_size = (platform.default_block_size
-                             if platform.default_block_size in sizes else sizes[0])
-    config.attention_backend = selection.backend.get_name()
-    return selection
-
-
-def describe_backend(backend: type[AttentionBackend]) -> dict[str, Any]:
-    """A backend's declared facts as plain data (for ``hwplug info`` and the kit)."""
-    return {
-        "name": backend.get_name(),
-        "platforms": list(backend.platforms),
-        "dtypes": list(backend.supported_dtypes),
-        "kv_cache_dtypes": list(backend.supported_kv_cache_dtypes),
-        "head_sizes": list(backend.supported_head_sizes) or "any",
-        "block_sizes": list(backend.supported_block_sizes),
-        "layout": backend.kv_cache_layout,
-        "updates_kv_cache_in_forward": backend.updates_kv_cache_in_forward,
-        "internal_fallbacks": [f"{f.condition} -> {f.path}" for f in backend.internal_fallbacks],
-    }

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hwplug.dtypes import AUTO
+
 
 @dataclass
 class EngineConfig:
     """What the runner asks of a platform; ``check_and_update_config`` fills the rest.
 
-    Attention geometry comes from the model; ``block_size``, ``kv_cache_dtype`` and
-    ``attention_backend`` may be left None and are settled once, at configuration time.
+    Attention geometry comes from the model. ``dtype`` ``"auto"`` becomes the platform's
+    best dtype that a checkpoint stored in ``checkpoint_dtype`` allows; ``block_size``,
+    ``kv_cache_dtype`` and ``attention_backend`` may be left None. All are settled once,
+    at configuration time.
     """
 
     num_heads: int
     num_kv_heads: int
     head_size: int
-    dtype: str = "float32"
+    dtype: str = AUTO
+    checkpoint_dtype: str | None = None
     kv_cache_dtype: str | None = None
     block_size: int | None = None
     attention_backend: str | None = None

@@ -2,8 +2,10 @@
 
 Read a value as an attribute (``hwplug.envs.HWPLUG_PLATFORM``); it is parsed from the
 environment at each access, so tests and workers see changes. An invalid value raises
-:class:`~hwplug.errors.ConfigError` naming the variable and the valid values. A set
-``HWPLUG_*`` variable that is not declared here is warned about by name (see
+:class:`~hwplug.errors.ConfigError` naming the variable and the valid values. Variables
+that were renamed are tombstones in :data:`RETIRED`: setting one warns with its
+replacement, and its value is read for the replacement while that is unset. Any other
+set ``HWPLUG_*`` variable that is not declared here is warned about by name (see
 :func:`warn_unknown`), never silently ignored.
 """
 
@@ -36,17 +38,31 @@ class EnvVar:
     choices: tuple[str, ...] = ()
 
     def read(self, environ: Mapping[str, str] | None = None) -> Any:
-        raw = (os.environ if environ is None else environ).get(self.name)
+        env = os.environ if environ is None else environ
+        name, raw = self.name, env.get(self.name)
+        for old in _RENAMED_TO.get(self.name, ()):
+            if (raw is None or not raw.strip()) and env.get(old, "").strip():
+                name, raw = old, env[old]
         if raw is None or raw.strip() == "":
             return self.default
         if self.choices and raw.strip().lower() not in self.choices:
             raise ConfigError(
-                f"{self.name}={raw!r} is not valid; choose one of: {', '.join(self.choices)}"
+                f"{name}={raw!r} is not valid; choose one of: {', '.join(self.choices)}"
             )
         try:
             return self.parse(raw.strip())
         except ValueError as exc:
-            raise ConfigError(f"{self.name}={raw!r} is not a valid {self.type_name}: {exc}") from None
+            raise ConfigError(f"{name}={raw!r} is not a valid {self.type_name}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A variable hwplug no longer declares: ``replacement`` took its place (and reads its
+    value while the replacement is unset); ``why`` says what changed."""
+
+    name: str
+    replacement: str
+    why: str
 
 
 def _flag(raw: str) -> bool:
@@ -82,9 +98,9 @@ _DECLARED = [
            _FLAG_CHOICES),
     EnvVar("HWPLUG_DISABLED_KERNELS", "comma-separated variant names", (),
            "Kernel variants never to select (see `hwplug kernels`).", _names),
-    EnvVar("HWPLUG_KERNEL_PREFER", "op=variant[|variant],...", {},
+    EnvVar("HWPLUG_PREFERRED_KERNELS", "op=variant[|variant],...", {},
            "Per-op preferred variant order, tried before the priority order.", _op_map),
-    EnvVar("HWPLUG_KERNEL_STRICT", "flag", False,
+    EnvVar("HWPLUG_STRICT_KERNELS", "flag", False,
            "Never fall back: if the best variant for a call cannot serve it, raise.", _flag,
            _FLAG_CHOICES),
     EnvVar("HWPLUG_ATTENTION_BACKEND", "backend name", None,
@@ -95,9 +111,26 @@ _DECLARED = [
            "Directory of user kernel tuning tables (JSON), layered over plugin defaults.", Path),
     EnvVar("HWPLUG_LOG_LEVEL", "log level", "warning",
            "Level of hwplug's loggers when the CLI configures logging.", str.lower, _LOG_LEVELS),
+    EnvVar("HWPLUG_DEBUG", "flag", False,
+           "The CLI prints the full traceback of an error, not just its one-line message.",
+           _flag, _FLAG_CHOICES),
+    EnvVar("HWPLUG_PROBE_ROOT", "path", Path("/"),
+           "Directory the hardware probes read /proc, /sys and /dev under (a container's "
+           "mount of the host, or a fake tree in tests).", Path),
 ]
 
 VARIABLES: dict[str, EnvVar] = {var.name: var for var in _DECLARED}
+
+#: Tombstones of renamed variables, by old name.
+RETIRED: dict[str, Retired] = {r.name: r for r in (
+    Retired("HWPLUG_KERNEL_PREFER", "HWPLUG_PREFERRED_KERNELS",
+            "renamed to pair with HWPLUG_DISABLED_KERNELS"),
+    Retired("HWPLUG_KERNEL_STRICT", "HWPLUG_STRICT_KERNELS",
+            "renamed to pair with HWPLUG_STRICT_PLUGINS"),
+)}
+_RENAMED_TO: dict[str, tuple[str, ...]] = {
+    new: tuple(r.name for r in RETIRED.values() if r.replacement == new)
+    for new in {r.replacement for r in RETIRED.values()}}
 
 
 def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
@@ -115,17 +148,29 @@ def effective(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 def unknown(environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
-    """Set ``HWPLUG_*`` names that are not declared, each with close declared names."""
+    """Set ``HWPLUG_*`` names that are neither declared nor retired, each with close
+    declared names."""
     env = os.environ if environ is None else environ
     return {
         name: difflib.get_close_matches(name, VARIABLES, n=2)
         for name in env
-        if name.startswith(PREFIX) and name not in VARIABLES
+        if name.startswith(PREFIX) and name not in VARIABLES and name not in RETIRED
     }
 
 
+def retired(environ: Mapping[str, str] | None = None) -> list[Retired]:
+    """The tombstones of the retired variables that are set."""
+    env = os.environ if environ is None else environ
+    return [RETIRED[name] for name in env if name in RETIRED]
+
+
 def warn_unknown(environ: Mapping[str, str] | None = None) -> None:
-    """Log a warning for every set ``HWPLUG_*`` variable hwplug does not know."""
+    """Log a warning for every set ``HWPLUG_*`` variable hwplug does not declare: a retired
+    one names its replacement, an unknown one the closest declared names."""
+    for old in retired(environ):
+        logger.warning("environment variable %s is retired (%s); use %s instead (its value is "
+                       "read for %s while that is unset)", old.name, old.why, old.replacement,
+                       old.replacement)
     for name, close in unknown(environ).items():
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         logger.warning("environment variable %s is not used by hwplug%s", name, hint)

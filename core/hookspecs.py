@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from hwplug.platform import Platform
+    from hwplug.platform_interface import Platform
 
 PROJECT = "hwplug"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -1,12 +1,58 @@
-"""The process-wide registries plugins and users fill (kernels live in hwplug.kernel_registry)."""
+"""The process-wide registries, and which registration hook fills each.
+
+Core defines the registries of its interfaces here. The kernel registry lives with the
+ops in :mod:`hwplug.kernel_registry`, which sits above core: it attaches itself with
+:func:`attach` when imported (hwplug's own kernel plugin imports it before any hook
+runs), so discovery passes it to ``hwplug_register_kernels`` without core importing it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from hwplug.errors import PluginError
 from hwplug.registry import Registry
 
 attention_backends: Registry[Any] = Registry("attention backend")
 quant_methods: Registry[Any] = Registry("quantization method")
 connectors: Registry[Any] = Registry("connector")
 models: Registry[Any] = Registry("model architecture")
+
+#: Registration hook name -> the registry its implementations fill.
+_BY_HOOK: dict[str, Registry[Any]] = {
+    "hwplug_register_attention_backends": attention_backends,
+    "hwplug_register_quant_methods": quant_methods,
+    "hwplug_register_connectors": connectors,
+    "hwplug_register_models": models,
+}
+#: Every registration hook, in the order discovery calls them.
+REGISTRATION_HOOKS = (
+    "hwplug_register_attention_backends",
+    "hwplug_register_kernels",
+    "hwplug_register_quant_methods",
+    "hwplug_register_connectors",
+    "hwplug_register_models",
+)
+
+
+def attach(hook: str, registry: Registry[Any]) -> None:
+    """Make ``registry`` the one passed to registration hook ``hook``."""
+    if hook not in REGISTRATION_HOOKS:
+        raise PluginError(f"{hook!r} is not a registration hook; hooks: "
+                          f"{', '.join(REGISTRATION_HOOKS)}")
+    _BY_HOOK[hook] = registry
+
+
+def for_hook(hook: str) -> Registry[Any]:
+    """The registry hook ``hook`` fills; :class:`PluginError` when none is attached (the
+    kernel registry attaches on import, which hwplug's own plugins guarantee)."""
+    try:
+        return _BY_HOOK[hook]
+    except KeyError:
+        raise PluginError(f"no registry is attached for {hook}: hwplug's own entry points are "
+                          "missing (reinstall hwplug)") from None
+
+
+def every() -> list[Registry[Any]]:
+    """Every attached registry."""
+    return list(_BY_HOOK.values())

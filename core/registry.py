@@ -3,8 +3,9 @@
 Attention backends, quant methods, connectors, kernel variants and model architectures
 are each kept in a ``Registry``. An entry holds an object or a lazy ``"module:attr"``
 string imported on first :meth:`Registry.get`. Entries have a lifecycle: active,
-deprecated (warns once, names the replacement) or removed (a tombstone whose lookup
-raises :class:`~hwplug.errors.RemovedError` naming the replacement). Registries are
+deprecated (warns once, names the replacement; an old name kept for a renamed entry is a
+deprecated *alias*) or removed (a tombstone whose lookup raises
+:class:`~hwplug.errors.RemovedError` naming the replacement). Registries are
 thread-safe and keep a ``version`` counter that changes on every mutation, so caches
 built on them can tell when to rebuild.
 """
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from hwplug.errors import DuplicateNameError, RemovedError, UnknownNameError
+from hwplug.errors import ConfigError, DuplicateNameError, RemovedError, UnknownNameError
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def import_object(path: str) -> Any:
     """Import ``"package.module:attr.sub"`` and return the attribute."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"expected 'module:attribute', got {path!r}")
+        raise ConfigError(f"expected 'module:attribute', got {path!r}")
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
@@ -44,7 +45,8 @@ def import_object(path: str) -> Any:
 
 @dataclass
 class Entry(Generic[T]):
-    """One registered name. ``target`` is the object or its lazy ``module:attr`` path."""
+    """One registered name. ``target`` is the object or its lazy ``module:attr`` path; an
+    alias's target is the name it stands for."""
 
     name: str
     target: T | str
@@ -52,6 +54,7 @@ class Entry(Generic[T]):
     status: Status = "active"
     replacement: str | None = None
     warned: bool = False
+    alias: bool = False
 
     @property
     def is_lazy(self) -> bool:
@@ -61,9 +64,8 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A thread-safe table of named entries of one ``kind`` (e.g. "attention backend")."""
 
-    def __init__(self, kind: str, *, lazy_strings: bool = True) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._lazy_strings = lazy_strings
         self._entries: dict[str, Entry[T]] = {}
         self._lock = threading.RLock()
         self.version = 0
@@ -71,7 +73,7 @@ class Registry(Generic[T]):
     def register(self, name: str, target: T | str, *, override: bool = False) -> None:
         """Register ``target`` under ``name``; a second registration needs ``override=True``."""
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+            raise ConfigError(f"{self.kind} name must be a non-empty string, got {name!r}")
         source = current_source.get()
         with self._lock:
             old = self._entries.get(name)
@@ -89,6 +91,15 @@ class Registry(Generic[T]):
         """Keep ``name`` working but warn once per process that ``replacement`` supersedes it."""
         with self._lock:
             self._entry(name).status, self._entry(name).replacement = "deprecated", replacement
+            self._changed()
+
+    def alias(self, name: str, replacement: str) -> None:
+        """Keep the old ``name`` of a renamed entry: looking it up warns once and returns
+        ``replacement``'s object. Listings (:meth:`names`) leave aliases out."""
+        with self._lock:
+            self._entry(replacement)  # unknown -> lists the registered names
+            self._entries[name] = Entry(name, replacement, current_source.get(), "deprecated",
+                                        replacement, alias=True)
             self._changed()
 
     def remove(self, name: str, replacement: str | None = None) -> None:
@@ -122,11 +133,21 @@ class Registry(Generic[T]):
             entry.warned = True
             logger.warning("%s %r is deprecated; use %r instead", self.kind, name,
                            entry.replacement)
-        if entry.is_lazy and self._lazy_strings:
+        if entry.alias:
+            return self.get(str(entry.target))
+        if entry.is_lazy:
             with self._lock:
                 if isinstance(entry.target, str):
                     entry.target = import_object(entry.target)
         return entry.target  # type: ignore[return-value]
+
+    def current_name(self, name: str) -> str:
+        """``name``, or for a deprecated alias the name it stands for (warning once)."""
+        entry = self._entries.get(name)
+        if entry is None or not entry.alias:
+            return name
+        self.get(name)  # the deprecation warning
+        return str(entry.target)
 
     def entry(self, name: str) -> Entry[T]:
         """The raw entry (no import, no lifecycle check), for listings and explanations."""
@@ -138,10 +159,11 @@ class Registry(Generic[T]):
         except KeyError:
             raise UnknownNameError(self.kind, name, self.names()) from None
 
-    def names(self, *, include_removed: bool = False) -> list[str]:
+    def names(self) -> list[str]:
+        """Names that can be looked up, aliases and removed names left out."""
         with self._lock:
             return [n for n, e in self._entries.items()
-                    if include_removed or e.status != "removed"]
+                    if e.status != "removed" and not e.alias]
 
     def entries(self) -> list[Entry[T]]:
         with self._lock:

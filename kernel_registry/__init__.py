@@ -6,11 +6,13 @@ variants from their ``hwplug_register_kernels(registry)`` hook or with the
 ``@kernels.variant(op, ...)`` decorator. Importing this package does not import torch.
 """
 
+from hwplug import registries
 from hwplug.kernel_registry.registry import REFERENCE, Explanation, KernelRegistry
 from hwplug.kernel_registry.variant import Variant
 
 #: The process-wide kernel registry (passed to ``hwplug_register_kernels``).
 kernels = KernelRegistry()
+registries.attach("hwplug_register_kernels", kernels)
 
 from hwplug.kernel_registry import ops  # noqa: E402  (defines the ops on `kernels`)
 

@@ -103,7 +103,7 @@ class Op:
 
     def _resolve(self, key: tuple[Any, ...]) -> Callable[..., Any]:
         from hwplug.discovery import current_platform
-        from hwplug.platform import dtype_name
+        from hwplug.dtypes import dtype_name
 
         device, dtype, bucket = key
         device_type = device.type

@@ -8,7 +8,16 @@ input dtype. All ops are functional except ``reshape_and_cache``, which writes i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 from hwplug.kernel_registry import kernels
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["build_cos_sin_cache", "gelu_and_mul", "linear", "paged_attention", "reshape_and_cache",
+           "rms_norm", "rotary_embedding", "scaled_mm", "silu_and_mul"]
 
 _REF = "hwplug.kernel_registry.reference:"
 _ELEMENTWISE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-3), "bfloat16": (1.6e-2, 1.6e-2)}
@@ -28,7 +37,7 @@ rotary_embedding(positions [T] int64, query [T, Hq, D], key [T, Hkv, D],
                  cos_sin_cache [max_pos, rot_dim] fp32, is_neox) -> (query, key)
     Rotates the first rot_dim dims of each head by the angle of its position; cos in the
     first rot_dim/2 columns of the cache, sin in the rest. neox pairs (i, i + rot_dim/2),
-    gptj pairs (2i, 2i + 1). Build the cache with reference.build_cos_sin_cache.
+    gptj pairs (2i, 2i + 1). Build the cache with ops.build_cos_sin_cache.
 """)
 
 silu_and_mul = kernels.define_op("silu_and_mul", _REF + "silu_and_mul",
@@ -79,3 +88,12 @@ scaled_mm(a [M, K], b [K, N], scale_a (scalar or [M, 1]) fp32, scale_b (scalar o
           fp32, out_dtype, bias [N] | None = None) -> [M, N]
     ((a.float() * scale_a) @ (b.float() * scale_b) + bias).to(out_dtype)
 """)
+
+
+def build_cos_sin_cache(rot_dim: int, max_position: int, base: float,
+                        rope_scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """The ``cos_sin_cache`` ``rotary_embedding`` reads (see
+    :func:`hwplug.kernel_registry.reference.rotary.build_cos_sin_cache`)."""
+    from hwplug.kernel_registry.reference import rotary
+
+    return rotary.build_cos_sin_cache(rot_dim, max_position, base, rope_scaling)

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hwplug import envs
-from hwplug.errors import ConfigError, UnknownNameError
+from hwplug.errors import ConfigError, DuplicateNameError, UnknownNameError
 from hwplug.kernel_registry.dispatch import Op
 from hwplug.kernel_registry.variant import Variant
 from hwplug.registry import Registry, current_source
 
 if TYPE_CHECKING:
-    from hwplug.platform import Platform
+    from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,11 @@ class Explanation:
 class KernelRegistry(Registry[Variant]):
     """Kernel variants keyed ``"op/variant"``, and the :class:`Op` objects that dispatch."""
 
+    #: Name of every op's pure-torch reference variant (the conformance oracle).
+    REFERENCE = REFERENCE
+
     def __init__(self) -> None:
-        super().__init__("kernel variant", lazy_strings=False)
+        super().__init__("kernel variant")
         self._ops: dict[str, Op] = {}
 
     # --- declaring ops and variants -----------------------------------------------
@@ -55,7 +58,7 @@ class KernelRegistry(Registry[Variant]):
         ``dispatch_arg`` is the positional argument whose device, dtype and leading
         dimension (num_tokens) form the dispatch key."""
         if name in self._ops:
-            raise ValueError(f"op {name!r} is already defined")
+            raise DuplicateNameError(f"op {name!r} is already defined")
         op = Op(self, name, doc, tolerances, dispatch_arg)
         self._ops[name] = op
         token = current_source.set("code")
@@ -133,19 +136,19 @@ class KernelRegistry(Registry[Variant]):
                 result.chain.append(variant)
             else:
                 result.rejected[variant.name] = reason
-        if envs.HWPLUG_KERNEL_STRICT and len(result.chain) > 1:
+        if envs.HWPLUG_STRICT_KERNELS and len(result.chain) > 1:
             for variant in result.chain[1:]:
-                result.rejected[variant.name] = "no fallback: HWPLUG_KERNEL_STRICT is set"
+                result.rejected[variant.name] = "no fallback: HWPLUG_STRICT_KERNELS is set"
             del result.chain[1:]
         return result
 
     def _preferred_order(self, op: str) -> list[Variant]:
         variants = self.variants(op)
-        preferred = envs.HWPLUG_KERNEL_PREFER.get(op, ())
+        preferred = envs.HWPLUG_PREFERRED_KERNELS.get(op, ())
         names = [v.name for v in variants]
         unknown = [p for p in preferred if p not in names]
         if unknown:
-            raise ConfigError(f"HWPLUG_KERNEL_PREFER names unknown variants of {op}: "
+            raise ConfigError(f"HWPLUG_PREFERRED_KERNELS names unknown variants of {op}: "
                               f"{', '.join(unknown)}; known: {', '.join(names)}")
         rank = {name: index for index, name in enumerate(preferred)}
         return sorted(variants, key=lambda v: rank.get(v.name, len(rank)))

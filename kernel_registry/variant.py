@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from hwplug.platform import DeviceCapability
+from hwplug.platform_interface import DeviceCapability
 
 if TYPE_CHECKING:
-    from hwplug.platform import Platform
+    from hwplug.platform_interface import Platform
 
 #: ``supports(*args, **kwargs)`` of a variant: None if it can serve this call, else why not.
 SupportsFn = Callable[..., "str | None"]
@@ -24,10 +24,12 @@ class Variant:
     """An implementation of ``op`` and the facts that decide where it may run.
 
     ``impl`` is the callable or a lazy ``"module:function"`` (imported when first chosen).
-    Facts checked once per dispatch key: ``platforms`` (empty = any platform, on any
-    device), ``dtypes`` (of the op's first tensor; empty = any), capability range,
-    ``min_toolkit`` and ``packages`` version gates, and the ``num_tokens`` range
-    ``[low, high)`` of the first tensor's leading dimension. ``supports`` (a callable or a
+    Facts checked once per dispatch key: ``platforms`` (platform or family names, see
+    :meth:`~hwplug.Platform.matches`; empty = any platform, on any device), ``dtypes`` (of
+    the op's dispatch tensor; empty = any), ``features`` the device must have (its
+    :attr:`~hwplug.Platform.facts`), capability range, ``min_toolkit`` and ``packages``
+    version gates, and the ``num_tokens`` range ``[low, high)`` of the dispatch tensor's
+    leading dimension. ``supports`` (a callable or a
     lazy ``"module:function"``, imported with ``impl``) is checked on every call for what
     only the call's shapes can tell; leave it None where possible.
     """
@@ -38,6 +40,7 @@ class Variant:
     priority: int = 0
     platforms: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
     min_capability: str | None = None
     max_capability: str | None = None
     min_toolkit: str | None = None
@@ -63,19 +66,26 @@ class Variant:
                          num_tokens: int | None) -> str | None:
         """Why this variant cannot serve the dispatch key, or None if it can."""
         if self.platforms:
-            if platform.name not in self.platforms:
+            if not platform.matches(self.platforms):
                 return f"serves platform {', '.join(self.platforms)}, not {platform.name}"
             if device_type != platform.device_type:
                 return f"needs tensors on {platform.device_type}, got {device_type}"
         if self.dtypes and dtype not in self.dtypes:
             return f"dtype {dtype} not in {', '.join(self.dtypes)}"
-        return (self._capability_rejection(platform) or self._version_rejection(platform)
-                or self._tokens_rejection(num_tokens))
+        return (self._feature_rejection(platform) or self._capability_rejection(platform)
+                or self._version_rejection(platform) or self._tokens_rejection(num_tokens))
+
+    def _feature_rejection(self, platform: Platform) -> str | None:
+        missing = [f for f in self.features if f not in platform.facts.features]
+        if not missing:
+            return None
+        present = ", ".join(sorted(platform.facts.features)) or "none"
+        return f"needs device feature {', '.join(missing)} ({platform.name} has: {present})"
 
     def _capability_rejection(self, platform: Platform) -> str | None:
         if self.min_capability is None and self.max_capability is None:
             return None
-        current = platform.get_device_capability()
+        current = platform.facts.capability
         if current is None:
             return "needs a device capability; the platform reports none"
         if self.min_capability and current < DeviceCapability.parse(self.min_capability):

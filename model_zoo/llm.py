@@ -70,8 +70,9 @@ class TextStream:
 class LLM:
     """A loaded model and its engine.
 
-    ``dtype`` is the compute dtype (``float32``, ``bfloat16``, ``float16``) and
-    ``kv_cache_dtype`` the cache's (default: ``dtype``). At most ``max_num_seqs``
+    ``dtype`` is the compute dtype (``float32``, ``bfloat16``, ``float16``; ``auto``, the
+    default, is the platform's best dtype the checkpoint allows: fp32 on a CPU without bf16
+    arithmetic, bf16 on a GPU) and ``kv_cache_dtype`` the cache's (default: ``dtype``). At most ``max_num_seqs``
     sequences run at once and a step computes at most ``max_num_batched_tokens`` tokens
     (longer prompts are prefilled in chunks). ``num_kv_blocks`` sizes the KV cache: a
     block count, a fraction in (0, 1) of the platform's free memory, or None for
@@ -80,7 +81,7 @@ class LLM:
     their own.
     """
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, *, dtype: str = "float32",
+    def __init__(self, model: str | os.PathLike[str] | None = None, *, dtype: str = "auto",
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  block_size: int | None = None, num_kv_blocks: int | float | None = None,
                  attention_backend: str | None = None, kv_cache_dtype: str | None = None,
@@ -98,16 +99,16 @@ class LLM:
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.max_model_len = int(self.hf_config.max_position_embeddings)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        engine = self.ctx.engine
+        config = self.ctx.engine_config
         num_blocks = self._num_kv_blocks(num_kv_blocks)
-        logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, engine.block_size,
-                    engine.kv_cache_dtype)
+        logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, config.block_size,
+                    config.kv_cache_dtype)
         generator = torch.Generator(self.ctx.device)
         if seed is None:
             generator.seed()
         else:
             generator.manual_seed(seed)
-        self.block_manager = BlockManager(num_blocks, engine.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, self.ctx, num_blocks, generator)
         self.engine = LLMEngine(
             self.runner,
@@ -125,11 +126,11 @@ class LLM:
 
     @property
     def attention_backend(self) -> str:
-        return str(self.ctx.engine.attention_backend)
+        return str(self.ctx.engine_config.attention_backend)
 
     @property
     def dtype(self) -> str:
-        return self.ctx.engine.dtype
+        return self.ctx.engine_config.dtype
 
     def _num_kv_blocks(self, requested: int | float | None) -> int:
         """Blocks per layer: as requested, or the memory share capped at what
@@ -143,7 +144,7 @@ class LLM:
         if not 0 < fraction < 1:
             raise ConfigError(f"num_kv_blocks as a fraction of free memory must be in (0, 1), "
                               f"got {fraction}")
-        block_size = self.ctx.engine.block_size
+        block_size = self.ctx.engine_config.block_size
         per_seq = -(-self.max_model_len // block_size)
         if self.is_encoder:  # one batch at a time, freed after it
             useful = -(-max(self.max_num_batched_tokens, self.max_model_len) // block_size)

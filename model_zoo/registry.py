@@ -29,11 +29,3 @@ def get_model_class(architecture: str) -> Any:
                                _HOW_TO)
     return registries.models.get(architecture)
 
-
-def model_sources() -> dict[str, str]:
-    """Each registered architecture and where it came from (for ``hwplug models``)."""
-    from hwplug.discovery import current_platform
-
-    current_platform()
-    return {e.name: f"{e.target if isinstance(e.target, str) else e.target.__module__} "
-                    f"({e.source})" for e in registries.models.entries() if e.status != "removed"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,13 @@ def read_hex(path: Path) -> int | None:
         return None
 
 
+def machine(root: Path) -> str:
+    """The host's architecture (``x86_64``, ``aarch64``): ``/proc/sys/kernel/arch`` under
+    ``root``, else :func:`platform.machine` (kernels before 4.16 lack the file)."""
+    text = (read_text(root / "proc/sys/kernel/arch") or "").strip()
+    return text or platform.machine()
+
+
 def parse_fields(text: str, sep: str | None = ":") -> dict[str, str]:
     """``key<sep>value`` lines as a dict (stripped; the first occurrence of a key wins).
 
@@ -51,6 +59,19 @@ def parse_fields(text: str, sep: str | None = ":") -> dict[str, str]:
         if len(parts) == 2 and parts[0].strip():
             fields.setdefault(parts[0].strip(), parts[1].strip())
     return fields
+
+
+def cpuinfo_blocks(root: Path) -> list[dict[str, str]]:
+    """The ``processor`` blocks of ``/proc/cpuinfo`` under ``root`` as field dicts (one
+    per logical CPU); empty when the file is missing (macOS) or holds none."""
+    text = read_text(root / "proc/cpuinfo") or ""
+    return [fields for block in text.split("\n\n")
+            if "processor" in (fields := parse_fields(block))]
+
+
+def shared_words(blocks: list[dict[str, str]], key: str) -> set[str]:
+    """The words of field ``key`` (``flags``, ``Features``) that every block has."""
+    return set.intersection(*(set(b.get(key, "").split()) for b in blocks)) if blocks else set()
 
 
 def numbered(directory: Path, prefix: str = "") -> list[Path]:

@@ -1,31 +1,32 @@
 """Probe for Arm CPUs (served by the ``cpu-arm`` platform of hwplug-cpu-arm).
 
-The host is Arm when ``machine`` (default :func:`platform.machine`; not root-relative)
-is ``aarch64`` or ``arm64``. ``/proc/cpuinfo`` under ``root``, where readable, then
+The host is Arm when ``machine`` (default: ``/proc/sys/kernel/arch`` under ``root``, else
+:func:`platform.machine`) is ``aarch64`` or ``arm64``. ``/proc/cpuinfo`` under ``root``, where readable, then
 names the cores: each ``processor`` block's ``CPU implementer`` and ``CPU part`` are
 looked up in small tables of well-known cores, and its ``Features`` line gives the
 vector and matrix extensions hwplug cares about (:data:`FEATURES`).
 
 The sighting's ``devices`` are the distinct core names, ``count`` the logical CPUs, and
 ``details`` holds ``core`` (the first core's name), ``implementer`` and ``part`` (hex
-ids), and ``features`` (space-separated, only those every core has). Without a readable
+ids), and ``features`` (space-separated: the architecture, then those of :data:`FEATURES`
+every core has). Without a readable
 cpuinfo (macOS) the one device is an ``"Arm CPU"`` and ``count`` is :func:`os.cpu_count`.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 
-from hwplug.platforms._sysfs import parse_fields, read_text
+from hwplug.platforms._sysfs import cpuinfo_blocks, shared_words
+from hwplug.platforms._sysfs import machine as host_machine
 from hwplug.platforms.sighting import DeviceKind, Sighting
 
 KIND = DeviceKind(name="cpu-arm", vendor="arm", plugin_extra="cpu-arm")
 ARM_MACHINES = ("aarch64", "arm64")
 GENERIC_NAME = "Arm CPU"
-FEATURES = ("asimd", "sve", "sve2", "bf16", "i8mm")
+FEATURES = ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm", "sme")
 IMPLEMENTERS: Mapping[int, str] = {0x41: "Arm", 0x4E: "NVIDIA", 0x61: "Apple", 0xC0: "Ampere"}
 #: ``CPU part`` of cores designed by Arm (implementer 0x41).
 ARM_PARTS: Mapping[int, str] = {
@@ -40,19 +41,19 @@ def probe(root: Path = Path("/"), *, environ: Mapping[str, str] | None = None,
 
     ``environ`` is accepted for the common probe signature and not consulted.
     """
-    machine = platform.machine() if machine is None else machine
+    machine = host_machine(root) if machine is None else machine
     if machine.lower() not in ARM_MACHINES:
         return None
     cpuinfo = root / "proc/cpuinfo"
-    blocks = [fields for block in (read_text(cpuinfo) or "").split("\n\n")
-              if "processor" in (fields := parse_fields(block))]
+    blocks = cpuinfo_blocks(root)
     if not blocks:
         return KIND.sighting([GENERIC_NAME], f"machine type {machine}",
                              count=os.cpu_count() or 1, details={"core": GENERIC_NAME})
     cores = [core_name(b.get("CPU implementer", ""), b.get("CPU part", "")) for b in blocks]
-    shared = set.intersection(*(set(b.get("Features", "").split()) for b in blocks))
+    shared = shared_words(blocks, "Features")
     ids = {"implementer": blocks[0].get("CPU implementer"), "part": blocks[0].get("CPU part")}
-    details = {"core": cores[0], "features": " ".join(f for f in FEATURES if f in shared),
+    features = ["aarch64", *(f for f in FEATURES if f in shared)]  # arm64 is aarch64
+    details = {"core": cores[0], "features": " ".join(features),
                **{key: value for key, value in ids.items() if value}}
     return KIND.sighting(list(dict.fromkeys(cores)), cpuinfo, count=len(blocks), details=details)
 

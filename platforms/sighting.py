@@ -1,11 +1,13 @@
-"""What a hardware probe saw, and which hwplug plugin serves that hardware."""
+"""What a hardware probe saw, which hwplug plugin serves that hardware, and the answer a
+``hwplug.platforms`` entry point gives discovery (:class:`Activation`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -16,8 +18,11 @@ class Sighting:
         vendor: who makes it (``"nvidia"``).
         device_kind: the platform name its plugin registers (``"cuda"``, ``"rocm"``,
             ``"xpu"``, ``"tpu"``, ``"cpu-arm"``); also the ``HWPLUG_PLATFORM`` value.
-        plugin_extra: the ``hwplug`` extra that installs the plugin (``"rocm-aiter"``).
-        plugin_distribution: the plugin's distribution name (``"hwplug-rocm-aiter"``).
+        plugin_extra: the ``hwplug`` extra that installs the plugin (``"rocm-aiter"``);
+            None where no extra names it (any CPU, which hwplug serves itself; a
+            third-party plugin).
+        plugin_distribution: the distribution that serves it (``"hwplug-rocm-aiter"``,
+            ``"hwplug"``).
         devices: names, or PCI ids where no name is known, of what was seen.
         count: how many devices (GPUs, chips, logical CPUs) the plugin's runtime will see.
         evidence: the file (or fact) that proved the hardware is there.
@@ -26,7 +31,7 @@ class Sighting:
 
     vendor: str
     device_kind: str
-    plugin_extra: str
+    plugin_extra: str | None
     plugin_distribution: str
     devices: tuple[str, ...]
     count: int
@@ -40,7 +45,8 @@ class Sighting:
     @property
     def install_hint(self) -> str:
         """The command that installs the plugin: ``pip install "hwplug[rocm-aiter]"``."""
-        return f'pip install "hwplug[{self.plugin_extra}]"'
+        return f'pip install "hwplug[{self.plugin_extra}]"' if self.plugin_extra else (
+            f"pip install {self.plugin_distribution}")
 
 
 @dataclass(frozen=True)
@@ -53,11 +59,11 @@ class DeviceKind:
 
     name: str
     vendor: str
-    plugin_extra: str
+    plugin_extra: str | None
 
     @property
     def plugin_distribution(self) -> str:
-        return f"hwplug-{self.plugin_extra}"
+        return f"hwplug-{self.plugin_extra}" if self.plugin_extra else "hwplug"
 
     def sighting(self, devices: Iterable[str], evidence: Path | str, count: int | None = None,
                  details: Mapping[str, str] | None = None) -> Sighting:
@@ -66,3 +72,30 @@ class DeviceKind:
         return Sighting(self.vendor, self.name, self.plugin_extra, self.plugin_distribution,
                         devices, len(devices) if count is None else count, str(evidence),
                         details or {})
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What a ``hwplug.platforms`` entry point returns when its hardware is present: the
+    ``"module:Class"`` of its :class:`~hwplug.Platform` and the probe's sighting, which
+    discovery hands to the platform it creates (returning just the string is allowed and
+    gives a platform without a sighting)."""
+
+    platform: str
+    sighting: Sighting | None = None
+
+
+def activator(platform: str, probe: Callable[..., Sighting | None]
+              ) -> Callable[..., Activation | None]:
+    """A ``hwplug.platforms`` entry point: ``activate(root=Path("/"), **probe_options)``
+    runs ``probe(root, **probe_options)`` and answers ``Activation(platform, sighting)``
+    when it saw hardware, else None. A plugin's probe module is typically one line,
+    ``activate = activator("my_pkg.platform:MyPlatform", my_probe)``."""
+
+    def activate(root: Path = Path("/"), **probe_options: Any) -> Activation | None:
+        sighting = probe(root, **probe_options)
+        return Activation(platform, sighting) if sighting is not None else None
+
+    activate.__doc__ = f"Activation({platform!r}, sighting) when {probe.__module__} sees " \
+                       "hardware under root, else None."
+    return activate

@@ -1,26 +1,15 @@
-"""Shared fixtures: a clean discovery state and a private cache dir for every test session."""
+"""Fixtures of the core tests (the repository's conftest.py holds those plugins share)."""
 
 from __future__ import annotations
 
 import pytest
-
-from hwplug import discovery
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Converted tokenizers and weights go to a session temp dir, not the user's cache."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HWPLUG_CACHE_DIR", str(tmp_path_factory.mktemp("hwplug-cache")))
-    yield
-    mp.undo()
+from fake_dists import FakeSite, activate_site
 
 
 @pytest.fixture
-def fresh_discovery(monkeypatch: pytest.MonkeyPatch):
-    """Run the test against a fresh discovery, and leave a fresh one behind."""
-    for name in ("HWPLUG_PLATFORM", "HWPLUG_PLUGINS", "HWPLUG_STRICT_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
-    discovery.reset()
-    yield discovery
-    discovery.reset()
+def site(tmp_path, monkeypatch, fresh_discovery) -> FakeSite:
+    """A temporary site directory on sys.path, for fake distributions, with a fresh
+    discovery."""
+    fake = FakeSite(tmp_path / "site")
+    activate_site(fake, monkeypatch)
+    return fake

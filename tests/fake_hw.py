@@ -160,9 +160,20 @@ class ArmCore:
 
 
 def arm_cpuinfo(root: Path, cores: Sequence[ArmCore] = (ArmCore(),) * 4) -> Path:
-    """Write an aarch64 /proc/cpuinfo with one block per core; return its path."""
+    """Write an aarch64 host: /proc/cpuinfo with one block per core (its path is returned)
+    and /proc/sys/kernel/arch."""
+    write(root, "proc/sys/kernel/arch", "aarch64\n")
     blocks = [f"processor\t: {index}\nBogoMIPS\t: 2000.00\nFeatures\t: {core.features}\n"
               f"CPU implementer\t: {core.implementer:#04x}\nCPU architecture: 8\n"
               f"CPU variant\t: 0x0\nCPU part\t: {core.part:#05x}\nCPU revision\t: 0\n"
               for index, core in enumerate(cores)]
+    return write(root, "proc/cpuinfo", "\n".join(blocks))
+
+
+def x86_cpuinfo(root: Path, flags: str, cpus: int = 2, model: str = "AMD EPYC 9654") -> Path:
+    """Write an x86_64 host: /proc/cpuinfo with ``cpus`` blocks of ``flags`` (its path is
+    returned) and /proc/sys/kernel/arch."""
+    write(root, "proc/sys/kernel/arch", "x86_64\n")
+    blocks = [f"processor\t: {index}\nvendor_id\t: AuthenticAMD\nmodel name\t: {model}\n"
+              f"flags\t\t: {flags}\n" for index in range(cpus)]
     return write(root, "proc/cpuinfo", "\n".join(blocks))

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from hwplug.attention import AttentionMetadata
+from hwplug.dtypes import torch_dtype
 from hwplug.model_zoo.context import ModelContext
-from hwplug.platform import torch_dtype
 
 
 @dataclass
@@ -35,7 +35,7 @@ class PagedBatch:
 
     def __init__(self, ctx: ModelContext, num_layers: int, num_seqs: int, max_len: int,
                  seed: int = 0) -> None:
-        engine = ctx.engine
+        engine = ctx.engine_config
         self.block_size = engine.block_size
         blocks_per_seq = math.ceil(max_len / self.block_size)
         num_blocks = num_seqs * blocks_per_seq

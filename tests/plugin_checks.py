@@ -2,7 +2,7 @@
 
 Hardware is simulated at the probe boundary only: a plugin's ``activate`` entry point is
 called with the root of a fake ``/proc`` + ``/sys`` tree (``fake_hw``) and the vendor
-probe's options.
+probe's options, and platforms are made by discovery itself, pointed at that tree.
 """
 
 from __future__ import annotations
@@ -13,22 +13,40 @@ from typing import Any
 
 import pytest
 
-from hwplug.attention import AttentionSpec, select_backend
+from hwplug import discovery
+from hwplug.attention import AttentionSpec
+from hwplug.attention_selection import select_backend
 from hwplug.config import EngineConfig
 from hwplug.errors import UnsupportedError
-from hwplug.platform import Platform
+from hwplug.platform_interface import Platform
 from hwplug.registry import import_object
 
 
 def check_activate(name: str, root: Path, expected: str | None, platform_cls: type[Platform],
                    **probe_options: Any) -> None:
     """The ``hwplug.platforms`` entry point ``name``, asked about the tree at ``root``,
-    answers ``expected`` (the ``"module:Class"`` of ``platform_cls``, or None)."""
+    answers ``expected`` (the ``"module:Class"`` of ``platform_cls`` with the probe's
+    sighting of that tree, or None)."""
     (ep,) = [ep for ep in entry_points(group="hwplug.platforms") if ep.name == name]
-    target = ep.load()(root, **probe_options)
-    assert target == expected
-    if target is not None:
-        assert import_object(target) is platform_cls and platform_cls.name == ep.name
+    answer = ep.load()(root, **probe_options)
+    assert (answer.platform if answer is not None else None) == expected
+    if answer is not None:
+        assert import_object(answer.platform) is platform_cls and platform_cls.name == ep.name
+        assert answer.sighting.device_kind == name
+        assert answer.sighting.evidence.startswith(str(root)), answer.sighting.evidence
+
+
+def discovered(monkeypatch: pytest.MonkeyPatch, root: Path, name: str) -> Platform:
+    """The platform discovery makes when ``HWPLUG_PLATFORM=name`` and the probes read the
+    fake tree at ``root``, as production makes it: with its probe's sighting. Use it with
+    the ``fresh_discovery`` fixture, which resets discovery after the test."""
+    monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(root))
+    monkeypatch.setenv("HWPLUG_PLATFORM", name)
+    discovery.reset()
+    platform = discovery.current_platform()
+    assert platform.name == name and platform.sighting is not None
+    assert platform.sighting.evidence.startswith(str(root)), platform.sighting.evidence
+    return platform
 
 
 def check_no_attention_backend(platform: Platform, num_heads: int, num_kv_heads: int,

@@ -28,7 +28,7 @@ def test_info_json_reports_platform_plugins_and_settings():
     plugins = {p["name"]: p for p in data["plugins"]}
     assert plugins["cuda"]["status"] == "loaded"
     assert plugins["cuda"]["distribution"] == "hwplug-cuda"
-    assert "REFERENCE" in data["registries"]["attention_backends"]
+    assert "TORCH_PAGED" in data["registries"]["attention_backends"]
     assert "TRITON_ATTN" in data["registries"]["attention_backends"]
     assert "triton" in data["registries"]["kernels"]["rms_norm"]
     assert data["settings"]["HWPLUG_PLATFORM"] is None
@@ -62,3 +62,35 @@ def test_models_lists_builtin_architectures(command):
     out = run(command, "--json")
     assert out.returncode == 0, out.stderr
     assert "LlamaForCausalLM" in json.loads(out.stdout)
+
+
+def test_an_unexpected_error_is_one_line_and_debug_adds_the_traceback(site, monkeypatch,
+                                                                      capsys):
+    from hwplug.cli import main
+
+    crash = site.module("crashing_command")
+    site.add("acme-cmd", {}, {crash: "def add_arguments(parser):\n    pass\n\n"
+                                     "def run(args, console):\n"
+                                     "    raise RuntimeError('vendor library crashed')\n"})
+    monkeypatch.setitem(main.COMMANDS, "crash", (crash, "a command that crashes"))
+    assert main.main(["crash"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: internal error (RuntimeError): vendor library crashed (run with --debug for "
+        "the traceback)"]
+    for argv, env in ((["crash", "--debug"], None), (["--debug", "crash"], None),
+                      (["crash"], "1")):
+        if env:
+            monkeypatch.setenv("HWPLUG_DEBUG", env)
+        assert main.main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and err.rstrip().endswith(
+            "error: internal error (RuntimeError): vendor library crashed"), err
+
+
+def test_a_typed_error_is_one_line_without_a_traceback():
+    out = run("kernels", "--op", "no_such_op")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: UnknownNameError: unknown op 'no_such_op'; registered: gelu_and_mul, linear, "
+        "paged_attention, reshape_and_cache, rms_norm, rotary_embedding, scaled_mm, "
+        "silu_and_mul"]

@@ -28,7 +28,7 @@ def test_generate_streams_text_then_reports_speed_and_kernels():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
     assert "8 tokens in" in out.stderr and "tokens/s" in out.stderr
-    assert "platform cpu, attention backend REFERENCE" in out.stderr
+    assert "platform cpu, attention backend TORCH_PAGED" in out.stderr
     # prefill goes to the reference, decode steps to the CPU decode variant; ops the
     # model never calls are not listed
     assert "paged_attention=reference+sdpa_decode" in out.stderr

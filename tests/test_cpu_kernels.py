@@ -1,4 +1,5 @@
-"""The built-in cpu platform's ``linear/onednn_packed`` variant against the reference op."""
+"""The built-in cpu platform's oneDNN ``linear`` variants: where they serve, and against the
+reference op."""
 
 from __future__ import annotations
 
@@ -19,23 +20,36 @@ def assert_matches_reference(x, weight, bias=None):
                                atol=atol, rtol=rtol)
 
 
-def test_linear_on_cpu_chooses_onednn_for_fp32_and_bf16_only(fresh_discovery):
+def test_linear_on_cpu_chooses_onednn_by_dtype_and_the_cpus_features(fresh_discovery):
     assert explain_linear("float32").chosen.name == "onednn_packed"
-    assert explain_linear("bfloat16").chosen.name == "onednn_packed"
+    bf16 = explain_linear("bfloat16")
+    if "bf16" in current_platform().facts.features:
+        assert bf16.chosen.name == "onednn_packed_bf16"
+    else:  # no bf16 arithmetic: oneDNN's bf16 path is not offered
+        assert bf16.chosen.name == "reference"
+        assert bf16.rejected["onednn_packed_bf16"].startswith("needs device feature bf16")
     assert "dtype float16" in explain_linear("float16").rejected["onednn_packed"]
 
 
-def test_bf16_linear_matches_reference_or_declines_naming_the_missing_instructions(
-        fresh_discovery):
-    from hwplug.platforms import cpu_onednn
+def test_a_cpu_with_bf16_arithmetic_ranks_bf16_first_and_gets_onednn_bf16(
+        tmp_path, monkeypatch, fresh_discovery):
+    from fake_hw import x86_cpuinfo
 
+    x86_cpuinfo(tmp_path, "fpu sse avx2 fma avx512f avx512_bf16 amx_tile amx_bf16", cpus=4,
+                model="Intel(R) Xeon(R) Platinum 8480+")
+    monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(tmp_path))
+    platform = fresh_discovery.current_platform()
+    assert platform.name == "cpu" and platform.facts.device_name.startswith("Intel(R) Xeon")
+    assert {"x86_64", "avx512_bf16", "amx_bf16", "bf16"} <= platform.facts.features
+    assert platform.facts.supported_dtypes[0] == "bfloat16"
+    why = kernels.explain("linear", platform, "cpu", "bfloat16")
+    assert why.chosen.name == "onednn_packed_bf16"
+
+
+def test_bf16_linear_matches_reference(fresh_discovery):
     gen = torch.Generator().manual_seed(3)
     x, weight = (torch.randn(4, 64, generator=gen).bfloat16(),
                  (torch.randn(48, 64, generator=gen) / 8).bfloat16())
-    reason = cpu_onednn.supported(x, weight)
-    assert (reason is None) == cpu_onednn.BF16_SUPPORTED
-    if reason is not None:
-        assert "no bf16 matmul instructions" in reason
     assert_matches_reference(x, weight)
 
 

@@ -6,81 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from fake_dists import FakeSite, activate_site
+from fake_dists import add_platform, good_plugin
 
 from hwplug import registries
 from hwplug.errors import ConfigError, PlatformError, PluginError
 from hwplug.kernel_registry import kernels
-
-PLATFORM_SRC = """
-from hwplug.platform import Platform
-
-class {cls}(Platform):
-    name = "{name}"
-    device_type = "cpu"
-    vendor = "acme"
-    is_accelerator = {accel}
-    priority = {priority}
-    supported_dtypes = ("float32",)
-    supported_kv_cache_dtypes = ("float32",)
-    attention_backend_priority = ("REFERENCE",)
-
-    def is_available(self):
-        return {available}
-
-def activate():
-    return {result}
-"""
-
-GOOD_PLUGIN_SRC = """
-from hwplug import hookimpl
-from hwplug.kernel_registry.reference import silu_and_mul
-
-hwplug_api_version = ">=1,<2"
-seen = []
-
-@hookimpl
-def hwplug_register_kernels(registry):
-    registry.register_variant("silu_and_mul", "{variant}", silu_and_mul,
-                              platforms=("{platform}",), priority=5)
-
-@hookimpl
-def hwplug_register_connectors(registry):
-    registry.register("{connector}", "hwplug.connector:Connector")
-
-@hookimpl
-def hwplug_platform_resolved(platform):
-    seen.append(platform.name)
-"""
-
-
-def add_platform(site: FakeSite, name: str, *, accel: bool = True, priority: int = 0,
-                 active: bool = True, available: bool = True,
-                 plugin_src: str | None = None) -> dict[str, str]:
-    """A distribution ``acme-<name>`` with a platform entry point and optionally a plugin."""
-    mod = site.module(f"acme_{name.replace('-', '_')}")
-    result = f'"{mod}:Plat"' if active else "None"
-    modules = {mod: PLATFORM_SRC.format(cls="Plat", name=name, accel=accel,
-                                        priority=priority, result=result,
-                                        available=available)}
-    eps = {"hwplug.platforms": {name: f"{mod}:activate"}}
-    if plugin_src is not None:
-        modules[mod + "_plugin"] = plugin_src
-        eps["hwplug.plugins"] = {name: mod + "_plugin"}
-    site.add(f"acme-{name}", eps, modules)
-    return {"platform": mod, "plugin": mod + "_plugin"}
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch, fresh_discovery) -> FakeSite:
-    fake = FakeSite(tmp_path / "site")
-    activate_site(fake, monkeypatch)
-    return fake
-
-
-def good_plugin(site: FakeSite, platform: str) -> str:
-    return GOOD_PLUGIN_SRC.format(variant=site.module("fast_silu"), platform=platform,
-                                  connector=site.module("conn"))
 
 
 def test_good_plugin_is_chosen_and_registers(site, fresh_discovery):

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from hwplug import envs
-from hwplug.attention import AttentionSpec, select_backend, settle_attention
+from hwplug.attention import AttentionSpec
+from hwplug.attention_selection import select_backend, settle_attention
 from hwplug.config import EngineConfig
 from hwplug.errors import (
     ConfigError,
@@ -19,8 +20,8 @@ from hwplug.errors import (
     UnknownNameError,
     UnsupportedError,
 )
-from hwplug.platform import DeviceCapability, Platform
-from hwplug.platforms.cpu import CpuPlatform
+from hwplug.platform_interface import DeviceCapability, Platform
+from hwplug.platforms.cpu.platform import CpuPlatform
 from hwplug.registry import Registry
 
 
@@ -55,9 +56,9 @@ def test_private_helpers_are_allowed():
 
 
 def test_backend_validate_explains_each_reason():
-    from hwplug.kernel_registry.attention_backend import ReferenceBackend
+    from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 
-    class Narrow(ReferenceBackend):
+    class Narrow(TorchPagedBackend):
         supported_head_sizes = (64, 128)
         supports_sliding_window = False
         supported_kv_cache_dtypes = ("float32",)
@@ -74,13 +75,13 @@ def test_backend_validate_explains_each_reason():
     assert "sliding window not supported" in reasons
     assert "KV-cache dtype bfloat16 not in float32" in reasons
     assert "6 query heads not a multiple of 4 KV heads" in reasons
-    assert ReferenceBackend.validate(AttentionSpec(8, 2, 64)) == []
+    assert TorchPagedBackend.validate(AttentionSpec(8, 2, 64)) == []
 
 
 def test_backend_selection_and_override(fresh_discovery, monkeypatch):
     platform = fresh_discovery.current_platform()
     spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_size=64)
-    assert select_backend(platform, spec).backend.get_name() == "REFERENCE"
+    assert select_backend(platform, spec).backend.get_name() == "TORCH_PAGED"
     monkeypatch.setenv("HWPLUG_ATTENTION_BACKEND", "NOPE")
     with pytest.raises(UnknownNameError, match="unknown attention backend 'NOPE'"):
         select_backend(platform, spec)
@@ -102,8 +103,8 @@ def test_block_size_is_settled_at_configuration(fresh_discovery, caplog):
     config = EngineConfig(num_heads=4, num_kv_heads=2, head_size=64)
     platform.check_and_update_config(config)
     assert (config.block_size, config.attention_backend, config.kv_cache_dtype) == (
-        16, "REFERENCE", "float32")
-    odd = EngineConfig(num_heads=4, num_kv_heads=2, head_size=64, block_size=24)
+        16, "TORCH_PAGED", "float32")
+    odd = EngineConfig(num_heads=4, num_kv_heads=2, head_size=64, dtype="float32", block_size=24)
     with caplog.at_level(logging.WARNING):
         settle_attention(platform, odd)
     assert odd.block_size == 16 and "block size 24 matches no registered" in caplog.text
@@ -160,11 +161,11 @@ def test_registry_lifecycle():
 def test_env_parsing_and_errors(monkeypatch):
     monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", " a, b ,")
     assert envs.HWPLUG_DISABLED_KERNELS == ("a", "b")
-    monkeypatch.setenv("HWPLUG_KERNEL_PREFER", "rms_norm=x|y")
-    assert envs.HWPLUG_KERNEL_PREFER == {"rms_norm": ("x", "y")}
-    monkeypatch.setenv("HWPLUG_KERNEL_PREFER", "rms_norm")
+    monkeypatch.setenv("HWPLUG_PREFERRED_KERNELS", "rms_norm=x|y")
+    assert envs.HWPLUG_PREFERRED_KERNELS == {"rms_norm": ("x", "y")}
+    monkeypatch.setenv("HWPLUG_PREFERRED_KERNELS", "rms_norm")
     with pytest.raises(ConfigError, match="expected op=variant"):
-        envs.get("HWPLUG_KERNEL_PREFER")
+        envs.get("HWPLUG_PREFERRED_KERNELS")
     monkeypatch.setenv("HWPLUG_LOG_LEVEL", "loud")
     with pytest.raises(ConfigError, match="debug, info, warning, error"):
         envs.get("HWPLUG_LOG_LEVEL")

@@ -9,7 +9,7 @@ import torch
 
 from hwplug.errors import ConfigError, DuplicateNameError, UnknownNameError, UnsupportedError
 from hwplug.kernel_registry import KernelRegistry, kernels
-from hwplug.platforms.cpu import CpuPlatform
+from hwplug.platforms.cpu.platform import CpuPlatform
 
 TOL = {"float32": (0.0, 0.0)}
 
@@ -109,10 +109,10 @@ def test_prefer_and_strict_policies(reg, monkeypatch):
     reg.register_variant("double", "a", tagged(1.0), priority=9,
                          supports=lambda x: "never" if x.numel() > 1 else None)
     reg.register_variant("double", "b", tagged(2.0), priority=1)
-    monkeypatch.setenv("HWPLUG_KERNEL_PREFER", "double=b")
+    monkeypatch.setenv("HWPLUG_PREFERRED_KERNELS", "double=b")
     assert reg.explain("double", CpuPlatform(), "cpu", "float32").chosen.name == "b"
-    monkeypatch.delenv("HWPLUG_KERNEL_PREFER")
-    monkeypatch.setenv("HWPLUG_KERNEL_STRICT", "1")
+    monkeypatch.delenv("HWPLUG_PREFERRED_KERNELS")
+    monkeypatch.setenv("HWPLUG_STRICT_KERNELS", "1")
     reg.op("double").invalidate()
     with pytest.raises(UnsupportedError, match="a: never"):
         reg.op("double")(torch.zeros(3))

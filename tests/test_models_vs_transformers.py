@@ -26,7 +26,7 @@ from hwplug import registries
 from hwplug.discovery import current_platform
 from hwplug.errors import ModelError
 from hwplug.kernel_registry import ops
-from hwplug.kernel_registry.attention_backend import ReferenceBackend
+from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug.model_zoo.context import build_model
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.registry import current_source
@@ -92,8 +92,8 @@ def random_sequences(vocab_size: int, lengths: tuple[int, ...]) -> list[torch.Te
     return [torch.randint(0, vocab_size, (n,), generator=generator) for n in lengths]
 
 
-class WriteFirstBackend(ReferenceBackend):
-    """REFERENCE attention that leaves the KV-cache write to the caller."""
+class WriteFirstBackend(TorchPagedBackend):
+    """TORCH_PAGED attention that leaves the KV-cache write to the caller."""
 
     updates_kv_cache_in_forward = False
 

@@ -48,7 +48,7 @@ def test_nvidia_driver_files_name_every_gpu(tmp_path):
         plugin_distribution="hwplug-cuda",
         devices=("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"), count=2,
         evidence=str(tmp_path / f"proc/driver/nvidia/gpus/{addresses[0]}/information"),
-        details={"driver_version": "550.54.15"})
+        details={"driver_version": "550.54.15", "capability": "9.0"})
     assert seen.install_hint == 'pip install "hwplug[cuda]"'
 
 
@@ -56,7 +56,8 @@ def test_nvidia_without_driver_is_seen_by_pci_id_and_ignores_audio_functions(tmp
     addresses = make_nvidia_tree(tmp_path, ["unused"], device_id=0x2684, driver_version=None)
     add_pci_function(tmp_path, 0x10DE, 0x22BA, 0x040300)  # the card's HDMI audio function
     seen = nvidia.probe(tmp_path)
-    assert (seen.devices, seen.count, dict(seen.details)) == (("10de:2684",), 1, {})
+    assert (seen.devices, seen.count, dict(seen.details)) == (("10de:2684",), 1,
+                                                              {"capability": "8.9"})
     assert seen.evidence == str(tmp_path / f"sys/bus/pci/devices/{addresses[0]}/vendor")
 
 
@@ -75,7 +76,8 @@ def test_nvidia_garbled_driver_files_fall_back_to_the_bus_id(tmp_path):
     (tmp_path / f"proc/driver/nvidia/gpus/{addresses[1]}/information").mkdir()
     write(tmp_path, "proc/driver/nvidia/version", b"\x00garbage without a version")
     seen = nvidia.probe(tmp_path)
-    assert (seen.devices, seen.count, dict(seen.details)) == (tuple(addresses), 2, {})
+    assert (seen.devices, seen.count, dict(seen.details)) == (tuple(addresses), 2,
+                                                              {"capability": "9.0"})
 
 
 # --- AMD ----------------------------------------------------------------------------------
@@ -181,7 +183,8 @@ def test_arm_cpuinfo_names_the_core_and_its_features(tmp_path):
     assert (seen.vendor, seen.device_kind, seen.devices, seen.count, seen.evidence) == (
         "arm", "cpu-arm", ("Neoverse V2",), 72, str(cpuinfo))
     assert dict(seen.details) == {"core": "Neoverse V2", "implementer": "0x41",
-                                  "part": "0xd4f", "features": "asimd sve sve2 bf16 i8mm"}
+                                  "part": "0xd4f",
+                                  "features": "aarch64 asimd asimddp sve sve2 bf16 i8mm"}
     assert seen.install_hint == 'pip install "hwplug[cpu-arm]"'
 
 
@@ -191,7 +194,7 @@ def test_arm_mixed_cores_keep_only_features_every_core_has(tmp_path):
                            ArmCore(0xD0B, features="fp asimd asimddp bf16 i8mm")])
     seen = arm.probe(tmp_path, machine="arm64")
     assert (seen.devices, seen.count) == (("Cortex-A76", "Neoverse N1"), 3)
-    assert seen.details["features"] == "asimd"
+    assert seen.details["features"] == "aarch64 asimd"  # arm64 (macOS) is aarch64
 
 
 @pytest.mark.parametrize(("implementer", "part", "name"), [

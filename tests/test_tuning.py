@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hwplug.errors import ConfigError
-from hwplug.kernel_registry.device_names import canonical_device_name
 from hwplug.kernel_registry.tuning import TuningTable
+from hwplug.platforms.device_names import canonical_device_name
 
 DEFAULT = {"default": {"1": {"warps": 1}, "64": {"warps": 4}, "1024": {"warps": 8}}}
 PLUGIN = {"h100": {"64": {"warps": 2}, "4096": {"warps": 16}}}

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from hwplug.model_zoo.llm import LLM
+    from hwplug import LLM
 
     llm = LLM(args.model, dtype=args.dtype)
     vectors = llm.embed(args.texts).tolist()

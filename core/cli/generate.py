@@ -19,8 +19,7 @@ from hwplug.cli.output import add_dtype_flag
 from hwplug.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hwplug.model_zoo.llm import LLM
-    from hwplug.model_zoo.sampling import SamplingParams
+    from hwplug import LLM, SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,8 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from hwplug.model_zoo.llm import LLM
-    from hwplug.model_zoo.sampling import SamplingParams
+    from hwplug import LLM, SamplingParams
 
     if (args.prompt is None) == (args.prompts_file is None):
         raise ConfigError("give either a prompt or --prompts-file (one of them)")
@@ -100,7 +98,7 @@ def _batch(llm: LLM, prompts: list[str], inputs: list[list[int]], sampling: Samp
 
 def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
             console: Console) -> None:
-    from hwplug.kernel_registry import kernels
+    from hwplug import kernels
 
     speed = f"{num_tokens} tokens in {seconds:.2f} s: {num_tokens / seconds:.1f} tokens/s"
     if first_text is not None and num_tokens > 1 and seconds > first_text:

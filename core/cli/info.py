@@ -19,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def collect() -> dict[str, Any]:
     """Everything ``hwplug info`` shows, as plain data."""
-    from hwplug import discovery, envs, registries
-    from hwplug.kernel_registry import kernels
+    from hwplug import discovery, envs, kernels, registries
 
     resolution = discovery.resolution()
     return {

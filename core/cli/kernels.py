@@ -21,10 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
             num_tokens: int | None = None) -> dict[str, Any]:
     """The explanation of every requested (op, dtype) on the current platform."""
-    from hwplug import registries
-    from hwplug.attention import describe_backend
+    from hwplug import kernels, registries
+    from hwplug.attention_selection import describe_backend
     from hwplug.discovery import current_platform
-    from hwplug.kernel_registry import kernels
 
     platform = current_platform()
     result: dict[str, Any] = {"platform": platform.name, "device_type": platform.device_type,

@@ -1,4 +1,9 @@
-"""The ``hwplug`` command: one subcommand per module in :mod:`hwplug.cli`."""
+"""The ``hwplug`` command: one subcommand per module in :mod:`hwplug.cli`.
+
+Any error ends the command with one line on stderr (exit status 2; 1 for an error hwplug
+did not expect, which is worth a bug report); ``--debug`` or ``HWPLUG_DEBUG=1`` adds the
+traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -29,34 +35,56 @@ COMMANDS = {
 }
 
 
+def _add_debug_flag(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="print the traceback of an error (also HWPLUG_DEBUG=1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hwplug", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hwplug", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_debug_flag(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
+        _add_debug_flag(command, argparse.SUPPRESS)  # accepted after the subcommand too
         command.set_defaults(module=module_name)
         importlib.import_module(module_name).add_arguments(command)
     return parser
 
 
+def _print_error(console: Console, exc: BaseException, expected: bool, debug: bool) -> int:
+    """One line naming the error (and the traceback when debugging); the exit status."""
+    if debug:
+        console.print("".join(traceback.format_exception(exc)), markup=False,
+                      highlight=False, end="")
+    kind = type(exc).__name__ if expected else f"internal error ({type(exc).__name__})"
+    hint = "" if expected or debug else " (run with --debug for the traceback)"
+    console.print(f"[bold red]error:[/] {escape(kind)}: {escape(str(exc))}{hint}",
+                  highlight=False, soft_wrap=True)
+    return 2 if expected else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
+        debug = debug or envs.HWPLUG_DEBUG
         logging.basicConfig(level=envs.HWPLUG_LOG_LEVEL.upper(),
                             format="%(levelname)s %(name)s: %(message)s")
         args = build_parser().parse_args(argv)
         if args.command in RUNS_MODELS:
-            from hwplug.discovery import current_platform
+            from hwplug import current_platform
 
             current_platform().apply_process_env()
         return importlib.import_module(args.module).run(args, Console())
     except HwplugError as exc:
-        console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
-                      highlight=False,
-                      soft_wrap=True)
-        return 2
+        return _print_error(console, exc, expected=True, debug=debug)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        return _print_error(console, exc, expected=False, debug=debug)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
 
 
-def run(args: argparse.Namespace, console: Console) -> int:
-    from hwplug.model_zoo.registry import model_sources
+def model_sources() -> dict[str, str]:
+    """Each registered architecture and where it came from (after discovery)."""
+    from hwplug import discovery, registries
 
+    discovery.current_platform()
+    return {e.name: f"{e.target if isinstance(e.target, str) else e.target.__module__} "
+                    f"({e.source})" for e in registries.models.entries() if e.status != "removed"}
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
     sources = model_sources()
     if args.json:
         print_json(console, sources)

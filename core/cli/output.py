@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hwplug.platform import FLOAT_DTYPES
+from hwplug.dtypes import AUTO, FLOAT_DTYPES
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -18,8 +18,9 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_dtype_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", choices=FLOAT_DTYPES, default="float32",
-                        help="compute dtype")
+    parser.add_argument("--dtype", choices=(AUTO, *FLOAT_DTYPES), default=AUTO,
+                        help="compute dtype (default: auto, the platform's best dtype that "
+                             "the checkpoint allows)")
 
 
 def print_json(console: Console, data: Any) -> None:

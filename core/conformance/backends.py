@@ -20,14 +20,14 @@ from functools import partial
 import torch
 from hypothesis import strategies as st
 
+from hwplug import ops
 from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.explore import Failure, first_failure, guarded, judge
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
-from hwplug.kernel_registry import ops
-from hwplug.platform import DTYPE_NAMES, torch_dtype
+from hwplug.dtypes import DTYPE_NAMES, torch_dtype
 
 #: Two steps per sequence: the first may be empty (the sequence starts in step two).
 Plan = tuple[Step, Step]

@@ -16,7 +16,7 @@ from hwplug.conformance.result import Check, Status
 from hwplug.conformance.target import Placement
 from hwplug.connector import Connector, ConnectorMetadata, KVLayout
 
-LAYOUT = KVLayout(backend="REFERENCE", layout="NHD", kv_cache_dtype="float32", block_size=4,
+LAYOUT = KVLayout(backend="TORCH_PAGED", layout="NHD", kv_cache_dtype="float32", block_size=4,
                   num_kv_heads=2, head_size=8, num_layers=2)
 NUM_BLOCKS = 6
 BLOCKS = [1, 4]

@@ -1,19 +1,19 @@
-"""Platform facts: the class attributes a platform declares must be coherent.
+"""Platform facts: what a platform declares, and what its device facts say, must be coherent.
 
-Checked on the platform instance when its hardware is present (instances may refine
-facts, e.g. fp8 KV caches by capability), else on the class: the facts are plain data,
-so no device query runs.
+Checked on the instance discovery made with the probe's sighting (its
+:attr:`~hwplug.Platform.facts` narrow the class's lists to the device, e.g. fp8 KV caches
+by capability), or, when the probe saw nothing here, on an instance without a sighting,
+whose facts are the class's.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from hwplug import registries
 from hwplug.conformance.result import Status
 from hwplug.conformance.target import Target
+from hwplug.dtypes import torch_dtype
 from hwplug.errors import UnsupportedError
-from hwplug.platform import torch_dtype
+from hwplug.platform_interface import Platform
 
 #: Distributed backends a platform may declare that ``torch.distributed`` does not know.
 NON_TORCH_DIST_BACKENDS = {"xla": "JAX/TPU collectives through XLA"}
@@ -31,7 +31,8 @@ def _dtype_problems(fact: str, names: tuple[str, ...]) -> list[str]:
     return problems
 
 
-def _backend_problems(facts: Any, notes: list[str]) -> list[str]:
+def _backend_problems(platform: Platform, notes: list[str]) -> list[str]:
+    facts = platform.facts
     priority = tuple(facts.attention_backend_priority)
     if not priority:
         notes.append("declares no attention backend, so no model can run on it yet")
@@ -41,15 +42,15 @@ def _backend_problems(facts: Any, notes: list[str]) -> list[str]:
         problems.append(f"attention_backend_priority repeats a name: {', '.join(priority)}")
     registered = registries.attention_backends.names()
     backends = []
-    for name in priority:
-        if name not in registered:
-            problems.append(f"attention_backend_priority names {name!r}, which is not "
+    for backend_name in map(registries.attention_backends.current_name, priority):
+        if backend_name not in registered:
+            problems.append(f"attention_backend_priority names {backend_name!r}, which is not "
                             f"registered (registered: {', '.join(registered) or 'none'})")
             continue
-        backend = registries.attention_backends.get(name)
-        if backend.platforms and facts.name not in backend.platforms:
-            problems.append(f"attention backend {name} runs on {', '.join(backend.platforms)}, "
-                            f"not {facts.name}")
+        backend = registries.attention_backends.get(backend_name)
+        if not platform.matches(backend.platforms):
+            problems.append(f"attention backend {backend_name} runs on "
+                            f"{', '.join(backend.platforms)}, not {platform.name}")
         backends.append(backend)
     accepted = {d for b in backends for d in b.supported_kv_cache_dtypes}
     orphans = [d for d in facts.supported_kv_cache_dtypes if d not in accepted]
@@ -76,38 +77,39 @@ def _dist_problems(name: str, notes: list[str]) -> list[str]:
 def check_facts(target: Target) -> tuple[Status, str]:
     """Dtypes are real, KV-cache dtypes are served by the platform's backends, the dist
     backend is known, and the backend priority names registered backends."""
-    cls = target.platform_cls
-    if cls is None and target.platform_ep is not None:
+    platform = target.platform
+    if platform is None and target.platform_ep is not None:
         return "failed", (f"no Platform subclass named {target.name!r} could be loaded from "
                           f"{target.platform_ep.module.partition('.')[0]}: "
                           f"{'; '.join(target.notes) or 'none defines it'}")
-    if cls is None:
+    if platform is None:
         return "skipped", "the plugin declares no platform"
-    facts: Any = target.placement.platform if target.placement.platform is not None and (
-        target.placement.platform.name == cls.name) else cls
+    cls, facts = type(platform), platform.facts
     notes: list[str] = []
     problems = []
-    if not target.builtin and cls.name != target.name:
+    if cls.name != target.platform_ep.name:
         problems.append(f"platform name {cls.name!r} differs from its entry-point name "
-                        f"{target.name!r} (HWPLUG_PLATFORM uses the entry-point name)")
+                        f"{target.platform_ep.name!r} (HWPLUG_PLATFORM uses the entry-point "
+                        "name)")
     problems += [f"{fact} is empty" for fact in ("name", "device_type", "vendor")
                  if not getattr(cls, fact)]
-    problems += _dtype_problems("supported_dtypes", tuple(facts.supported_dtypes))
-    problems += _dtype_problems("supported_kv_cache_dtypes",
-                                tuple(facts.supported_kv_cache_dtypes))
+    problems += _dtype_problems("supported_dtypes", facts.supported_dtypes)
+    problems += _dtype_problems("supported_kv_cache_dtypes", facts.supported_kv_cache_dtypes)
     problems += _dist_problems(cls.dist_backend, notes)
-    problems += _backend_problems(facts, notes)
+    problems += _backend_problems(platform, notes)
     if cls.device_communicator is not None and ":" not in cls.device_communicator:
         problems.append(f"device_communicator {cls.device_communicator!r} is not "
                         "'module:Class'")
     unregistered = [q for q in facts.supported_quant_methods if q not in registries.quant_methods]
     if unregistered:
         notes.append(f"quant methods not registered yet: {', '.join(unregistered)}")
-    source = "instance" if facts is not cls else "class (hardware absent)"
+    source = "with its probe's sighting" if platform.sighting is not None else (
+        "without a sighting (hardware absent): the class's facts")
     summary = (f"{cls.__name__} {source}: dtypes {', '.join(facts.supported_dtypes)}; KV "
                f"{', '.join(facts.supported_kv_cache_dtypes)}; dist {cls.dist_backend}; "
                f"backends {', '.join(facts.attention_backend_priority) or 'none'}")
     detail = "; ".join(problems) if problems else summary
+    notes += list(facts.notes)
     if notes:
         detail += "; note: " + "; ".join(notes)
     return ("failed" if problems else "passed"), detail

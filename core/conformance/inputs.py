@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from hwplug.kernel_registry.reference import build_cos_sin_cache
-from hwplug.platform import FLOAT_DTYPES, torch_dtype
+from hwplug import ops
+from hwplug.dtypes import FLOAT_DTYPES, torch_dtype
 
 
 @dataclass
@@ -104,7 +104,7 @@ def rotary_embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]
     is_neox = draw(st.booleans())
     max_position = draw(st.integers(1, 96))
     positions = torch.randint(0, max_position, (num_tokens,), generator=rng)
-    cache = build_cos_sin_cache(rot_dim, max_position, draw(st.sampled_from((1e4, 1e6))))
+    cache = ops.build_cos_sin_cache(rot_dim, max_position, draw(st.sampled_from((1e4, 1e6))))
     query = _randn(rng, (num_tokens, num_kv_heads * group, head_size), dtype)
     key = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
     style = "neox" if is_neox else "gptj"

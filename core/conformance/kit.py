@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hwplug import registries
+from hwplug import kernels, registries
 from hwplug.conformance.backends import backend_checks
 from hwplug.conformance.connectors import connector_check
 from hwplug.conformance.facts import check_facts
@@ -23,7 +23,6 @@ from hwplug.conformance.registration import check_hooks, check_loads, check_name
 from hwplug.conformance.result import Check, Report, Status
 from hwplug.conformance.target import Target, resolve_target
 from hwplug.conformance.variants import variant_check
-from hwplug.kernel_registry import REFERENCE, kernels
 from hwplug.registry import Registry
 
 
@@ -50,7 +49,7 @@ def _loader(registry: Registry[Any], name: str) -> Callable[[], Any]:
 
 
 def _registration_checks(target: Target) -> list[Check]:
-    if target.plugin_ep is None and not target.builtin:
+    if not target.plugin_eps:
         return [_fixed("registration", "skipped",
                        "no hwplug.plugins entry point: the plugin registers nothing")]
     return [Check("registration: plugin loads", lambda: check_loads(target)),
@@ -60,18 +59,16 @@ def _registration_checks(target: Target) -> list[Check]:
 
 def _probe_check(target: Target) -> Check:
     if target.platform_ep is None:
-        why = ("the built-in platform is always active and has no probe" if target.builtin
-               else "the plugin has no hwplug.platforms entry point")
-        return _fixed("probe: cheap", "skipped", why)
-    return Check("probe: cheap", lambda: check_probe(target.name))
+        return _fixed("probe: cheap", "skipped", "the plugin has no hwplug.platforms entry point")
+    return Check("probe: cheap", lambda: check_probe(target.platform_ep.name))
 
 
 def _interface_checks(target: Target, budget: Budget) -> list[Check]:
     placement = target.placement
     variants = [kernels.get(key) for key in _owned_names(kernels, target)]
     checks = [variant_check(v, placement, budget.kernel_examples)
-              for v in variants if v.name != REFERENCE]
-    oracle = " besides the references (the oracle)" if target.builtin else ""
+              for v in variants if v.name != kernels.REFERENCE]
+    oracle = " besides the references (the oracle)" if target.is_hwplug else ""
     checks = checks or [_fixed("kernel variants", "skipped",
                                f"the plugin registers no kernel variants{oracle}")]
     backends = _owned_names(registries.attention_backends, target)

@@ -25,12 +25,14 @@ HEAVY_MODULES = ("torch", "triton", "jax")
 def measure(name: str) -> dict[str, object]:
     """Load and call platform probe ``name`` in this process; what it returned, how long
     it took and which heavy modules it imported."""
+    from hwplug import envs
     from hwplug.discovery import PLATFORM_GROUP, entry_points
+    from hwplug.discovery.ranking import call_activate
 
     ep = next(ep for ep in entry_points(PLATFORM_GROUP) if ep.name == name)
     before = {m for m in HEAVY_MODULES if m in sys.modules}
     start = time.perf_counter()
-    result = ep.load()()
+    result = call_activate(ep.load(), envs.HWPLUG_PROBE_ROOT)
     elapsed_ms = (time.perf_counter() - start) * 1000
     imported = [m for m in HEAVY_MODULES if m in sys.modules and m not in before]
     return {"result": repr(result), "elapsed_ms": elapsed_ms, "imported": imported,

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from hwplug import ops
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.explore import Failure, first_failure, guarded, judge
 from hwplug.conformance.result import Check, Status
 from hwplug.conformance.target import Placement
-from hwplug.kernel_registry import ops
-from hwplug.platform import dtype_name, torch_dtype
+from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.quantization import QuantMethod
 
 

@@ -8,48 +8,56 @@ from typing import Any
 from hwplug import discovery, registries
 from hwplug.conformance.result import Status
 from hwplug.conformance.target import Target
-from hwplug.platform import DTYPE_NAMES, DeviceCapability
+from hwplug.dtypes import DTYPE_NAMES
+from hwplug.platform_interface import DeviceCapability
 from hwplug.registry import Entry, Registry
 
 Outcome = tuple[Status, str]
 
 
 def check_loads(target: Target) -> Outcome:
-    """The plugin's entry point imported, its hooks ran, and it declares its API range."""
-    record = target.record
-    if record is None:
-        return "failed", (f"no discovery record for plugin {target.name!r}: is it allowed by "
-                          "HWPLUG_PLUGINS?")
-    if record.status != "loaded":
-        return "failed", f"{record.status}: {record.reason}"
-    declared = getattr(target.plugin_module(), "hwplug_api_version", None)
-    if declared is None:
-        return "failed", (f"declares no hwplug_api_version; add e.g. hwplug_api_version = "
-                          f"\">={discovery.API_VERSION.split('.')[0]},"
-                          f"<{int(discovery.API_VERSION.split('.')[0]) + 1}\"")
-    where = "hwplug itself" if target.builtin else f"{record.distribution} {record.version}"
-    return "passed", (f"loaded from {where}; built for hwplug API {declared}, this hwplug "
-                      f"provides {discovery.API_VERSION}")
+    """Each of the plugin's entry points imported, its hooks ran, and it declares its API
+    range."""
+    problems, loaded = [], []
+    for ep in target.plugin_eps:
+        record = next((r for r in target.records if r.name == ep.name), None)
+        if record is None:
+            problems.append(f"no discovery record for plugin {ep.name!r}: is it allowed by "
+                            "HWPLUG_PLUGINS?")
+            continue
+        if record.status != "loaded":
+            problems.append(f"{ep.name}: {record.status}: {record.reason}")
+            continue
+        declared = getattr(ep.load(), "hwplug_api_version", None)
+        if declared is None:
+            major = int(discovery.API_VERSION.split(".")[0])
+            problems.append(f"{ep.name} declares no hwplug_api_version; add e.g. "
+                            f"hwplug_api_version = \">={major},<{major + 1}\"")
+            continue
+        loaded.append(f"{ep.name} from {record.distribution} {record.version}, built for "
+                      f"API {declared}")
+    if problems:
+        return "failed", "; ".join(problems)
+    return "passed", f"{'; '.join(loaded)}; this hwplug provides API {discovery.API_VERSION}"
 
 
 def check_hooks(target: Target) -> Outcome:
     """Every ``hwplug_*`` function is a marked hook implementation matching a hookspec."""
-    from hwplug.kernel_registry import kernels
-
-    module = target.plugin_module()
-    host = discovery.PluginHost(kernels)
-    scratch = discovery.PluginRecord(target.name, discovery.PLUGIN_GROUP, "", None, None)
-    unmarked = [name for name in dir(module)
-                if name.startswith("hwplug_") and callable(getattr(module, name))
-                and host.pm.parse_hookimpl_opts(module, name) is None]
-    problems = [f"{name} is not decorated with @hwplug.hookimpl, so it is never called"
-                for name in unmarked]
-    if not host.add(scratch, module):
-        problems.insert(0, scratch.reason)
+    problems, hooks = [], set()
+    for ep, module in zip(target.plugin_eps, target.plugin_modules(), strict=True):
+        host = discovery.PluginHost()
+        scratch = discovery.PluginRecord(ep.name, discovery.PLUGIN_GROUP, "", None, None)
+        problems += [f"{ep.name}.{name} is not decorated with @hwplug.hookimpl, so it is never "
+                     "called" for name in dir(module)
+                     if name.startswith("hwplug_") and callable(getattr(module, name))
+                     and host.pm.parse_hookimpl_opts(module, name) is None]
+        if not host.add(scratch, module):
+            problems.append(scratch.reason)
+            continue
+        hooks.update(caller.name for caller in host.pm.get_hookcallers(module) or [])
     if problems:
         return "failed", "; ".join(problems)
-    hooks = sorted(caller.name for caller in host.pm.get_hookcallers(module) or [])
-    return "passed", f"hooks: {', '.join(hooks) or 'none'}"
+    return "passed", f"hooks: {', '.join(sorted(hooks)) or 'none'}"
 
 
 def _owned(registry: Registry[Any], target: Target) -> list[Entry[Any]]:
@@ -60,22 +68,23 @@ def _owned(registry: Registry[Any], target: Target) -> list[Entry[Any]]:
 def _interface_problems(kind: str, registry: Registry[Any], entry: Entry[Any],
                         base: type | None) -> list[str]:
     try:
-        obj = registry.get(entry.name)
+        obj = registry.get(str(entry.target) if entry.alias else entry.name)
     except Exception as exc:
         return [f"{kind} {entry.name!r} fails to import: {exc!r}"]
     if base is None:
         return []
     if not (isinstance(obj, type) and issubclass(obj, base)):
         return [f"{kind} {entry.name!r} is {obj!r}, not a {base.__name__} subclass"]
-    if obj.get_name() != entry.name:
-        return [f"{kind} registered as {entry.name!r} but its get_name() returns "
+    expected = entry.replacement if entry.alias else entry.name
+    if obj.get_name() != expected:
+        return [f"{kind} registered as {expected!r} but its get_name() returns "
                 f"{obj.get_name()!r}"]
     return []
 
 
 def _variant_problems(entry: Entry[Any]) -> list[str]:
+    from hwplug import kernels
     from hwplug.conformance.variants import missing_package
-    from hwplug.kernel_registry import kernels
 
     variant, problems = entry.target, []
     if variant.op not in kernels.ops():
@@ -105,9 +114,9 @@ def _variant_problems(entry: Entry[Any]) -> list[str]:
 def check_names(target: Target) -> Outcome:
     """Everything the plugin registered imports, is the right kind, and is named by its
     ``get_name()``; kernel variants name an existing op and known dtypes."""
+    from hwplug import kernels
     from hwplug.attention import AttentionBackend
     from hwplug.connector import Connector
-    from hwplug.kernel_registry import kernels
     from hwplug.quantization import QuantMethod
 
     kinds: list[tuple[str, Registry[Any], type | None]] = [

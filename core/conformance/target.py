@@ -1,12 +1,14 @@
 """The plugin under test: its entry points, what it registered and where its checks run.
 
 A target is named by an entry-point name of group ``hwplug.platforms`` and/or
-``hwplug.plugins``; ``"cpu"`` and ``"hwplug"`` (when no plugin uses the name) mean the
-built-in CPU platform with hwplug's own registrations. Resolving a target runs discovery
-afresh, so whatever the plugin registers through its hooks is in the registries,
-recorded under its entry-point name (:attr:`hwplug.registry.Entry.source`).
+``hwplug.plugins`` (``cuda``), or by a distribution name (``hwplug-cuda``; ``hwplug`` is
+hwplug's own platform and plugins), which takes every entry point the distribution
+declares. Resolving a target runs discovery afresh, so whatever the plugin registers
+through its hooks is in the registries, recorded under its entry-point names
+(:attr:`hwplug.registry.Entry.source`), and its platform is the instance discovery made
+with the probe's sighting.
 
-Numerical checks run on the platform's device when its hardware is present. Otherwise
+Numerical checks run on the platform's device when this process can drive it. Otherwise
 they run on CPU in its stead ("simulating" it): the kit sets ``TRITON_INTERPRET=1``
 before the plugin's kernel modules are imported, so Triton kernels run in Triton's
 interpreter.
@@ -26,16 +28,9 @@ import importlib_metadata
 
 from hwplug import discovery
 from hwplug.errors import UnknownNameError
-from hwplug.platform import Platform
-from hwplug.registry import import_object
+from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
-
-#: Names that mean hwplug's built-in platform and registrations (unless a plugin uses one).
-BUILTIN_TARGETS = ("cpu", "hwplug")
-#: Sources of built-in registrations: hwplug's own hooks, and code (the op references).
-BUILTIN_SOURCES = frozenset({discovery.BUILTIN_PLUGIN, "code"})
-
 
 #: dtypes a CPU simulation cannot judge, and why; they are checked on the hardware only.
 SIMULATION_GAPS = {
@@ -79,29 +74,24 @@ class Target:
     """Everything the checks need to know about one plugin."""
 
     name: str
+    #: Registry sources of the target: its ``hwplug.plugins`` entry-point names (and
+    #: ``"code"`` for hwplug itself, whose op references are registered in code).
     sources: frozenset[str]
-    plugin_ep: importlib_metadata.EntryPoint | None
+    plugin_eps: list[importlib_metadata.EntryPoint]
     platform_ep: importlib_metadata.EntryPoint | None
-    record: discovery.PluginRecord | None
-    platform_cls: type[Platform] | None
+    records: list[discovery.PluginRecord]
+    platform: Platform | None
     placement: Placement
     notes: list[str] = field(default_factory=list)
 
     @property
-    def builtin(self) -> bool:
-        return discovery.BUILTIN_PLUGIN in self.sources
+    def is_hwplug(self) -> bool:
+        """Whether the target is hwplug's own distribution."""
+        return "code" in self.sources
 
-    def plugin_module(self) -> Any:
-        """The hook module (imports it if discovery did not)."""
-        if self.builtin:
-            from hwplug import builtin_plugin
-
-            return builtin_plugin
-        return self.plugin_ep.load() if self.plugin_ep else None
-
-
-def _named(group: str, name: str) -> importlib_metadata.EntryPoint | None:
-    return next((ep for ep in discovery.entry_points(group) if ep.name == name), None)
+    def plugin_modules(self) -> list[Any]:
+        """The hook modules (imports them if discovery did not)."""
+        return [ep.load() for ep in self.plugin_eps]
 
 
 def enable_triton_interpreter(notes: list[str]) -> None:
@@ -142,75 +132,73 @@ def _subclasses(cls: type) -> list[type]:
     return direct + [sub for child in direct for sub in _subclasses(child)]
 
 
-def _builtin_target(name: str) -> Target:
-    from hwplug.platforms.cpu import CpuPlatform
-
-    resolution = discovery.resolution()
-    record = next(r for r in resolution.plugins if r.name == discovery.BUILTIN_PLUGIN)
-    platform = resolution.platform if resolution.platform.name == CpuPlatform.name else (
-        CpuPlatform())
-    return Target(name, BUILTIN_SOURCES, None, None, record, CpuPlatform,
-                  Placement("cpu", platform))
+def _normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _probe(ep: importlib_metadata.EntryPoint, notes: list[str]) -> Any:
-    try:
-        return ep.load()()
-    except Exception as exc:
-        notes.append(f"probe raised {exc!r}; checking as if its hardware were absent")
-        return None
+def _entry_points(name: str) -> tuple[list[importlib_metadata.EntryPoint], bool]:
+    """The entry points target ``name`` stands for, and whether it named a distribution."""
+    groups = (discovery.PLATFORM_GROUP, discovery.PLUGIN_GROUP)
+    eps = [ep for group in groups for ep in discovery.entry_points(group)]
+    named = [ep for ep in eps if ep.name == name]
+    if named:
+        return named, False
+    dist = [ep for ep in eps if _normalized(ep.dist.name if ep.dist else "") ==
+            _normalized(name)]
+    if dist:
+        return dist, True
+    choices = {ep.name for ep in eps} | {ep.dist.name for ep in eps if ep.dist}
+    raise UnknownNameError("plugin", name, choices,
+                           hint="Name an entry point of group hwplug.platforms or "
+                                "hwplug.plugins, or the distribution declaring them")
+
+
+def _platform(ep: importlib_metadata.EntryPoint, resolution: discovery.Resolution,
+              notes: list[str]) -> tuple[Platform | None, bool]:
+    """The platform discovery made for ``ep`` (with its sighting) and True; or, when its
+    probe saw nothing, one made without a sighting from the class found in its package,
+    and False."""
+    candidate = next((c for c in resolution.candidates if c.name == ep.name), None)
+    if candidate is not None and candidate.platform is not None:
+        return candidate.platform, True
+    if candidate is not None and candidate.status == "failed":
+        notes.append(f"its probe failed: {candidate.reason}")
+    enable_triton_interpreter(notes)
+    cls = find_platform_class(ep, notes)
+    return (cls() if cls is not None else None), False
+
+
+def _placement(name: str, platform: Platform | None, present: bool,
+               notes: list[str]) -> Placement:
+    """On the platform's device when its hardware is present and usable; else on CPU,
+    simulating it."""
+    if platform is not None and present and platform.facts.available:
+        return Placement(platform.device_type, platform)
+    if present:
+        notes.append(f"the probe saw {name} hardware but the runtime cannot use it")
+    enable_triton_interpreter(notes)
+    return Placement("cpu", None, name)
 
 
 def resolve_target(name: str) -> Target:
-    """Run discovery afresh and describe plugin ``name`` for the checks.
-
-    Raises :class:`~hwplug.errors.UnknownNameError` listing the installed plugins when no
-    entry point (and no built-in) has that name.
-    """
-    platform_ep = _named(discovery.PLATFORM_GROUP, name)
-    plugin_ep = _named(discovery.PLUGIN_GROUP, name)
+    """Run discovery afresh and describe plugin ``name`` (an entry-point or distribution
+    name) for the checks. Raises :class:`~hwplug.errors.UnknownNameError` listing the
+    installed plugins and distributions when nothing has that name."""
+    eps, by_distribution = _entry_points(name)
     discovery.reset()
-    if platform_ep is None and plugin_ep is None:
-        if name in BUILTIN_TARGETS:
-            return _builtin_target(name)
-        installed = {ep.name for group in (discovery.PLATFORM_GROUP, discovery.PLUGIN_GROUP)
-                     for ep in discovery.entry_points(group)}
-        raise UnknownNameError("plugin", name, installed | set(BUILTIN_TARGETS),
-                               hint="Name an entry point of group hwplug.platforms or "
-                                    "hwplug.plugins")
-    notes: list[str] = []
-    found = _probe(platform_ep, notes) if platform_ep else None
-    if platform_ep and found is None:
-        enable_triton_interpreter(notes)
     resolution = discovery.resolution()
-    record = next((r for r in resolution.plugins
-                   if r.name == name and r.group == discovery.PLUGIN_GROUP), None)
-    platform_cls = _platform_class(platform_ep, found, notes) if platform_ep else None
-    placement = _placement(resolution.platform, platform_cls, found is not None, notes)
-    return Target(name, frozenset({name}), plugin_ep, platform_ep, record, platform_cls,
+    plugin_eps = [ep for ep in eps if ep.group == discovery.PLUGIN_GROUP]
+    platform_ep = next((ep for ep in eps if ep.group == discovery.PLATFORM_GROUP), None)
+    sources = {ep.name for ep in plugin_eps}
+    if by_distribution and _normalized(name) == discovery.HWPLUG_DISTRIBUTION:
+        sources.add("code")
+    records = [r for r in resolution.plugins if r.name in sources]
+    notes: list[str] = []
+    platform = None
+    if platform_ep is None:  # a plugin without a platform: checked on the resolved one
+        placement = Placement(resolution.platform.device_type, resolution.platform)
+    else:
+        platform, present = _platform(platform_ep, resolution, notes)
+        placement = _placement(platform_ep.name, platform, present, notes)
+    return Target(name, frozenset(sources), plugin_eps, platform_ep, records, platform,
                   placement, notes)
-
-
-def _platform_class(ep: importlib_metadata.EntryPoint, found: Any,
-                    notes: list[str]) -> type[Platform] | None:
-    """The class the probe named, or (hardware absent) the one found in its package."""
-    if found is None:
-        return find_platform_class(ep, notes)
-    try:
-        return import_object(found) if isinstance(found, str) else found
-    except Exception as exc:
-        notes.append(f"platform class {found!r} failed to import: {exc!r}")
-        return None
-
-
-def _placement(resolved: Platform, platform_cls: type[Platform] | None, present: bool,
-               notes: list[str]) -> Placement:
-    if platform_cls is None:  # a plugin without a platform: checked on the resolved one
-        return Placement(resolved.device_type, resolved)
-    if present:
-        platform = resolved if resolved.name == platform_cls.name else platform_cls()
-        if platform.is_available():
-            return Placement(platform.device_type, platform)
-        notes.append(f"the probe saw {platform_cls.name} hardware but the runtime cannot use it")
-        enable_triton_interpreter(notes)
-    return Placement("cpu", None, platform_cls.name)

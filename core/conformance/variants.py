@@ -16,15 +16,20 @@ import importlib.metadata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 
+from hwplug import kernels
 from hwplug.conformance.compare import compare_outputs, loosest_tolerance
 from hwplug.conformance.explore import Failure, first_failure, guarded, judge
 from hwplug.conformance.inputs import GENERATORS, Case
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
-from hwplug.kernel_registry import REFERENCE, Variant, kernels
+from hwplug.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hwplug.kernel_registry import Variant
 
 #: Most tokens a generated input has beyond the lower end of a variant's num_tokens range.
 TOKEN_SPAN = 8
@@ -159,6 +164,6 @@ def check_variant(variant: Variant | str, placement: Placement | None = None,
     """
     if isinstance(variant, str):
         variant = kernels.get(variant)
-    if variant.name == REFERENCE:
-        raise ValueError(f"{variant.key} is the oracle; check the other variants against it")
+    if variant.name == kernels.REFERENCE:
+        raise ConfigError(f"{variant.key} is the oracle; check the other variants against it")
     return variant_check(variant, placement or Placement(), examples).run()

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from hwplug.errors import UnsupportedError
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``x [..., 2d] -> [..., d]`` = ``silu(x[..., :d]) * x[..., d:]``, fp32 inside, ``x.dtype`` out."""
@@ -24,6 +26,7 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 def _gated(x: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     if x.shape[-1] % 2:
-        raise ValueError(f"gated activation needs an even last dimension, got {tuple(x.shape)}")
+        raise UnsupportedError(f"gated activation needs an even last dimension, got "
+                               f"{tuple(x.shape)}")
     gate, up = x.float().chunk(2, dim=-1)
     return (activation(gate) * up).to(x.dtype)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hwplug.errors import UnsupportedError
+
 #: Bytes of fp32 keys plus scores per tile: small enough that a tile's buffers stay in a
 #: server CPU's last-level cache, large enough that the per-tile Python overhead is small
 #: next to the copies and matmuls (8 MiB measured best from 1 to 64 sequences on x86).
@@ -58,7 +60,7 @@ def paged_attention(
     ``max_query_len`` / ``max_seq_len`` are the host-side maxima of the query lengths and
     of ``seq_lens``; given both, the call never synchronises with the device.
     Returns ``[T, Hq, D]`` in ``query.dtype`` (inference only: no autograd history).
-    Raises ``ValueError`` for mismatched shapes, ``Hq % Hkv != 0``, block tables too
+    Raises :class:`~hwplug.errors.UnsupportedError` for mismatched shapes, ``Hq % Hkv != 0``, block tables too
     narrow for ``max_seq_len``, ``sliding_window`` without ``causal``, or a non-positive
     ``sliding_window`` or ``soft_cap``.
     """
@@ -82,7 +84,7 @@ def paged_attention(
     first_visible, end_visible = _visible_keys(positions, seq_lens.long(), causal, sliding_window)
     num_used_blocks = -(-max_seq_len // block_size)
     if block_tables.shape[1] < num_used_blocks:
-        raise ValueError(f"block_tables has {block_tables.shape[1]} columns; "
+        raise UnsupportedError(f"block_tables has {block_tables.shape[1]} columns; "
                          f"{max_seq_len} tokens need {num_used_blocks}")
     tables = block_tables[:, :num_used_blocks].long().clamp(min=0)
 
@@ -106,24 +108,24 @@ def _check_args(
     soft_cap: float | None,
 ) -> None:
     if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise ValueError(
+        raise UnsupportedError(
             "expected query [T, Hq, D] and kv_cache [2, num_blocks, block_size, Hkv, D], got "
             f"{tuple(query.shape)} and {tuple(kv_cache.shape)}"
         )
     num_heads, head_size = query.shape[1:]
     num_kv_heads, kv_head_size = kv_cache.shape[3:]
     if head_size != kv_head_size:
-        raise ValueError(f"query head size {head_size} != KV head size {kv_head_size}")
+        raise UnsupportedError(f"query head size {head_size} != KV head size {kv_head_size}")
     if num_heads % num_kv_heads:
-        raise ValueError(
+        raise UnsupportedError(
             f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})"
         )
     if sliding_window is not None and not causal:
-        raise ValueError("sliding_window needs causal=True (a window trails its query)")
+        raise UnsupportedError("sliding_window needs causal=True (a window trails its query)")
     if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+        raise UnsupportedError(f"sliding_window must be >= 1, got {sliding_window}")
     if soft_cap is not None and soft_cap <= 0:
-        raise ValueError(f"soft_cap must be > 0, got {soft_cap}")
+        raise UnsupportedError(f"soft_cap must be > 0, got {soft_cap}")
 
 
 def _pad_queries(

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from hwplug.errors import UnsupportedError
+from hwplug.errors import ConfigError, UnsupportedError
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -60,11 +60,11 @@ def build_cos_sin_cache(
     ``rope_scaling`` is a transformers-style dict: None or ``{"rope_type": "default"}``,
     ``{"rope_type": "linear", "factor"}`` or ``{"rope_type": "llama3", "factor",
     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}`` (the
-    legacy key ``"type"`` is read too). Raises ``ValueError`` for an odd ``rot_dim`` and
+    legacy key ``"type"`` is read too). Raises :class:`~hwplug.errors.ConfigError` for an odd ``rot_dim`` and
     :class:`~hwplug.errors.UnsupportedError` for another rope type.
     """
     if rot_dim <= 0 or rot_dim % 2:
-        raise ValueError(f"rot_dim must be a positive even number, got {rot_dim}")
+        raise ConfigError(f"rot_dim must be a positive even number, got {rot_dim}")
     scaling = dict(rope_scaling or {})
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))

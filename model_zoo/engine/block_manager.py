@@ -10,6 +10,7 @@ nothing and returns False (the scheduler then preempts).
 
 from __future__ import annotations
 
+from hwplug.errors import ConfigError
 from hwplug.model_zoo.engine.sequence import Sequence
 
 
@@ -18,7 +19,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need at least one block of at least one token, got "
+            raise ConfigError(f"need at least one block of at least one token, got "
                              f"{num_blocks} blocks of {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         # a stack: the most recently freed (still cache-warm) block is reused first

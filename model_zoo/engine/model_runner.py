@@ -1,7 +1,7 @@
 """``ModelRunner``: one scheduled step of a model-zoo model over the paged KV cache.
 
 The runner owns one KV cache per layer (shape from the attention backend's
-``kv_cache_shape``, dtype ``ctx.engine.kv_cache_dtype``). For a step it builds the flat
+``kv_cache_shape``, dtype ``ctx.engine_config.kv_cache_dtype``). For a step it builds the flat
 inputs and :class:`~hwplug.attention.AttentionMetadata` of the whole mixed batch
 (prefill chunks and decode tokens together) from plain lists, one ``torch.tensor`` call
 per tensor, runs the model under ``torch.inference_mode()``, computes logits only for
@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from hwplug.attention import AttentionMetadata
+from hwplug.dtypes import torch_dtype
 from hwplug.model_zoo.context import ModelContext
 from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.sampling import SamplingRow, sample
-from hwplug.platform import torch_dtype
 
 
 @dataclass
@@ -38,7 +38,7 @@ class StepInputs:
 
 def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
     """Bytes one block takes across all layers' caches."""
-    engine = ctx.engine
+    engine = ctx.engine_config
     shape = ctx.attention_backend.kv_cache_shape(1, engine.block_size, engine.num_kv_heads,
                                                  engine.head_size)
     element = torch.empty((), dtype=torch_dtype(engine.kv_cache_dtype)).element_size()
@@ -53,7 +53,7 @@ class ModelRunner:
         self.model, self.ctx = model, ctx
         self.device = ctx.device
         self.generator = generator
-        engine = ctx.engine
+        engine = ctx.engine_config
         self.block_size: int = engine.block_size
         shape = ctx.attention_backend.kv_cache_shape(num_blocks, self.block_size,
                                                      engine.num_kv_heads, engine.head_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hwplug.errors import ConfigError
 from hwplug.kernel_registry import ops
 
 
@@ -22,7 +23,7 @@ class GeluAndMul(nn.Module):
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
         if approximate not in ("none", "tanh"):
-            raise ValueError(f"approximate must be 'none' or 'tanh', not {approximate!r}")
+            raise ConfigError(f"approximate must be 'none' or 'tanh', not {approximate!r}")
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ class Attention(nn.Module):
     """Attention of ``num_heads`` query heads over ``num_kv_heads`` cached K/V heads.
 
     The backend instance (``ctx.attention_backend``) is built once, for a spec taken from
-    ``ctx.engine`` (dtype, KV-cache dtype, block size, causal, soft cap) with this layer's
+    ``ctx.engine_config`` (dtype, KV-cache dtype, block size, causal, soft cap) with this layer's
     geometry and ``sliding_window``. ``forward(query, key, value, kv_cache, metadata)``
     takes ``query [T, Hq * D]`` (or ``[T, Hq, D]``), ``key``/``value [T, Hkv * D]`` (or
     ``[T, Hkv, D]``), this layer's ``kv_cache`` and the batch's metadata, and returns
@@ -31,7 +31,7 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
         self.scale = head_size ** -0.5 if scale is None else scale
-        spec = replace(AttentionSpec.from_config(ctx.engine), num_heads=num_heads,
+        spec = replace(AttentionSpec.from_config(ctx.engine_config), num_heads=num_heads,
                        num_kv_heads=num_kv_heads, head_size=head_size,
                        sliding_window=sliding_window)
         self.backend = ctx.attention_backend(spec)

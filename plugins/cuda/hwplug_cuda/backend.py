@@ -1,26 +1,32 @@
-"""``TRITON_ATTN``: paged attention on NVIDIA GPUs with hwplug-cuda's Triton kernels.
+"""``TRITON_ATTN``: paged attention on NVIDIA GPUs served by hwplug-cuda's Triton kernels.
 
-KV layout ``NHD`` (``[2, num_blocks, block_size, Hkv, D]``), the same bytes as the
-REFERENCE backend, so blocks move between the two unchanged. The backend writes the
-new K/V into the cache inside ``forward``.
+It computes like ``TORCH_PAGED`` (the registry's ``reshape_and_cache`` and
+``paged_attention`` ops, layout ``NHD``, the same bytes, so blocks move between the two
+unchanged) and adds facts: it serves a spec only where the registry would choose the
+``triton`` variant of both ops for it, so ``HWPLUG_DISABLED_KERNELS=triton`` or a
+preference for another variant shows up as a rejection reason, not as a silent change of
+kernels. The new K/V are written inside ``forward``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec, InternalFallback
+from hwplug.attention import AttentionSpec, InternalFallback
+from hwplug.kernel_registry import kernels
+from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug_cuda.kernels import MAX_HEAD_SIZE
 
 if TYPE_CHECKING:
-    import torch
+    from hwplug.platform_interface import Platform
 
-    from hwplug.platform import Platform
+#: The ops this backend runs, each of which the ``triton`` variant must serve.
+TRITON_OPS = ("reshape_and_cache", "paged_attention")
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(TorchPagedBackend):
     """Decode: GQA-grouped split-KV kernel. Prefill and mixed batches: a flash-attention
-    kernel tiled over the block table. Both in one ``paged_attention`` call."""
+    kernel tiled over the block table. Both behind the one ``paged_attention`` op."""
 
     platforms: ClassVar[tuple[str, ...]] = ("cuda",)
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
@@ -28,12 +34,7 @@ class TritonAttentionBackend(AttentionBackend):
     #: Any head size up to ``MAX_HEAD_SIZE`` (checked in :meth:`validate`); any block size
     #: works, these are the ones offered when settling the cache.
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128)
-    supports_non_causal: ClassVar[bool] = True
-    supports_sliding_window: ClassVar[bool] = True
-    supports_soft_cap: ClassVar[bool] = True
     min_capability: ClassVar[str | None] = "8.0"
-    kv_cache_layout: ClassVar[str] = "NHD"
-    updates_kv_cache_in_forward: ClassVar[bool] = True
     internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = (
         InternalFallback("every query length is 1", "split-KV decode kernel"),
         InternalFallback("any query length > 1", "paged flash-attention prefill kernel"),
@@ -48,22 +49,18 @@ class TritonAttentionBackend(AttentionBackend):
         reasons = super().validate(spec, platform)
         if spec.head_size > MAX_HEAD_SIZE:
             reasons.append(f"head size {spec.head_size} above {MAX_HEAD_SIZE}")
+        if platform is not None and not reasons:
+            reasons += _variant_reasons(spec, platform)
         return reasons
 
-    def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                       metadata: AttentionMetadata) -> None:
-        from hwplug_cuda.kernels.cache import reshape_and_cache
 
-        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
-
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        from hwplug_cuda.kernels.attention import paged_attention
-
-        self.write_kv_cache(key, value, kv_cache, metadata)
-        spec = self.spec
-        return paged_attention(
-            query, kv_cache, metadata.block_tables, metadata.seq_lens,
-            metadata.query_start_loc, scale, spec.causal, spec.sliding_window, spec.soft_cap,
-            metadata.max_query_len, metadata.max_seq_len)
+def _variant_reasons(spec: AttentionSpec, platform: Platform) -> list[str]:
+    """Why the registry would not choose the triton variant of each op for ``spec``."""
+    reasons = []
+    for op in TRITON_OPS:  # both dispatch on a tensor in the model dtype
+        why = kernels.explain(op, platform, platform.device_type, spec.dtype)
+        if why.chosen is None or why.chosen.name != "triton":
+            rejected = why.rejected.get("triton", f"{why.chosen.name if why.chosen else 'none'} "
+                                                  "ranks first")
+            reasons.append(f"{op} would not use its triton variant: {rejected}")
+    return reasons

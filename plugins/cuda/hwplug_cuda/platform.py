@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 from functools import cache
 from typing import ClassVar
 
-from hwplug.kernel_registry.device_names import canonical_device_name
-from hwplug.platform import DeviceCapability, MemoryInfo, Platform
-
-logger = logging.getLogger(__name__)
+from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
 
 #: fp8 KV caches need Ada/Hopper (capability 8.9) or newer.
 FP8_MIN_CAPABILITY = DeviceCapability(8, 9)
-_BASE_KV_DTYPES = ("bfloat16", "float16", "float32")
-
-
-def kv_cache_dtypes_for(capability: DeviceCapability | None) -> tuple[str, ...]:
-    """KV-cache dtypes a device of ``capability`` can store."""
-    if capability is not None and capability >= FP8_MIN_CAPABILITY:
-        return (*_BASE_KV_DTYPES, "fp8_e4m3", "fp8_e5m2")
-    logger.info("fp8 KV cache disabled: capability %s below %s", capability, FP8_MIN_CAPABILITY)
-    return _BASE_KV_DTYPES
+FP8_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
 
 class CudaPlatform(Platform):
-    """One or more NVIDIA GPUs. Capability-dependent facts are computed per instance."""
+    """One or more NVIDIA GPUs. Device queries ask torch.cuda where this process can
+    drive the GPU, else the probe's sighting (name, and capability by PCI id)."""
 
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
@@ -33,14 +22,18 @@ class CudaPlatform(Platform):
     is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "nccl"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = _BASE_KV_DTYPES
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
+        "bfloat16", "float16", "float32", *FP8_KV_DTYPES)
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
-    attention_backend_priority: ClassVar[tuple[str, ...]] = ("TRITON_ATTN", "REFERENCE")
+    attention_backend_priority: ClassVar[tuple[str, ...]] = ("TRITON_ATTN", "TORCH_PAGED")
 
-    def __init__(self, sighting: object | None = None) -> None:
-        super().__init__(sighting)
-        if self.is_available():
-            self.supported_kv_cache_dtypes = kv_cache_dtypes_for(self.get_device_capability())
+    def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
+        capability = facts.capability
+        if capability is None or capability < FP8_MIN_CAPABILITY:
+            return facts.without_dtypes(
+                FP8_KV_DTYPES, f"fp8 KV cache needs capability {FP8_MIN_CAPABILITY}, the "
+                               f"device has {capability or 'none known'}")
+        return facts
 
     def is_available(self) -> bool:
         import torch
@@ -50,18 +43,17 @@ class CudaPlatform(Platform):
     def device_count(self) -> int:
         import torch
 
-        return torch.cuda.device_count()
+        return torch.cuda.device_count() if self.is_available() else super().device_count()
 
     def get_device_name(self, device_id: int = 0) -> str:
-        return _device_name(device_id) if self.is_available() else "NVIDIA GPU (unavailable)"
-
-    def canonical_device_name(self, device_id: int = 0) -> str:
-        return canonical_device_name(self.get_device_name(device_id))
+        return _device_name(device_id) if self.is_available() else super().get_device_name(
+            device_id)
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
-        if not self.is_available():
-            return None
-        return DeviceCapability(*_capability(device_id))
+        if self.is_available():
+            return DeviceCapability(*_capability(device_id))
+        known = self._sighting_detail("capability")
+        return DeviceCapability.parse(known) if known else None
 
     def toolkit_version(self) -> str | None:
         import torch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hwplug.errors import UnknownNameError
+from hwplug.errors import UnknownNameError, UnsupportedError
 from hwplug.kernel_registry import ops, reference
 from hwplug_cuda.kernels import activation, attention, cache, configs, norm, rotary
 from hwplug_cuda.kernels.decode_attention import decode_attention, split_plan
@@ -60,7 +60,7 @@ def test_rms_norm(device: str, dtype: torch.dtype, shape: tuple[int, ...],
 def test_rms_norm_rejects_too_wide_rows() -> None:
     wide = torch.empty(2, norm.MAX_HIDDEN + 1, device="meta")
     assert "hidden size" in norm.supported(wide, wide[0], 1e-6)
-    with pytest.raises(ValueError, match="hidden size"):
+    with pytest.raises(UnsupportedError, match="hidden size"):
         norm.rms_norm(wide, wide[0], 1e-6)
 
 
@@ -87,9 +87,9 @@ def test_gated_activation(device: str, dtype: torch.dtype, kind: str,
 
 
 def test_gated_activation_rejects_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="even last dimension"):
+    with pytest.raises(UnsupportedError, match="even last dimension"):
         activation.silu_and_mul(torch.empty(2, 5, device="meta"))
-    with pytest.raises(ValueError, match="approximate"):
+    with pytest.raises(UnsupportedError, match="approximate"):
         activation.gelu_and_mul(torch.empty(2, 4, device="meta"), approximate="fast")
 
 
@@ -290,7 +290,7 @@ def test_paged_attention_rejects_what_it_cannot_serve(change: dict, reason: str)
     call.update({name: value.to("meta") if isinstance(value, torch.Tensor) else value
                  for name, value in change.items()})
     assert reason in attention.supported(**call)
-    with pytest.raises(ValueError, match=reason):
+    with pytest.raises(UnsupportedError, match=reason):
         attention.paged_attention(**call)
 
 

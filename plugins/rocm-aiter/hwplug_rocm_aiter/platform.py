@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hwplug.kernel_registry.device_names import canonical_device_name
-from hwplug.platform import DeviceCapability, MemoryInfo, Platform
+from hwplug.platform_interface import DeviceCapability, MemoryInfo, Platform
 
 
 class RocmPlatform(Platform):
@@ -13,6 +12,7 @@ class RocmPlatform(Platform):
 
     No attention backend is registered yet (AITER kernels are future work), so building
     a model here raises an error that says so instead of silently using another device.
+    Device queries ask torch where this process can drive the GPU, else the sighting.
     """
 
     name: ClassVar[str] = "rocm"
@@ -29,24 +29,19 @@ class RocmPlatform(Platform):
 
         return torch.cuda.is_available() and torch.version.hip is not None
 
-    def device_count(self) -> int:
-        import torch
-
-        return torch.cuda.device_count()
-
     def get_device_name(self, device_id: int = 0) -> str:
+        if not self.is_available():
+            return super().get_device_name(device_id)
         import torch
 
-        return torch.cuda.get_device_name(device_id) if self.is_available() else "AMD GPU"
-
-    def canonical_device_name(self, device_id: int = 0) -> str:
-        return canonical_device_name(self.get_device_name(device_id))
+        return torch.cuda.get_device_name(device_id)
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
+        if not self.is_available():
+            return None
         import torch
 
-        return DeviceCapability(*torch.cuda.get_device_capability(device_id)) if (
-            self.is_available()) else None
+        return DeviceCapability(*torch.cuda.get_device_capability(device_id))
 
     def toolkit_version(self) -> str | None:
         import torch

@@ -1,16 +1,9 @@
-"""Entry point of group ``hwplug.platforms``: cheap, imports no torch."""
+"""Entry point of group ``hwplug.platforms``: is an AMD GPU (amdgpu/ROCm driver) visible? (cheap: the
+vendor probe reads the OS, imports no torch)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from hwplug.platforms import amd
+from hwplug.platforms.sighting import activator
 
-
-def activate(root: Path = Path("/"), **probe_options: Any) -> str | None:
-    """The platform class when an AMD GPU (ROCm driver) is visible to the OS, else None.
-
-    ``root`` and ``probe_options`` go to the vendor probe (tests hand it a fake tree).
-    """
-    return "hwplug_rocm_aiter.platform:RocmPlatform" if amd.probe(root, **probe_options) else None
+activate = activator("hwplug_rocm_aiter.platform:RocmPlatform", amd.probe)

@@ -1,7 +1,7 @@
 """hwplug-rocm-aiter: the probe entry point and ``RocmPlatform`` against fake sysfs trees.
 
-Hardware is simulated only at the probe boundary: the probe and the ``activate`` entry
-point read a fake tree (``tests/fake_hw.py``).
+Hardware is simulated only at the probe boundary: the probe, the ``activate`` entry point
+and discovery read a fake tree (``tests/fake_hw.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import functools
 
 import pytest
 from fake_hw import make_amd_tree, make_nvidia_tree
-from plugin_checks import check_activate, check_no_attention_backend
+from plugin_checks import check_activate, check_no_attention_backend, discovered
 
 from hwplug.config import EngineConfig
 from hwplug.conformance import run_conformance
@@ -20,33 +20,38 @@ from hwplug_rocm_aiter.platform import RocmPlatform
 
 
 @pytest.fixture
-def mi300x(tmp_path) -> RocmPlatform:
-    """The platform created from the probe's sighting of an 8 x MI300X (gfx942) node."""
+def mi300x(tmp_path, monkeypatch, fresh_discovery) -> RocmPlatform:
+    """The platform discovery makes from the probe's sighting of an 8 x MI300X node."""
     make_amd_tree(tmp_path, ["AMD Instinct MI300X"] * 8)
     sighting = amd.probe(tmp_path)
     assert (sighting.devices, sighting.count) == (("AMD Instinct MI300X",) * 8, 8)
     assert dict(sighting.details) == {"gfx_targets": "gfx942"}
-    return RocmPlatform(sighting)
+    platform = discovered(monkeypatch, tmp_path, "rocm")
+    assert isinstance(platform, RocmPlatform) and platform.sighting == sighting
+    return platform
 
 
 def test_declared_facts(mi300x):
     assert (mi300x.name, mi300x.vendor, mi300x.device_type) == ("rocm", "amd", "cuda")
     assert mi300x.dist_backend == "nccl" and mi300x.is_accelerator
-    assert mi300x.supported_dtypes == ("bfloat16", "float16", "float32")
-    assert mi300x.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
-    assert mi300x.supported_quant_methods == ("unquantized",)
-    assert mi300x.attention_backend_priority == ()
+    facts = mi300x.facts
+    assert facts.supported_dtypes == ("bfloat16", "float16", "float32")
+    assert facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
+    assert facts.supported_quant_methods == ("unquantized",)
+    assert facts.attention_backend_priority == ()
 
 
-def test_without_a_rocm_torch_the_device_queries_report_nothing(mi300x):
+def test_without_a_rocm_torch_the_facts_come_from_the_sighting(mi300x):
     import torch
 
     if torch.version.hip is not None and torch.cuda.is_available():
         pytest.skip("a ROCm device is present: names and capability come from torch")
     assert not mi300x.is_available()
     facts = mi300x.describe()
-    assert (facts["device_name"], facts["capability"], facts["toolkit_version"]) == (
-        "AMD GPU", None, None)
+    assert (facts["device_name"], facts["canonical_device_name"], facts["device_count"]) == (
+        "AMD Instinct MI300X", "mi300x", 8)
+    assert (facts["capability"], facts["toolkit_version"], facts["available"]) == (
+        None, None, False)
     assert not mi300x.has_capability("9.0")
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hwplug.kernel_registry.device_names import canonical_device_name
-from hwplug.platform import Platform
+from hwplug.platform_interface import Platform
 
 
 class TpuPlatform(Platform):
@@ -25,25 +24,19 @@ class TpuPlatform(Platform):
     attention_backend_priority: ClassVar[tuple[str, ...]] = ()
 
     def is_available(self) -> bool:
-        import jax
-
-        return any(d.platform == "tpu" for d in jax.devices())
-
-    def device_count(self) -> int:
-        import jax
-
-        return len([d for d in jax.devices() if d.platform == "tpu"])
+        return bool(_tpus())
 
     def get_device_name(self, device_id: int = 0) -> str:
-        import jax
-
-        tpus = [d for d in jax.devices() if d.platform == "tpu"]
-        return tpus[device_id].device_kind if tpus else "Google TPU"
-
-    def canonical_device_name(self, device_id: int = 0) -> str:
-        return canonical_device_name(self.get_device_name(device_id))
+        tpus = _tpus()
+        return tpus[device_id].device_kind if tpus else super().get_device_name(device_id)
 
     def toolkit_version(self) -> str | None:
         import jax
 
         return jax.__version__
+
+
+def _tpus() -> list:
+    import jax
+
+    return [d for d in jax.devices() if d.platform == "tpu"]

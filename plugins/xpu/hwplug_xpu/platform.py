@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hwplug.kernel_registry.device_names import canonical_device_name
-from hwplug.platform import MemoryInfo, Platform
+from hwplug.platform_interface import MemoryInfo, Platform
 
 
 class XpuPlatform(Platform):
@@ -29,18 +28,12 @@ class XpuPlatform(Platform):
 
         return hasattr(torch, "xpu") and torch.xpu.is_available()
 
-    def device_count(self) -> int:
-        import torch
-
-        return torch.xpu.device_count() if self.is_available() else 0
-
     def get_device_name(self, device_id: int = 0) -> str:
+        if not self.is_available():
+            return super().get_device_name(device_id)
         import torch
 
-        return torch.xpu.get_device_name(device_id) if self.is_available() else "Intel GPU"
-
-    def canonical_device_name(self, device_id: int = 0) -> str:
-        return canonical_device_name(self.get_device_name(device_id))
+        return torch.xpu.get_device_name(device_id)
 
     def toolkit_version(self) -> str | None:
         import torch

@@ -6,7 +6,7 @@ import importlib.util
 import logging
 
 from hwplug import hookimpl
-from hwplug.platform import Platform
+from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
 

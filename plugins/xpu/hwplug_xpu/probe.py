@@ -1,16 +1,9 @@
-"""Entry point of group ``hwplug.platforms``: cheap, imports no torch."""
+"""Entry point of group ``hwplug.platforms``: is an Intel GPU (i915 or xe driver) visible? (cheap: the
+vendor probe reads the OS, imports no torch)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from hwplug.platforms import intel_xpu
+from hwplug.platforms.sighting import activator
 
-
-def activate(root: Path = Path("/"), **probe_options: Any) -> str | None:
-    """The platform class when an Intel GPU (i915 or xe driver) is visible to the OS, else None.
-
-    ``root`` and ``probe_options`` go to the vendor probe (tests hand it a fake tree).
-    """
-    return "hwplug_xpu.platform:XpuPlatform" if intel_xpu.probe(root, **probe_options) else None
+activate = activator("hwplug_xpu.platform:XpuPlatform", intel_xpu.probe)

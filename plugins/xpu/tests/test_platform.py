@@ -1,7 +1,7 @@
 """hwplug-xpu: the probe entry point, ``XpuPlatform`` and the plugin's hook.
 
-Hardware is simulated only at the probe boundary: the probe and the ``activate`` entry
-point read a fake sysfs tree (``tests/fake_hw.py``).
+Hardware is simulated only at the probe boundary: the probe, the ``activate`` entry point
+and discovery read a fake sysfs tree (``tests/fake_hw.py``).
 """
 
 from __future__ import annotations
@@ -13,36 +13,40 @@ from importlib.metadata import entry_points
 
 import pytest
 from fake_hw import make_amd_tree, make_intel_tree
-from plugin_checks import check_activate, check_no_attention_backend
+from plugin_checks import check_activate, check_no_attention_backend, discovered
 
 from hwplug.conformance import run_conformance
 from hwplug.platforms import intel_xpu
-from hwplug.platforms.cpu import CpuPlatform
+from hwplug.platforms.cpu.platform import CpuPlatform
 from hwplug_xpu import plugin
 from hwplug_xpu.platform import XpuPlatform
 
 IPEX_INSTALLED = importlib.util.find_spec("intel_extension_for_pytorch") is not None
 
 
-
 @pytest.fixture
-def max1550(tmp_path) -> XpuPlatform:
-    """The platform created from the probe's sighting of two Data Center GPU Max 1550."""
+def max1550(tmp_path, monkeypatch, fresh_discovery) -> XpuPlatform:
+    """The platform discovery makes from the probe's sighting of two Data Center GPU Max
+    1550."""
     make_intel_tree(tmp_path, [0x0BD5, 0x0BD5], driver="i915")
     sighting = intel_xpu.probe(tmp_path)
     assert (sighting.devices, dict(sighting.details)) == (("8086:0bd5",) * 2, {"driver": "i915"})
-    return XpuPlatform(sighting)
+    platform = discovered(monkeypatch, tmp_path, "xpu")
+    assert isinstance(platform, XpuPlatform) and platform.sighting == sighting
+    return platform
 
 
 def test_declared_facts(max1550):
     assert (max1550.name, max1550.vendor, max1550.device_type) == ("xpu", "intel", "xpu")
     assert max1550.dist_backend == "xccl" and max1550.is_accelerator
-    assert max1550.supported_dtypes == ("bfloat16", "float16", "float32")
-    assert max1550.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
-    assert max1550.attention_backend_priority == ()
-    if not max1550.is_available():  # torch without an XPU device
-        assert (max1550.get_device_name(), max1550.device_count()) == ("Intel GPU", 0)
-        assert max1550.get_device_capability() is None
+    facts = max1550.facts
+    assert facts.supported_dtypes == ("bfloat16", "float16", "float32")
+    assert facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
+    assert facts.attention_backend_priority == ()
+    if not max1550.is_available():  # torch without an XPU device: facts from the sighting
+        assert (facts.device_name, facts.device_count, facts.available) == (
+            "8086:0bd5", 2, False)
+        assert facts.capability is None
 
 
 @pytest.mark.parametrize("builder, expected", [

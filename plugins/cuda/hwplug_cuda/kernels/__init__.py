@@ -15,14 +15,16 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from hwplug.errors import UnsupportedError
+
 #: Largest head size the attention kernels hold in registers.
 MAX_HEAD_SIZE = 256
 
 
 def checked(supported: Callable[..., str | None]
             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a kernel entry point: called directly, it first raises ``ValueError``
-    with ``supported``'s reason. ``entry.unchecked`` is the bare function; the plugin
+    """Decorate a kernel entry point: called directly, it first raises
+    :class:`~hwplug.errors.UnsupportedError` with ``supported``'s reason. ``entry.unchecked`` is the bare function; the plugin
     registers that one, with ``supported`` as the variant's per-call check, so a call
     through the registry is checked once and falls back instead of raising."""
     def decorate(launch: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,7 +32,7 @@ def checked(supported: Callable[..., str | None]
         def entry(*args: Any, **kwargs: Any) -> Any:
             reason = supported(*args, **kwargs)
             if reason:
-                raise ValueError(f"{launch.__name__}: {reason}")
+                raise UnsupportedError(f"{launch.__name__}: {reason}")
             return launch(*args, **kwargs)
 
         entry.unchecked = launch  # type: ignore[attr-defined]

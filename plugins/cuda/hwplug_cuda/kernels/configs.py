@@ -1,7 +1,7 @@
 """Launch configs of the Triton kernels: data in ``configs.json`` beside this module.
 
 The file maps ``kernel -> device -> bucket -> config``. ``device`` is a canonical device
-name (``"h100"``, see :mod:`hwplug.kernel_registry.device_names`) or ``"default"``,
+name (``"h100"``, as the platform names its device) or ``"default"``,
 which every kernel has, so a lookup never raises on the hot path. The bucket of each
 kernel:
 
@@ -32,8 +32,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hwplug.discovery import current_platform
 from hwplug.errors import ConfigError, UnknownNameError
-from hwplug.kernel_registry.device_names import canonical_device_name
 from hwplug.kernel_registry.tuning import TuningTable
 
 if TYPE_CHECKING:
@@ -66,13 +66,11 @@ def launch_config(kernel: str, device: torch.device, size: int) -> dict[str, Any
 
 @cache
 def device_key(device_type: str, index: int | None) -> str:
-    """Canonical name of a CUDA device (``"h100"``); ``"default"`` for any other device
-    (the Triton interpreter on CPU)."""
+    """The platform's canonical name of a CUDA device (``"h100"``); ``"default"`` for any
+    other device (the Triton interpreter on CPU)."""
     if device_type != "cuda":
         return "default"
-    import torch
-
-    name = canonical_device_name(torch.cuda.get_device_name(index))
+    name = current_platform().canonical_device_name(index or 0)
     logger.debug("tuning tables of cuda:%s read as %r", index, name)
     return name
 

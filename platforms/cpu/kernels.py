@@ -2,7 +2,7 @@
 
 The references favour clarity and cover every case; these variants make fewer torch
 calls per op, which is what costs most at the small shapes of CPU decoding. ``linear``
-lives in :mod:`hwplug.platforms.cpu_onednn`.
+lives in :mod:`hwplug.platforms.cpu.onednn`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``UnquantizedLinearMethod``: plain ``weight [out, in]`` (+ ``bias [out]``), the
 registry's ``linear`` op.
 
-Registered as ``"unquantized"`` by :mod:`hwplug.builtin_plugin`; it is the quant method of
+Registered as ``"unquantized"`` by :mod:`hwplug.model_zoo.plugin`; it is the quant method of
 every checkpoint without a ``quantization_config``.
 """
 

@@ -4,7 +4,9 @@ A plain ``F.linear`` hands oneDNN the row-major weight on every call; the packed
 already in the order the CPU's matmul micro-kernel consumes. The copy is cached per
 weight tensor (weakly: it goes when the weight goes) and rebuilt if the weight is
 written in place, which its version counter shows. It costs a second copy of each weight;
-where memory is tight, ``HWPLUG_DISABLED_KERNELS=onednn_packed`` falls back to ``F.linear``.
+where memory is tight, ``HWPLUG_DISABLED_KERNELS=onednn_packed,onednn_packed_bf16`` falls
+back to ``F.linear``. The bf16 path needs bf16 arithmetic in hardware (AVX512-BF16 or AMX),
+which the registration states as the ``bf16`` device feature.
 """
 
 from __future__ import annotations
@@ -14,9 +16,6 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 if not torch.backends.mkldnn.is_available():
     raise ImportError("this torch build has no oneDNN (torch.backends.mkldnn unavailable)")
-
-#: Whether this CPU has the bf16 instructions oneDNN's bf16 matmul needs (AVX512-BF16 or AMX).
-BF16_SUPPORTED: bool = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 #: weight -> (its ``_version`` when packed, the packed copy).
 _packed: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
@@ -29,14 +28,6 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
         entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
         _packed[weight] = entry
     return entry[1]
-
-
-def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-              ) -> str | None:
-    """Why :func:`linear` declines a call, or None."""
-    if x.dtype == torch.bfloat16 and not BF16_SUPPORTED:
-        return "this CPU has no bf16 matmul instructions (AVX512-BF16 or AMX)"
-    return None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

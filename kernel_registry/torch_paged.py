@@ -1,9 +1,12 @@
-"""``REFERENCE``: the paged attention backend built from the registry's ops.
+"""``TORCH_PAGED``: the paged attention backend built from the registry's ops.
 
-It runs on every platform (its ops dispatch to the platform's best variants, falling
-back to the pure-torch references), serves every mask the ``paged_attention`` op
-defines, and is the oracle the conformance kit compares other backends against.
-KV layout ``NHD``: one layer's cache is ``[2, num_blocks, block_size, Hkv, D]``.
+It runs on every platform: its two ops, ``reshape_and_cache`` and ``paged_attention``,
+dispatch to the platform's best variants (the pure-torch references where nothing
+better is registered), so it serves every mask the ``paged_attention`` op defines. It is
+the oracle the conformance kit compares other backends against, and a base for
+backends that only add facts about which variants must serve them (hwplug-cuda's
+``TRITON_ATTN``). KV layout ``NHD``: one layer's cache is ``[2, num_blocks, block_size,
+Hkv, D]``. Registered also under its old name ``REFERENCE``, a deprecated alias.
 """
 
 from __future__ import annotations
@@ -11,15 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.attention import AttentionBackend, AttentionMetadata
+from hwplug.dtypes import FLOAT_DTYPES
 from hwplug.kernel_registry import ops
-from hwplug.platform import FLOAT_DTYPES
 
 if TYPE_CHECKING:
     import torch
 
 
-class ReferenceBackend(AttentionBackend):
-    """Writes K/V with ``reshape_and_cache``, then attends with ``paged_attention``."""
+class TorchPagedBackend(AttentionBackend):
+    """Writes K/V with ``ops.reshape_and_cache``, then attends with ``ops.paged_attention``."""
 
     supported_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
@@ -32,7 +35,11 @@ class ReferenceBackend(AttentionBackend):
 
     @classmethod
     def get_name(cls) -> str:
-        return "REFERENCE"
+        return "TORCH_PAGED"
+
+    def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                       metadata: AttentionMetadata) -> None:
+        ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: AttentionMetadata,

@@ -1,0 +1,116 @@
+"""The process's one discovery result: computed on first use, kept, and reset on request.
+
+Discovery is idempotent per process; a spawned worker process runs it again, so
+registrations made by plugins are there in workers too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hwplug import envs, registries
+from hwplug.discovery.entry_points import (
+    BUILTIN_PLATFORM,
+    PLATFORM_GROUP,
+    allowed,
+    distribution,
+    entry_points,
+    is_own,
+)
+from hwplug.discovery.plugins import (
+    PluginRecord,
+    import_plugins,
+    register_model_entry_points,
+    run_plugins,
+)
+from hwplug.discovery.ranking import Candidate, resolve
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Resolution:
+    """The outcome of discovery, as ``hwplug info`` reports it."""
+
+    platform: Any
+    reason: str
+    forced: bool
+    candidates: list[Candidate] = field(default_factory=list)
+    plugins: list[PluginRecord] = field(default_factory=list)
+    sightings: list[Any] = field(default_factory=list)  # hardware without its plugin
+    probe_root: Path = Path("/")
+
+
+def _orphan_sightings(installed: Iterable[str], root: Path) -> list[Any]:
+    from hwplug.platforms.probes import probe_all
+
+    names = set(installed)
+    return [s for s in probe_all(root) if s.device_kind not in names]
+
+
+def discover(root: Path | None = None) -> Resolution:
+    """Resolve the platform and load every plugin (uncached; see :func:`current_platform`).
+
+    Probes read the OS under ``root`` (default: ``HWPLUG_PROBE_ROOT``, i.e. ``/``).
+    """
+    envs.effective()  # an invalid HWPLUG_* value fails here, before anything is imported
+    envs.warn_unknown()
+    root = envs.HWPLUG_PROBE_ROOT if root is None else root
+    all_platform_eps = entry_points(PLATFORM_GROUP)
+    platform_eps = [ep for ep in all_platform_eps if allowed(ep)]
+    chosen, others = resolve(platform_eps, root)
+    rivals = ({distribution(ep)[0] for ep in platform_eps
+               if ep.name != chosen.name and not is_own(ep)} if envs.HWPLUG_PLATFORM else ())
+    records: list[PluginRecord] = []
+    loaded = import_plugins(chosen.name, rivals, records)
+    run_plugins(chosen.platform, loaded)
+    register_model_entry_points()
+    installed = {BUILTIN_PLATFORM, *(ep.name for ep in all_platform_eps)}
+    sightings = _orphan_sightings(installed, root)
+    for sighting in sightings:
+        logger.info("%s hardware seen but no plugin installed: %s", sighting.vendor,
+                    sighting.install_hint)
+    logger.info("platform %s chosen: %s", chosen.name, chosen.reason)
+    return Resolution(chosen.platform, chosen.reason, bool(envs.HWPLUG_PLATFORM),
+                      [chosen, *others], records, sightings, root)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.resolution: Resolution | None = None
+
+
+_state = _State()
+
+
+def resolution() -> Resolution:
+    """The process's discovery result, computed on first use."""
+    with _state.lock:
+        if _state.resolution is None:
+            _state.resolution = discover()
+        return _state.resolution
+
+
+def current_platform() -> Any:
+    """The resolved :class:`~hwplug.Platform` instance (discovers on first call)."""
+    return resolution().platform
+
+
+def reset() -> None:
+    """Forget discovery and everything plugins registered (code registrations stay).
+
+    The next :func:`current_platform` runs discovery again, e.g. after the environment
+    changed. Meant for tests and long-lived tools.
+    """
+    with _state.lock:
+        _state.resolution = None
+        for registry in registries.every():
+            for entry in registry.entries():
+                if entry.source != "code":
+                    registry.drop_source(entry.source)

@@ -1,0 +1,292 @@
+"""``Platform``: what a kind of device is (class attributes) and what this one can do (facts).
+
+A vendor subclasses :class:`Platform` in its plugin and states the facts of the device
+*kind* as class attributes: its name, device type, families, the dtypes, KV-cache dtypes,
+quant methods and attention backends the kind can run (best first). Discovery creates one
+instance per process with the :class:`~hwplug.platforms.sighting.Sighting` its probe
+returned; the instance's :attr:`Platform.facts` narrow the class's lists to the device
+actually present (fp8 KV caches only from a capability, bf16 only where the cores have
+it). Facts are computed once, by :meth:`Platform.derive_facts`, and read by ranking,
+:meth:`Platform.check_and_update_config`, ``hwplug info`` and the conformance kit alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hwplug.dtypes import AUTO, auto_dtype
+from hwplug.errors import UnsupportedError
+from hwplug.interface import StrictInterface
+from hwplug.platforms.device_names import canonical_device_name
+
+if TYPE_CHECKING:
+    from hwplug.config import EngineConfig
+    from hwplug.platforms.sighting import Sighting
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, order=True)
+class DeviceCapability:
+    """A device's feature level, e.g. CUDA compute capability 8.9 -> ``(8, 9)``."""
+
+    major: int
+    minor: int = 0
+
+    @classmethod
+    def parse(cls, value: str | tuple[int, int] | DeviceCapability) -> DeviceCapability:
+        if isinstance(value, DeviceCapability):
+            return value
+        if isinstance(value, tuple):
+            return cls(*value)
+        major, _, minor = str(value).partition(".")
+        return cls(int(major), int(minor or 0))
+
+    def as_int(self) -> int:
+        return self.major * 10 + self.minor
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Device memory in bytes."""
+
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the platform's device is and can do here, computed once per platform instance.
+
+    ``supported_*`` and ``attention_backend_priority`` start as the class's lists and are
+    narrowed to the device; each narrowing is explained in ``notes``. ``features`` are
+    the device features the probe saw (CPU flags such as ``avx2`` or ``bf16``, the
+    architecture); kernel variants may require some. ``available`` is whether this
+    process can drive the device (:meth:`Platform.is_available`).
+    """
+
+    device_name: str
+    canonical_name: str
+    device_count: int
+    capability: DeviceCapability | None
+    features: frozenset[str]
+    supported_dtypes: tuple[str, ...]
+    supported_kv_cache_dtypes: tuple[str, ...]
+    supported_quant_methods: tuple[str, ...]
+    attention_backend_priority: tuple[str, ...]
+    available: bool
+    notes: tuple[str, ...] = ()
+
+    def narrowed(self, reason: str, **changes: Any) -> DeviceFacts:
+        """A copy with ``changes`` applied and ``reason`` added to :attr:`notes`."""
+        return dataclasses.replace(self, **changes, notes=(*self.notes, reason))
+
+    def without_dtypes(self, names: Iterable[str], reason: str) -> DeviceFacts:
+        """A copy without the dtypes ``names`` (compute and KV cache), noting ``reason``."""
+        drop = set(names)
+        return self.narrowed(
+            reason, supported_dtypes=tuple(d for d in self.supported_dtypes if d not in drop),
+            supported_kv_cache_dtypes=tuple(d for d in self.supported_kv_cache_dtypes
+                                            if d not in drop))
+
+
+class Platform(StrictInterface):
+    """A kind of device hwplug can run on. Subclass per device kind; set the facts.
+
+    Instances are created by discovery once per process, with the probe's
+    :class:`~hwplug.platforms.sighting.Sighting` (None when the hardware was not seen,
+    e.g. a platform class checked on a machine without it).
+    """
+
+    _interface_root = True
+
+    #: Unique platform name, also the ``HWPLUG_PLATFORM`` value (``"cuda"``).
+    name: ClassVar[str] = ""
+    #: torch device type tensors live on (``"cuda"``, ``"xpu"``, ``"cpu"``).
+    device_type: ClassVar[str] = ""
+    #: Who makes the hardware (``"nvidia"``).
+    vendor: ClassVar[str] = ""
+    #: Other platform or family names whose kernels and backends this platform runs
+    #: (hwplug-cpu-arm's ``cpu-arm`` is a ``cpu``); see :meth:`matches`.
+    families: ClassVar[tuple[str, ...]] = ()
+    #: Accelerators rank above CPUs when several platforms activate.
+    is_accelerator: ClassVar[bool] = False
+    #: Tie-break among platforms of the same class; higher wins.
+    priority: ClassVar[int] = 0
+    #: ``torch.distributed`` backend name (``"nccl"``, ``"gloo"``, ``"xccl"``).
+    dist_backend: ClassVar[str] = "gloo"
+    #: ``"module:Class"`` of a device communicator, or None for plain torch.distributed.
+    device_communicator: ClassVar[str | None] = None
+    #: Compute dtypes the platform kind runs models in, best first (``auto`` takes the
+    #: first the checkpoint allows).
+    supported_dtypes: ClassVar[tuple[str, ...]] = ()
+    #: KV-cache dtypes the kind can store (fp8 names only where the hardware can).
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ()
+    #: Quantization method names it can run.
+    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
+    #: Attention backends to try, best first.
+    attention_backend_priority: ClassVar[tuple[str, ...]] = ()
+    #: Block size used when a configuration does not ask for one.
+    default_block_size: ClassVar[int] = 16
+    #: Environment variables the platform runs best with (e.g. OpenMP settings), set by
+    #: :meth:`apply_process_env` where the user has not set them.
+    process_env: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, sighting: Sighting | None = None) -> None:
+        self.sighting = sighting
+
+    # --- facts of this device ----------------------------------------------------------
+
+    @functools.cached_property
+    def facts(self) -> DeviceFacts:
+        """This instance's :class:`DeviceFacts`, computed on first use by
+        :meth:`derive_facts` from the class's lists and the device queries."""
+        facts = self.derive_facts(DeviceFacts(
+            device_name=self.get_device_name(),
+            canonical_name=canonical_device_name(self.get_device_name()),
+            device_count=self.device_count(),
+            capability=self.get_device_capability(),
+            features=frozenset(self._sighting_detail("features").split()),
+            supported_dtypes=self.supported_dtypes,
+            supported_kv_cache_dtypes=self.supported_kv_cache_dtypes,
+            supported_quant_methods=self.supported_quant_methods,
+            attention_backend_priority=self.attention_backend_priority,
+            available=self.is_available()))
+        for note in facts.notes:
+            logger.info("platform %s: %s", self.name, note)
+        return facts
+
+    def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
+        """Narrow the class's ``facts`` to this device (called once, by :attr:`facts`).
+
+        Override to drop what the device lacks, with a reason, e.g.
+        ``facts.without_dtypes(["bfloat16"], "the cores lack bf16")``; read
+        ``self.sighting`` and ``facts.capability`` / ``facts.features``. The default
+        keeps everything.
+        """
+        return facts
+
+    def _sighting_detail(self, key: str, default: str = "") -> str:
+        details = self.sighting.details if self.sighting is not None else {}
+        return details.get(key, default)
+
+    def matches(self, names: Iterable[str]) -> bool:
+        """Whether something declared for the platforms ``names`` serves this platform:
+        ``names`` is empty (any platform), or holds its name or one of its families."""
+        wanted = set(names)
+        return not wanted or bool(wanted & {self.name, *self.families})
+
+    def apply_process_env(self) -> dict[str, str]:
+        """Set each :attr:`process_env` variable the environment lacks; return what was set.
+
+        Runtimes read these when torch loads them, so this only acts before torch is
+        imported (hwplug's CLI calls it first thing); afterwards it sets nothing.
+        """
+        if "torch" in sys.modules:
+            return {}
+        applied = {k: v for k, v in self.process_env.items() if k not in os.environ}
+        os.environ.update(applied)
+        if applied:
+            logger.info("platform %s set %s", self.name,
+                        ", ".join(f"{k}={v}" for k, v in applied.items()))
+        return applied
+
+    # --- device queries (override where the device knows better) ---------------------
+
+    def is_available(self) -> bool:
+        """Whether the device can be used in this process (runtime check, may import torch)."""
+        return True
+
+    def device_count(self) -> int:
+        """How many devices of this kind the process sees (the sighting's count by default)."""
+        return self.sighting.count if self.sighting is not None else 1
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        """Marketing name of the device (``"NVIDIA H100 80GB HBM3"``)."""
+        if self.sighting is not None and self.sighting.devices:
+            return self.sighting.devices[min(device_id, len(self.sighting.devices) - 1)]
+        return self.name
+
+    def canonical_device_name(self, device_id: int = 0) -> str:
+        """A base model name shared by board variants (``"h100"``), keying tuning tables."""
+        return canonical_device_name(self.get_device_name(device_id))
+
+    def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
+        """The device's capability, or None where the notion does not apply."""
+        return None
+
+    def has_capability(self, capability: str | tuple[int, int] | DeviceCapability,
+                       device_id: int = 0) -> bool:
+        """Whether the device's capability is at least ``capability``."""
+        current = self.get_device_capability(device_id)
+        return current is not None and current >= DeviceCapability.parse(capability)
+
+    def toolkit_version(self) -> str | None:
+        """Version of the vendor toolkit torch was built with (CUDA, ROCm, ...), if any."""
+        return None
+
+    def memory_info(self, device_id: int = 0) -> MemoryInfo:
+        """Total and free device memory."""
+        raise UnsupportedError(f"platform {self.name!r} cannot report memory")
+
+    def check_and_update_config(self, config: EngineConfig) -> None:
+        """Settle platform-dependent choices in ``config`` before any model is built.
+
+        The default resolves dtype ``auto`` (the first of ``facts.supported_dtypes`` the
+        checkpoint allows), checks the dtype and KV-cache dtype against :attr:`facts` and
+        settles the attention backend and block size (see
+        :func:`hwplug.attention_selection.settle_attention`). Raise
+        :class:`UnsupportedError` with the reason when the configuration cannot run here.
+        """
+        from hwplug.attention_selection import settle_attention
+
+        facts = self.facts
+        if config.dtype == AUTO:
+            config.dtype = auto_dtype(facts.supported_dtypes, config.checkpoint_dtype)
+        if config.dtype not in facts.supported_dtypes:
+            raise UnsupportedError(
+                f"dtype {config.dtype!r} is not supported on platform {self.name!r}; "
+                f"supported: {', '.join(facts.supported_dtypes)}")
+        kv_dtype = config.kv_cache_dtype or config.dtype
+        if kv_dtype not in facts.supported_kv_cache_dtypes:
+            raise UnsupportedError(
+                f"KV-cache dtype {kv_dtype!r} is not supported on platform {self.name!r}; "
+                f"supported: {', '.join(facts.supported_kv_cache_dtypes)}")
+        config.kv_cache_dtype = kv_dtype
+        settle_attention(self, config)
+
+    def describe(self) -> dict[str, Any]:
+        """The platform's facts as plain data, for ``hwplug info``."""
+        facts = self.facts
+        return {
+            "name": self.name,
+            "device_type": self.device_type,
+            "vendor": self.vendor,
+            "families": list(self.families),
+            "device_name": facts.device_name,
+            "canonical_device_name": facts.canonical_name,
+            "device_count": facts.device_count,
+            "capability": str(facts.capability) if facts.capability else None,
+            "features": sorted(facts.features),
+            "available": facts.available,
+            "toolkit_version": self.toolkit_version(),
+            "dist_backend": self.dist_backend,
+            "supported_dtypes": list(facts.supported_dtypes),
+            "supported_kv_cache_dtypes": list(facts.supported_kv_cache_dtypes),
+            "supported_quant_methods": list(facts.supported_quant_methods),
+            "attention_backend_priority": list(facts.attention_backend_priority),
+            "notes": list(facts.notes),
+        }
+
+    def __repr__(self) -> str:
+        return f"<Platform {self.name}>"

@@ -1,0 +1,70 @@
+"""hwplug-cuda's platform and TRITON_ATTN as discovery makes them from fake NVIDIA trees.
+
+Hardware is simulated only at the probe boundary: discovery reads a fake ``/proc`` +
+``/sys`` tree (``tests/fake_hw.py``), whose PCI device id gives the capability. Without a
+GPU the device queries fall back to that sighting, so capability-dependent facts (fp8 KV
+caches from 8.9) and the attention choice are decided as on the real machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_hw import make_nvidia_tree
+from plugin_checks import check_activate, discovered
+
+from hwplug.attention import AttentionSpec
+from hwplug.attention_selection import select_backend
+from hwplug.platform_interface import DeviceCapability
+from hwplug_cuda.platform import CudaPlatform
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="a GPU is present: its facts come from torch.cuda")
+
+
+@pytest.fixture
+def nvidia_host(tmp_path, monkeypatch, fresh_discovery):
+    """``nvidia_host(model, device_id)``: the cuda platform discovery makes for it."""
+    def make(model: str, device_id: int) -> CudaPlatform:
+        make_nvidia_tree(tmp_path, [model] * 2, device_id=device_id)
+        platform = discovered(monkeypatch, tmp_path, "cuda")
+        assert isinstance(platform, CudaPlatform) and not platform.facts.available
+        return platform
+    return make
+
+
+def test_an_h100_gets_capability_9_0_and_fp8_kv_caches_from_its_sighting(nvidia_host):
+    h100 = nvidia_host("NVIDIA H100 80GB HBM3", 0x2330)
+    facts = h100.facts
+    assert (facts.device_name, facts.canonical_name, facts.device_count) == (
+        "NVIDIA H100 80GB HBM3", "h100", 2)
+    assert facts.capability == DeviceCapability(9, 0) and h100.has_capability("8.9")
+    assert facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32", "fp8_e4m3",
+                                               "fp8_e5m2")
+    assert facts.supported_dtypes[0] == "bfloat16"  # auto picks bf16 on a GPU
+
+
+def test_an_a100_has_no_fp8_kv_cache_and_says_why(nvidia_host):
+    a100 = nvidia_host("NVIDIA A100-SXM4-80GB", 0x20B2)
+    assert a100.facts.capability == DeviceCapability(8, 0)
+    assert a100.facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
+    assert a100.facts.notes == ("fp8 KV cache needs capability 8.9, the device has 8.0",)
+
+
+def test_triton_attn_serves_where_the_registry_chooses_its_triton_kernels(nvidia_host,
+                                                                          monkeypatch):
+    h100 = nvidia_host("NVIDIA H100 80GB HBM3", 0x2330)
+    spec = AttentionSpec(32, 8, 128, "bfloat16")
+    assert select_backend(h100, spec).backend.get_name() == "TRITON_ATTN"
+    monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", "paged_attention/triton")
+    selection = select_backend(h100, spec)
+    assert selection.backend.get_name() == "TORCH_PAGED"
+    assert selection.rejected["TRITON_ATTN"] == [
+        "paged_attention would not use its triton variant: disabled by "
+        "HWPLUG_DISABLED_KERNELS"]
+
+
+def test_activate_answers_for_nvidia_gpus_only(tmp_path):
+    check_activate("cuda", tmp_path, None, CudaPlatform)
+    make_nvidia_tree(tmp_path)
+    check_activate("cuda", tmp_path, "hwplug_cuda.platform:CudaPlatform", CudaPlatform)
