@@ -26,6 +26,7 @@ _LAZY = {
     "AttentionSpec": "hwplug.attention",
     "AttentionMetadata": "hwplug.attention",
     "QuantMethod": "hwplug.quantization",
+    "ScaleDescriptor": "hwplug.quantization",
     "Connector": "hwplug.connector",
     "ConnectorMetadata": "hwplug.connector",
     "KVLayout": "hwplug.connector",

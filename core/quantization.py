@@ -3,17 +3,59 @@
 A quant method is chosen per checkpoint from its quantization config (``None`` means
 ``"unquantized"``). The model's linear layers delegate weight creation, post-load
 processing and the matmul to it; the matmul kernels come from the kernel registry.
+Scales are described by one small type, :class:`ScaleDescriptor`, wherever they occur
+(weights, activations, KV caches).
 """
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.interface import StrictInterface
 
 if TYPE_CHECKING:
     import torch
+
+#: How many values share one scale: the whole tensor, one output channel (row), one token
+#: (row of an activation), or a group / block of ``group_shape`` elements.
+Granularity = Literal["tensor", "channel", "token", "group", "block"]
+GRANULARITIES: tuple[str, ...] = ("tensor", "channel", "token", "group", "block")
+
+
+@dataclass(frozen=True)
+class ScaleDescriptor:
+    """How a quantized tensor is scaled: ``real = stored * scale``.
+
+    ``dtype`` is the stored dtype (``"fp8_e4m3"``, ``"int8"``, ...); ``dynamic`` scales are
+    computed from each tensor as it arrives (activations), static ones are loaded with the
+    checkpoint. ``group_shape`` is required for ``"group"`` (``(1, 128)``: 128 consecutive
+    input elements) and ``"block"`` (``(128, 128)``) and absent otherwise.
+    """
+
+    dtype: str
+    granularity: Granularity = "tensor"
+    dynamic: bool = False
+    group_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ConfigError(f"scale granularity {self.granularity!r} is not valid; choose "
+                              f"one of: {', '.join(GRANULARITIES)}")
+        grouped = self.granularity in ("group", "block")
+        if grouped and not (self.group_shape and all(n > 0 for n in self.group_shape)):
+            raise ConfigError(f"{self.granularity} scales need a positive group_shape, got "
+                              f"{self.group_shape!r}")
+        if not grouped and self.group_shape is not None:
+            raise ConfigError(f"{self.granularity} scales take no group_shape, got "
+                              f"{self.group_shape!r}")
+
+    def __str__(self) -> str:
+        shape = f" {'x'.join(map(str, self.group_shape))}" if self.group_shape else ""
+        kind = "dynamic" if self.dynamic else "static"
+        return f"{self.dtype} per-{self.granularity}{shape} ({kind})"
 
 
 class QuantMethod(StrictInterface, abc.ABC):
@@ -47,3 +89,13 @@ class QuantMethod(StrictInterface, abc.ABC):
     @abc.abstractmethod
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``x [..., input_size]`` -> ``[..., output_size]`` (bias included)."""
+
+    def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
+        """The weight ``apply`` multiplies by, as float32 ``[output_size, input_size]``.
+
+        Valid after :meth:`process_weights_after_loading`. It is the oracle of the
+        conformance kit, which checks ``apply(layer, x)`` against
+        ``x @ dequantize(layer).T + bias``; a method without it cannot be checked.
+        """
+        raise UnsupportedError(f"quant method {self.get_name()!r} does not implement "
+                               "dequantize(layer), so it cannot be checked against x @ W.T")

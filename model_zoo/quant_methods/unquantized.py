@@ -29,3 +29,6 @@ class UnquantizedLinearMethod(QuantMethod):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, layer.weight, layer.bias)
+
+    def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
+        return layer.weight.float()
