@@ -1,1 +1,2 @@
-"""hwplug-cuda: the NVIDIA GPU platform, its Triton kernels and the TRITON_ATTN backend."""
+"""hwplug-cuda: the NVIDIA GPU platform; its kernels come from hwplug-triton, plus cuBLASLt
+fp8 ``scaled_mm`` and the TRITON_ATTN backend."""

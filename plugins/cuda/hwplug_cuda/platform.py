@@ -19,12 +19,14 @@ class CudaPlatform(Platform):
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
     vendor: ClassVar[str] = "nvidia"
+    #: Runs what is written for Triton GPUs.
+    families: ClassVar[tuple[str, ...]] = ("triton",)
     is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "nccl"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
         "bfloat16", "float16", "float32", *FP8_KV_DTYPES)
-    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
+    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "int8", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = ("TRITON_ATTN", "TORCH_PAGED")
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:

@@ -15,6 +15,7 @@ from plugin_checks import check_activate, discovered
 
 from hwplug.attention import AttentionSpec
 from hwplug.attention_selection import select_backend
+from hwplug.kernel_registry import kernels
 from hwplug.platform_interface import DeviceCapability
 from hwplug_cuda.platform import CudaPlatform
 
@@ -42,6 +43,7 @@ def test_an_h100_gets_capability_9_0_and_fp8_kv_caches_from_its_sighting(nvidia_
     assert facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32", "fp8_e4m3",
                                                "fp8_e5m2")
     assert facts.supported_dtypes[0] == "bfloat16"  # auto picks bf16 on a GPU
+    assert h100.matches(("triton",))  # a Triton GPU, like rocm and xpu
 
 
 def test_an_a100_has_no_fp8_kv_cache_and_says_why(nvidia_host):
@@ -64,7 +66,35 @@ def test_triton_attn_serves_where_the_registry_chooses_its_triton_kernels(nvidia
         "HWPLUG_DISABLED_KERNELS"]
 
 
+def test_an_h100_serves_fp8_kv_caches_with_triton_attn(nvidia_host):
+    h100 = nvidia_host("NVIDIA H100 80GB HBM3", 0x2330)
+    spec = AttentionSpec(32, 8, 128, "bfloat16", kv_cache_dtype="fp8_e4m3")
+    assert select_backend(h100, spec).backend.get_name() == "TRITON_ATTN"
+
+
+def test_a_v100_gets_neither_the_triton_kernels_nor_triton_attn(nvidia_host):
+    """hwplug-triton's kernels are registered for cuda from capability 8.0."""
+    v100 = nvidia_host("Tesla V100-SXM2-32GB", 0x1DB4)
+    assert v100.facts.capability == DeviceCapability(7, 0)
+    why = kernels.explain("paged_attention", v100, "cuda", "float16")
+    assert why.chosen.name == "reference" and why.rejected["triton"] == "capability 7.0 below 8.0"
+    selection = select_backend(v100, AttentionSpec(32, 8, 128, "float16"))
+    assert selection.backend.get_name() == "TORCH_PAGED"
+    assert selection.rejected["TRITON_ATTN"] == ["capability 7.0 below 8.0"]
+
+
 def test_activate_answers_for_nvidia_gpus_only(tmp_path):
     check_activate("cuda", tmp_path, None, CudaPlatform)
     make_nvidia_tree(tmp_path)
     check_activate("cuda", tmp_path, "hwplug_cuda.platform:CudaPlatform", CudaPlatform)
+
+
+def test_fp8_quantization_needs_capability_8_9(nvidia_host):
+    from hwplug.errors import UnsupportedError
+    from hwplug.model_zoo.quant_methods import quant_method_for
+
+    a100 = nvidia_host("NVIDIA A100-SXM4-80GB", 0x20B2)
+    with pytest.raises(UnsupportedError, match="quantization 'fp8' needs device capability "
+                                               "8.9; NVIDIA A100-SXM4-80GB has 8.0"):
+        quant_method_for({"quant_method": "fp8"}, a100, "bfloat16")
+    assert quant_method_for({"quant_method": "int8"}, a100, "bfloat16").get_name() == "int8"

@@ -1,1 +1,2 @@
-"""hwplug-rocm-aiter: the AMD Instinct platform (ROCm); AITER kernels come in a later release."""
+"""hwplug-rocm-aiter: the AMD GPU platform (ROCm), hwplug-triton's kernels over ROCm's paged
+KV layout, and AMD's AITER paged attention where installed."""

@@ -2,32 +2,69 @@
 
 from __future__ import annotations
 
+import dataclasses
+from functools import cache
 from typing import ClassVar
 
-from hwplug.platform_interface import DeviceCapability, MemoryInfo, Platform
+from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
+from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
+from hwplug.platforms.amd import gfx_capability
+
+#: The fp8 flavour each ISA computes in. hwplug's fp8 KV caches (``fp8_e4m3``,
+#: ``fp8_e5m2``) are the OCP formats (torch ``float8_e4m3fn`` / ``float8_e5m2``); gfx942
+#: (MI300) computes in the fnuz formats instead, gfx950 (MI350) and RDNA4 in OCP's.
+FP8_FLAVOURS = {"gfx942": "e4m3fnuz", "gfx950": "e4m3fn", "gfx1200": "e4m3fn",
+                "gfx1201": "e4m3fn"}
 
 
 class RocmPlatform(Platform):
-    """AMD GPUs. torch exposes them as the ``cuda`` device type; RCCL serves as ``nccl``.
+    """AMD GPUs. torch exposes them as the ``cuda`` device type; RCCL is the collective
+    library (torch's ROCm build registers it under the ``nccl`` backend name).
 
-    No attention backend is registered yet (AITER kernels are future work), so building
-    a model here raises an error that says so instead of silently using another device.
-    Device queries ask torch where this process can drive the GPU, else the sighting.
+    Device queries ask torch where this process can drive the GPU, else the probe's
+    sighting: the name, the ISA (``gfx942``, from which the capability, ``9.4``, and the
+    fp8 flavour follow) and amdgpu's VRAM counters.
     """
 
     name: ClassVar[str] = "rocm"
     device_type: ClassVar[str] = "cuda"
     vendor: ClassVar[str] = "amd"
+    #: Runs what is written for Triton GPUs.
+    families: ClassVar[tuple[str, ...]] = ("triton",)
     is_accelerator: ClassVar[bool] = True
-    dist_backend: ClassVar[str] = "nccl"
+    dist_backend: ClassVar[str] = "rccl"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
-    attention_backend_priority: ClassVar[tuple[str, ...]] = ()
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (*FLOAT_DTYPES, *FP8_KV_DTYPES)
+    #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
+    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "gguf")
+    attention_backend_priority: ClassVar[tuple[str, ...]] = (
+        "ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED")
+
+    def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
+        """fp8 KV caches and fp8 checkpoints where the ISA computes in OCP fp8 (gfx950,
+        RDNA4); elsewhere neither, the flavour stated."""
+        target = self._gfx_target()
+        flavour = FP8_FLAVOURS.get(target or "")
+        if flavour == "e4m3fn":
+            return facts.narrowed(f"fp8 flavour e4m3fn (OCP) on {target}: fp8 KV caches "
+                                  "fp8_e4m3 / fp8_e5m2 and fp8 checkpoints")
+        reason = (f"fp8 flavour {flavour} on {target}: hwplug's fp8 KV caches and fp8 "
+                  "checkpoints are OCP e4m3fn / e5m2, which it does not compute in, so "
+                  "neither is offered" if flavour is not None else
+                  f"no fp8 on {target or 'an unknown ISA'}: no fp8 KV cache or checkpoint")
+        facts = facts.without_dtypes(FP8_KV_DTYPES, reason)
+        return dataclasses.replace(facts, supported_quant_methods=tuple(
+            m for m in facts.supported_quant_methods if m != "fp8"))
 
     def is_available(self) -> bool:
         import torch
 
         return torch.cuda.is_available() and torch.version.hip is not None
+
+    def device_count(self) -> int:
+        import torch
+
+        return torch.cuda.device_count() if self.is_available() else super().device_count()
 
     def get_device_name(self, device_id: int = 0) -> str:
         if not self.is_available():
@@ -37,11 +74,12 @@ class RocmPlatform(Platform):
         return torch.cuda.get_device_name(device_id)
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
-        if not self.is_available():
-            return None
-        import torch
+        if self.is_available():
+            import torch
 
-        return DeviceCapability(*torch.cuda.get_device_capability(device_id))
+            return DeviceCapability(*torch.cuda.get_device_capability(device_id))
+        known = gfx_capability(self._gfx_target() or "")
+        return DeviceCapability.parse(known) if known else None
 
     def toolkit_version(self) -> str | None:
         import torch
@@ -49,7 +87,28 @@ class RocmPlatform(Platform):
         return torch.version.hip
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
-        import torch
+        """From torch where it drives the GPU, else amdgpu's VRAM counters the probe read."""
+        if self.is_available():
+            import torch
 
-        free, total = torch.cuda.mem_get_info(device_id)
-        return MemoryInfo(total=total, free=free)
+            free, total = torch.cuda.mem_get_info(device_id)
+            return MemoryInfo(total=total, free=free)
+        total = self._sighting_detail("vram_total")
+        if not total:
+            return super().memory_info(device_id)
+        return MemoryInfo(total=int(total),
+                          free=int(total) - int(self._sighting_detail("vram_used", "0")))
+
+    def _gfx_target(self) -> str | None:
+        """The first GPU's ISA: from torch where it drives the GPU, else the sighting's."""
+        if self.is_available():
+            return _gcn_arch(0)
+        targets = self._sighting_detail("gfx_targets")
+        return targets.split(",")[0] if targets else None
+
+
+@cache
+def _gcn_arch(device_id: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_properties(device_id).gcnArchName.split(":")[0]

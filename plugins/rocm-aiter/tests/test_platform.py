@@ -1,7 +1,9 @@
-"""hwplug-rocm-aiter: the probe entry point and ``RocmPlatform`` against fake sysfs trees.
+"""hwplug-rocm-aiter's platform as discovery makes it from fake sysfs trees.
 
 Hardware is simulated only at the probe boundary: the probe, the ``activate`` entry point
-and discovery read a fake tree (``tests/fake_hw.py``).
+and discovery read a fake tree (``tests/fake_hw.py``), whose KFD ``gfx_target_version``
+gives the ISA and so the capability and fp8 flavour, and whose amdgpu VRAM counters give
+the memory. Without a ROCm torch the device queries fall back to that sighting.
 """
 
 from __future__ import annotations
@@ -9,50 +11,86 @@ from __future__ import annotations
 import functools
 
 import pytest
-from fake_hw import make_amd_tree, make_nvidia_tree
-from plugin_checks import check_activate, check_no_attention_backend, discovered
+import torch
+from fake_hw import add_amd_vram, make_amd_tree, make_nvidia_tree
+from plugin_checks import check_activate, discovered
 
 from hwplug.config import EngineConfig
-from hwplug.conformance import run_conformance
 from hwplug.errors import UnsupportedError
+from hwplug.platform_interface import DeviceCapability, MemoryInfo
 from hwplug.platforms import amd
 from hwplug_rocm_aiter.platform import RocmPlatform
 
+pytestmark = pytest.mark.skipif(torch.version.hip is not None and torch.cuda.is_available(),
+                                reason="a ROCm device is present: its facts come from torch")
+
+GIB = 1 << 30
+
 
 @pytest.fixture
-def mi300x(tmp_path, monkeypatch, fresh_discovery) -> RocmPlatform:
-    """The platform discovery makes from the probe's sighting of an 8 x MI300X node."""
-    make_amd_tree(tmp_path, ["AMD Instinct MI300X"] * 8)
-    sighting = amd.probe(tmp_path)
-    assert (sighting.devices, sighting.count) == (("AMD Instinct MI300X",) * 8, 8)
-    assert dict(sighting.details) == {"gfx_targets": "gfx942"}
-    platform = discovered(monkeypatch, tmp_path, "rocm")
-    assert isinstance(platform, RocmPlatform) and platform.sighting == sighting
-    return platform
+def amd_host(tmp_path, monkeypatch, fresh_discovery):
+    """``amd_host(product, gfx_target_version, count)``: the rocm platform discovery makes
+    for that node (192 GiB of VRAM per GPU, 2 GiB used)."""
+    def make(product: str, gfx_target_version: int, count: int = 1) -> RocmPlatform:
+        addresses = make_amd_tree(tmp_path, [product] * count,
+                                  gfx_target_version=gfx_target_version)
+        add_amd_vram(tmp_path, addresses, 192 * GIB, 2 * GIB)
+        platform = discovered(monkeypatch, tmp_path, "rocm")
+        assert isinstance(platform, RocmPlatform) and not platform.facts.available
+        assert platform.sighting == amd.probe(tmp_path)
+        return platform
+    return make
 
 
-def test_declared_facts(mi300x):
-    assert (mi300x.name, mi300x.vendor, mi300x.device_type) == ("rocm", "amd", "cuda")
-    assert mi300x.dist_backend == "nccl" and mi300x.is_accelerator
+def test_an_mi300x_is_gfx942_capability_9_4_with_fnuz_fp8_so_no_fp8_kv_cache(amd_host):
+    mi300x = amd_host("AMD Instinct MI300X", 90402, count=8)
     facts = mi300x.facts
-    assert facts.supported_dtypes == ("bfloat16", "float16", "float32")
-    assert facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
-    assert facts.supported_quant_methods == ("unquantized",)
-    assert facts.attention_backend_priority == ()
-
-
-def test_without_a_rocm_torch_the_facts_come_from_the_sighting(mi300x):
-    import torch
-
-    if torch.version.hip is not None and torch.cuda.is_available():
-        pytest.skip("a ROCm device is present: names and capability come from torch")
-    assert not mi300x.is_available()
-    facts = mi300x.describe()
-    assert (facts["device_name"], facts["canonical_device_name"], facts["device_count"]) == (
+    assert (facts.device_name, facts.canonical_name, facts.device_count) == (
         "AMD Instinct MI300X", "mi300x", 8)
-    assert (facts["capability"], facts["toolkit_version"], facts["available"]) == (
-        None, None, False)
-    assert not mi300x.has_capability("9.0")
+    assert facts.capability == DeviceCapability(9, 4) and mi300x.has_capability("9.0")
+    assert facts.supported_kv_cache_dtypes == ("float32", "bfloat16", "float16")
+    assert facts.notes == ("fp8 flavour e4m3fnuz on gfx942: hwplug's fp8 KV caches and fp8 "
+                           "checkpoints are OCP e4m3fn / e5m2, which it does not compute in, "
+                           "so neither is offered",)
+    assert facts.supported_dtypes[0] == "bfloat16" and facts.supported_quant_methods == (
+        "unquantized", "gguf")
+    assert facts.attention_backend_priority == ("ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED")
+    assert (mi300x.dist_backend, mi300x.device_type, mi300x.families) == (
+        "rccl", "cuda", ("triton",))
+    assert mi300x.memory_info() == MemoryInfo(total=192 * GIB, free=190 * GIB)
+
+
+def test_an_mi355x_is_gfx950_with_ocp_fp8_kv_caches(amd_host):
+    mi355x = amd_host("AMD Instinct MI355X", 90500)
+    assert mi355x.facts.capability == DeviceCapability(9, 5)
+    assert mi355x.facts.supported_kv_cache_dtypes == (
+        "float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
+    assert mi355x.facts.notes == (
+        "fp8 flavour e4m3fn (OCP) on gfx950: fp8 KV caches fp8_e4m3 / fp8_e5m2 and fp8 "
+        "checkpoints",)
+    assert "fp8" in mi355x.facts.supported_quant_methods
+    config = EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+    mi355x.check_and_update_config(config)
+    assert config.attention_backend == "ROCM_TRITON"  # AITER's wrapper takes no fp8 cache
+
+
+def test_an_mi250x_is_gfx90a_capability_9_0_without_fp8(amd_host):
+    mi250x = amd_host("AMD Instinct MI250X", 90010)
+    assert mi250x.facts.capability == DeviceCapability(9, 0)
+    assert mi250x.facts.notes == ("no fp8 on gfx90a: no fp8 KV cache or checkpoint",)
+    assert "fp8" not in mi250x.facts.supported_quant_methods
+    with pytest.raises(UnsupportedError, match="KV-cache dtype 'fp8_e4m3' is not supported "
+                                               "on platform 'rocm'"):
+        mi250x.check_and_update_config(
+            EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"))
+
+
+def test_without_vram_counters_memory_is_unknown(tmp_path, monkeypatch, fresh_discovery):
+    make_amd_tree(tmp_path, ["AMD Radeon PRO W7900"], gfx_target_version=110000)
+    platform = discovered(monkeypatch, tmp_path, "rocm")
+    assert platform.facts.capability == DeviceCapability(11, 0)
+    with pytest.raises(UnsupportedError, match="cannot report memory"):
+        platform.memory_info()
 
 
 @pytest.mark.parametrize("builder, expected", [
@@ -65,23 +103,3 @@ def test_without_a_rocm_torch_the_facts_come_from_the_sighting(mi300x):
 def test_activate_answers_for_amd_gpus_only(tmp_path, builder, expected):
     builder(tmp_path)
     check_activate("rocm", tmp_path, expected, RocmPlatform)
-
-
-def test_asking_for_attention_names_the_missing_backend(mi300x):
-    check_no_attention_backend(mi300x, 32, 8, "bfloat16")
-
-
-def test_fp8_kv_cache_is_refused_before_attention(mi300x):
-    with pytest.raises(UnsupportedError, match="KV-cache dtype 'fp8_e4m3' is not supported "
-                                               "on platform 'rocm'"):
-        mi300x.check_and_update_config(
-            EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"))
-
-
-def test_conformance_passes_and_notes_the_missing_backend():
-    report = run_conformance("rocm")
-    assert report.ok, report.summary()
-    results = {r.check: r for r in report.results}
-    assert results["probe: cheap"].status == "passed"
-    assert "declares no attention backend" in results["platform facts"].detail
-    assert results["registration"].status == "skipped"  # no hwplug.plugins entry point

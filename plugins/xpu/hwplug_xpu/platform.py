@@ -2,38 +2,65 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import logging
+from functools import cache
+from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.platform_interface import MemoryInfo, Platform
+from hwplug import registries
+from hwplug.platform_interface import DeviceFacts, MemoryInfo, Platform
+from hwplug_xpu.devices import has_xmx, model_name
+
+if TYPE_CHECKING:
+    from hwplug.config import EngineConfig
+
+logger = logging.getLogger(__name__)
 
 
 class XpuPlatform(Platform):
-    """Intel Data Center and Arc GPUs. intel-extension-for-pytorch is optional (extra ``ipex``).
-
-    No attention backend is registered yet, so building a model here raises an error
-    that says so instead of silently using another device.
-    """
+    """Intel Data Center GPU Max / Flex and Arc GPUs. Device queries ask torch.xpu where
+    this process can drive the GPU, else the probe's sighting (PCI ids, named by
+    :mod:`hwplug_xpu.devices`). intel-extension-for-pytorch is optional (extra ``ipex``)."""
 
     name: ClassVar[str] = "xpu"
     device_type: ClassVar[str] = "xpu"
     vendor: ClassVar[str] = "intel"
+    #: Runs what is written for Triton GPUs (Intel's Triton backend compiles it).
+    families: ClassVar[tuple[str, ...]] = ("triton",)
     is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "xccl"
+    #: All-to-all as all-gather + reduce-scatter (vLLM #32654).
+    device_communicator: ClassVar[str | None] = "hwplug_xpu.communicator:XpuCommunicator"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
-    attention_backend_priority: ClassVar[tuple[str, ...]] = ()
+    #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
+    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "gguf")
+    attention_backend_priority: ClassVar[tuple[str, ...]] = (
+        "XPU_IPEX", "XPU_TRITON", "TORCH_PAGED")
+    #: A block size both XPU_IPEX and XPU_TRITON accept.
+    default_block_size: ClassVar[int] = 64
+
+    def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
+        """The ``xmx`` feature (matrix engines) on the models that have them."""
+        if has_xmx(facts.device_name):
+            return facts.narrowed(f"{facts.device_name} has XMX matrix engines",
+                                  features=facts.features | {"xmx"})
+        return facts.narrowed(f"{facts.device_name} is not a GPU known to have XMX matrix "
+                              "engines: IPEX's kernels are not used")
 
     def is_available(self) -> bool:
         import torch
 
         return hasattr(torch, "xpu") and torch.xpu.is_available()
 
-    def get_device_name(self, device_id: int = 0) -> str:
-        if not self.is_available():
-            return super().get_device_name(device_id)
+    def device_count(self) -> int:
         import torch
 
-        return torch.xpu.get_device_name(device_id)
+        return torch.xpu.device_count() if self.is_available() else super().device_count()
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        if self.is_available():
+            return _device_name(device_id)
+        return model_name(super().get_device_name(device_id))
 
     def toolkit_version(self) -> str | None:
         import torch
@@ -41,7 +68,44 @@ class XpuPlatform(Platform):
         return getattr(torch.version, "xpu", None)
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
+        """From torch.xpu where it drives the GPU (total minus what torch reserved)."""
+        if not self.is_available():
+            return super().memory_info(device_id)
         import torch
 
         total = torch.xpu.get_device_properties(device_id).total_memory
         return MemoryInfo(total=total, free=total - torch.xpu.memory_reserved(device_id))
+
+    def check_and_update_config(self, config: EngineConfig) -> None:
+        """The default settling, then one warning when a backend ahead of the chosen one in
+        the priority list has no kernels for the model dtype (float32 on XPU_IPEX: the
+        Triton backend serves it, vLLM #31762)."""
+        super().check_and_update_config(config)
+        priority = list(self.facts.attention_backend_priority)
+        chosen = config.attention_backend
+        ahead = priority[:priority.index(chosen)] if chosen in priority else []
+        lacking = tuple(name for name in ahead
+                        if config.dtype not in _declared_dtypes(name))
+        if lacking:
+            _warn_dtype_fallback(lacking, config.dtype, chosen)
+
+
+def _declared_dtypes(backend: str) -> tuple[str, ...]:
+    try:
+        return registries.attention_backends.get(backend).supported_dtypes
+    except Exception:  # a backend that fails to import declares nothing it can serve
+        return ()
+
+
+@cache
+def _warn_dtype_fallback(backends: tuple[str, ...], dtype: str, chosen: str) -> None:
+    """Warn once per process and case."""
+    logger.warning("%s has no %s kernels: the %s model runs on %s instead (vLLM #31762)",
+                   ", ".join(backends), dtype, dtype, chosen)
+
+
+@cache
+def _device_name(device_id: int) -> str:
+    import torch
+
+    return torch.xpu.get_device_name(device_id)

@@ -5,7 +5,10 @@ One program serves one sequence, one KV head and one split of the context: it ho
 per group. With more than one split, each program writes an unnormalised partial
 (accumulator, running max, running sum) and ``_reduce_splits_kernel`` merges them.
 The number of splits is chosen so that ``batch * Hkv * splits`` fills the GPU
-(``waves`` programs per SM), and no split is shorter than ``min_split_tokens``.
+(``waves`` programs per compute unit), and no split is shorter than ``min_split_tokens``.
+The cache is read through a :class:`~hwplug_triton.kernels.layouts.CacheView`, so one
+kernel serves every layout; a quantized cache's scales fold into the score scale (keys)
+and the accumulator (values).
 """
 
 from __future__ import annotations
@@ -16,26 +19,33 @@ import torch
 import triton
 import triton.language as tl
 
-from hwplug_cuda.kernels.attention_tiles import (
+from hwplug_triton.kernels.attention_tiles import (
     attend_key_range,
+    cache_arguments,
+    cache_constants,
     dot_operands,
+    kv_head_scales,
     padded_head_size,
 )
-from hwplug_cuda.kernels.configs import launch_config
+from hwplug_triton.kernels.functions import chunked
+from hwplug_triton.kernels.layouts import CacheView
+from hwplug_triton.tuning import launch_config
 
 
-def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+def decode_attention(query: torch.Tensor, view: CacheView, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                      sliding_window: int | None, soft_cap: float | None, max_seq_len: int,
+                     scales: tuple[torch.Tensor, torch.Tensor] | None,
                      split_size: int | None = None) -> torch.Tensor:
     """``paged_attention`` for a batch whose every query length is 1 (``query [B, Hq, D]``).
 
-    ``max_seq_len`` sizes the grid. ``split_size`` (keys per split, rounded up to the
-    key tile) overrides the tuned choice; ``split_size >= max_seq_len`` means no split.
-    Causality needs no mask here: a decode query sees its whole context.
+    ``max_seq_len`` sizes the grid; ``scales`` are a quantized cache's ``[Hkv]`` k/v
+    scales. ``split_size`` (keys per split, rounded up to the key tile) overrides the tuned
+    choice; ``split_size >= max_seq_len`` means no split. Causality needs no mask here: a
+    decode query sees its whole context.
     """
     num_seqs, num_heads, head_size = query.shape
-    num_kv_heads = kv_cache.shape[3]
+    num_kv_heads = view.num_kv_heads
     group = num_heads // num_kv_heads
     config = launch_config("paged_attention_decode", query.device, max_seq_len)
     split_size, num_splits = split_plan(num_seqs * num_kv_heads, max_seq_len, config,
@@ -49,15 +59,14 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
         partial_sum = torch.empty_like(partial_max)
     block_d = padded_head_size(head_size)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc, out,
-        partial_acc, partial_max, partial_sum, num_heads, num_splits, split_size,
-        scale, soft_cap or 0.0, sliding_window or 0,
+        query, *cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
+        query_start_loc, out, partial_acc, partial_max, partial_sum, num_heads, num_splits,
+        split_size, scale, soft_cap or 0.0, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=kv_cache.shape[2],
+        **cache_constants(view), GROUP=group, HEAD_SIZE=head_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config["block_n"], BLOCK_D=block_d,
         SLIDING=sliding_window is not None, SOFT_CAP=soft_cap is not None,
-        SPLIT=num_splits > 1, **dot_operands(query.dtype, query.device),
+        SCALED=scales is not None, SPLIT=num_splits > 1, **dot_operands(query.dtype, query.device),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     if num_splits > 1:
         _reduce_splits_kernel[(num_seqs, num_heads)](
@@ -74,11 +83,12 @@ def split_plan(programs: int, max_seq_len: int, config: dict, device: torch.devi
     pairs over contexts of at most ``max_seq_len`` keys.
 
     Unless ``split_size`` is given, splits are added until there are ``waves`` programs
-    per SM, keeping every split at least ``min_split_tokens`` long. The split size is
-    rounded up to whole key tiles (``block_n``).
+    per compute unit, keeping every split at least ``min_split_tokens`` long. The split
+    size is rounded up to whole key tiles (``block_n``).
     """
     if split_size is None:
-        wanted = triton.cdiv(config["waves"] * _num_sms(device.type, device.index), programs)
+        wanted = triton.cdiv(config["waves"] * _compute_units(device.type, device.index),
+                             programs)
         splits = max(1, min(wanted, max_seq_len // config["min_split_tokens"]))
         split_size = triton.cdiv(max_seq_len, splits)
     split_size = triton.cdiv(max(split_size, 1), config["block_n"]) * config["block_n"]
@@ -86,25 +96,30 @@ def split_plan(programs: int, max_seq_len: int, config: dict, device: torch.devi
 
 
 @cache
-def _num_sms(device_type: str, index: int | None) -> int:
-    """Streaming multiprocessors of a CUDA device; 1 elsewhere (the interpreter)."""
-    if device_type != "cuda":
+def _compute_units(device_type: str, index: int | None) -> int:
+    """Streaming multiprocessors (CUDA), compute units (ROCm, torch's ``cuda`` there too) or
+    Xe cores (XPU: ``gpu_subslice_count``) of the device; 1 on CPU (the interpreter) and
+    where the device reports neither."""
+    if device_type == "cpu":
         return 1
-    if index is None:
-        index = torch.cuda.current_device()
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    module = getattr(torch, device_type)
+    index = module.current_device() if index is None else index
+    properties = module.get_device_properties(index)
+    return (getattr(properties, "multi_processor_count", None)
+            or getattr(properties, "gpu_subslice_count", None) or 1)
 
 
 @triton.jit
-def _decode_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-                   query_start_loc_ptr, out_ptr, partial_acc_ptr, partial_max_ptr,
-                   partial_sum_ptr, num_heads, num_splits, split_size,
-                   scale, soft_cap, sliding_window,
+def _decode_kernel(query_ptr, k_ptr, k_block, k_slot, k_head, k_chunk_stride,
+                   v_ptr, v_block, v_slot, v_head, v_chunk_stride, k_scale_ptr, v_scale_ptr,
+                   block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+                   partial_acc_ptr, partial_max_ptr, partial_sum_ptr, num_heads, num_splits,
+                   split_size, scale, soft_cap, sliding_window,
                    q_stride_t, q_stride_h, out_stride_t, out_stride_h, block_table_stride,
-                   stride_block, stride_slot, stride_head,
-                   GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, SPLIT: tl.constexpr,
+                   K_CHUNK: tl.constexpr, V_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SLIDING: tl.constexpr,
+                   SOFT_CAP: tl.constexpr, SCALED: tl.constexpr, SPLIT: tl.constexpr,
                    WIDEN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -127,16 +142,20 @@ def _decode_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_le
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
     if WIDEN_DOT:
         q = q.to(tl.float32)
+    k_scale, v_scale = kv_head_scales(k_scale_ptr, v_scale_ptr, kv_head, SCALED)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     row_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
     q_pos = tl.full([BLOCK_G], 0, dtype=tl.int32) + seq_len - 1
+    head = kv_head.to(tl.int64)
     acc, row_max, row_sum = attend_key_range(
-        acc, row_max, row_sum, q, q_pos, key_start, key_end, k_cache_ptr, v_cache_ptr,
-        block_tables_ptr + seq.to(tl.int64) * block_table_stride, kv_head * stride_head,
-        stride_block, stride_slot, scale, soft_cap, sliding_window,
-        HEAD_SIZE, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, SLIDING, SOFT_CAP,
+        acc, row_max, row_sum, q, q_pos, key_start, key_end,
+        k_ptr + head * k_head, k_block, k_slot, chunked(dims, K_CHUNK, k_chunk_stride),
+        v_ptr + head * v_head, v_block, v_slot, chunked(dims, V_CHUNK, v_chunk_stride),
+        block_tables_ptr + seq.to(tl.int64) * block_table_stride, scale * k_scale, soft_cap,
+        sliding_window, HEAD_SIZE, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, SLIDING, SOFT_CAP,
         DOT_PRECISION)
+    acc = acc * v_scale
 
     if SPLIT:
         partial = (seq * num_heads + heads) * num_splits + split

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hwplug_cuda.kernels import checked
-from hwplug_cuda.kernels.configs import launch_config
-from hwplug_cuda.kernels.functions import tanh
+from hwplug_triton.kernels import checked
+from hwplug_triton.kernels.functions import tanh
+from hwplug_triton.tuning import launch_config
 
 #: Activation name -> the kernel's ``ACTIVATION`` constant.
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}

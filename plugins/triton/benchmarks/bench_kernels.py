@@ -1,4 +1,4 @@
-"""Benchmark hwplug-cuda's Triton attention kernels against the GPU's copy bandwidth and torch.
+"""Benchmark hwplug-triton's attention kernels against the GPU's copy bandwidth and torch.
 
 Measured side by side in one process:
 
@@ -13,7 +13,8 @@ Measured side by side in one process:
   on contiguous K/V, as time and TFLOP/s.
 
 Each hwplug result also reports its largest difference from the torch result.
-Usage: ``python bench_kernels.py [--out RESULTS.md]`` on a CUDA machine, or
+Usage: ``python bench_kernels.py [--out RESULTS.md]`` on a GPU machine (CUDA, ROCm or
+XPU; the report names the device), or
 ``python bench_kernels.py --smoke`` to run tiny shapes on CPU in the Triton interpreter
 (checks the script, measures nothing meaningful; writes only where ``--out`` says).
 """
@@ -55,39 +56,56 @@ SMOKE = Shapes(copy_bytes=4 << 20, decode_batch=2, decode_context=64, decode_hea
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    command_line(__doc__, DEFAULT_OUT, lambda smoke, device: run(SMOKE if smoke else FULL,
+                                                                 device))
+
+
+def command_line(doc: str, default_out: Path, report: Callable[[bool, str], str]) -> None:
+    """A benchmark script's command line: ``--smoke`` (tiny shapes on CPU through the
+    Triton interpreter) and ``--out``; ``report(smoke, device)`` makes the markdown, which
+    is printed and written to ``--out`` (default ``default_out``; with --smoke, nowhere).
+    Without ``--smoke`` and without a GPU it exits saying so (:func:`gpu_type`)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"markdown file to write (default {DEFAULT_OUT}; with --smoke, "
+                        help=f"markdown file to write (default {default_out}; with --smoke, "
                              "none)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on CPU through the Triton interpreter")
     args = parser.parse_args()
-    if args.smoke:  # triton reads it when imported (in run), not later
+    if args.smoke:  # triton reads it when imported (in report), not later
         os.environ["TRITON_INTERPRET"] = "1"
-    out = args.out or (None if args.smoke else DEFAULT_OUT)
-    report = run(SMOKE if args.smoke else FULL, "cpu" if args.smoke else "cuda")
-    print(report)
+    out = args.out or (None if args.smoke else default_out)
+    text = report(args.smoke, "cpu" if args.smoke else gpu_type())
+    print(text)
     if out is not None:
-        out.write_text(report)
+        out.write_text(text)
         print(f"written to {out}")
+
+
+def gpu_type() -> str:
+    """``"cuda"`` (NVIDIA or ROCm) or ``"xpu"``; exits when there is no GPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    raise SystemExit("no GPU (CUDA, ROCm or XPU): run on a GPU machine, or pass --smoke")
 
 
 def run(shapes: Shapes, device: str) -> str:
     import triton
 
-    from hwplug_cuda.kernels.attention import paged_attention
+    from hwplug_triton.kernels.attention import paged_attention
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run on a GPU machine, or pass --smoke")
     torch.manual_seed(0)
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter)"
-    timer = cuda_timer if device == "cuda" else cpu_timer
+    name = getattr(torch, device).get_device_name() if device != "cpu" else \
+        "CPU (Triton interpreter)"
+    timer = gpu_timer if device != "cpu" else cpu_timer
     copy_rate = copy_bandwidth(shapes, device, timer)
     lines = [
-        "# hwplug-cuda kernel benchmarks", "",
+        "# hwplug-triton kernel benchmarks", "",
         f"- device: {name}",
-        f"- torch {torch.__version__}, triton {triton.__version__}, "
-        f"CUDA {torch.version.cuda}",
+        f"- torch {torch.__version__}, triton {triton.__version__}, toolkit "
+        f"{torch.version.cuda or torch.version.hip or getattr(torch.version, 'xpu', None)}",
         f"- date: {datetime.date.today().isoformat()}", "",
         "## Copy bandwidth", "",
         "| buffer | GB/s (read + write) |", "|---|---|",
@@ -98,8 +116,8 @@ def run(shapes: Shapes, device: str) -> str:
     return "\n".join(lines)
 
 
-def cuda_timer(fn: Callable[[], object]) -> float:
-    """Median seconds of one call, from CUDA events (triton's do_bench)."""
+def gpu_timer(fn: Callable[[], object]) -> float:
+    """Median seconds of one call, from device events (triton's do_bench)."""
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") / 1e3

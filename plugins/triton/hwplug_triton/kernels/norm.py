@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hwplug_cuda.kernels import checked
-from hwplug_cuda.kernels.configs import launch_config
+from hwplug_triton.kernels import checked
+from hwplug_triton.tuning import launch_config
 
 #: Largest hidden size one program holds in registers.
 MAX_HIDDEN = 65536

@@ -1,0 +1,45 @@
+"""hwplug hooks of hwplug-rocm-aiter: hwplug-triton's kernels gated for ROCm (the NHD ops
+and the ``ROCM_PA`` layout's), AITER's paged attention where ``amd-aiter`` is installed,
+and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends.
+
+Everything is registered lazily (``"module:function"``): triton, torch and aiter are
+imported only when a variant is first considered on a ROCm device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hwplug_triton
+from hwplug import hookimpl
+
+hwplug_api_version = ">=1,<2"
+
+#: Triton's ROCm backend targets CDNA (gfx908, gfx90a: 9.0; gfx942: 9.4; gfx950: 9.5)
+#: and RDNA3/4 (11.x, 12.x).
+TRITON_MIN_CAPABILITY = "9.0"
+#: The AITER releases the wrapper is written for.
+AITER_REQUIREMENT = ">=0.1"
+
+
+@hookimpl
+def hwplug_register_kernels(registry: Any) -> None:
+    hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm",
+                           ops=(*hwplug_triton.NHD_OPS, *hwplug_triton.ROCM_PA_OPS),
+                           min_capability=TRITON_MIN_CAPABILITY)
+    # OCP fp8 (e4m3fn / e5m2) checkpoints: gfx950 and RDNA4 (the platform offers no fp8
+    # where the ISA computes in the fnuz flavour, gfx942)
+    hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm",
+                           ops=hwplug_triton.FP8_OPS, min_capability="9.5")
+    registry.register_variant(
+        "paged_attention_rocm_pa", "aiter", "hwplug_rocm_aiter.aiter_attention:paged_attention",
+        supports="hwplug_rocm_aiter.aiter_attention:supported", platforms=("rocm",),
+        dtypes=("bfloat16", "float16"), min_capability=TRITON_MIN_CAPABILITY,
+        packages={"amd-aiter": AITER_REQUIREMENT}, priority=20,
+        description="AITER paged_attention_rocm (decode batches)")
+
+
+@hookimpl
+def hwplug_register_attention_backends(registry: Any) -> None:
+    registry.register("ROCM_AITER", "hwplug_rocm_aiter.backends:AiterAttentionBackend")
+    registry.register("ROCM_TRITON", "hwplug_rocm_aiter.backends:RocmTritonBackend")

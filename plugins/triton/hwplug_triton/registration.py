@@ -1,0 +1,77 @@
+"""``register``: the one list of hwplug-triton's kernel variants, registered by each GPU
+plugin from its own ``hwplug_register_kernels`` hook with its own facts.
+
+Kernels and their ``supported`` checks are registered as lazy ``"module:function"``
+strings, so triton is imported only when a variant is first considered. Each entry point
+is registered ``.unchecked``: the registry runs the module's ``supported`` once per call.
+
+Every GPU plugin registers :data:`NHD_OPS` (and hwplug-rocm-aiter :data:`ROCM_PA_OPS`) with
+the gates of its Triton kernels. :data:`FP8_OPS` need fp8 dots, whose gate is the device's
+own: a plugin registers them in a second call with that gate (NVIDIA: capability 8.9;
+AMD: CDNA3 / CDNA4, capability 9.4 to 9.5, whose Triton computes in every fp8 format,
+natively or emulated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from hwplug.dtypes import FLOAT_DTYPES
+
+#: The triton releases the kernels are written for.
+TRITON_REQUIREMENT = ">=3.0"
+_KERNELS = "hwplug_triton.kernels."
+
+#: op -> the kernel module implementing it (the entry point is named like the op).
+KERNEL_MODULES = {
+    "rms_norm": "norm",
+    "rotary_embedding": "rotary",
+    "silu_and_mul": "activation",
+    "gelu_and_mul": "activation",
+    "reshape_and_cache": "cache",
+    "paged_attention": "attention",
+    "reshape_and_cache_rocm_pa": "cache_rocm_pa",
+    "paged_attention_rocm_pa": "attention_rocm_pa",
+    "ggml_linear": "ggml_linear",
+    "ggml_embedding": "ggml_embedding",
+    "scaled_mm": "scaled_mm",
+}
+#: The layout-free ops (GGUF weights' dequantizing matmul and embedding among them) and the
+#: NHD attention pair: what every GPU plugin registers.
+NHD_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
+           "reshape_and_cache", "paged_attention", "ggml_linear", "ggml_embedding")
+#: The attention pair of the ``ROCM_PA`` layout.
+ROCM_PA_OPS = ("reshape_and_cache_rocm_pa", "paged_attention_rocm_pa")
+#: The ops whose kernels dot fp8 tiles (register them with the device's fp8 gate).
+FP8_OPS = ("scaled_mm",)
+#: dtypes of each op's dispatch tensor that its kernel serves (others: the model dtypes):
+#: ``ggml_embedding`` dispatches on its ids (any: the call checks them), ``scaled_mm`` on
+#: its fp8 activation. The kernel also computes in the fnuz formats, which hwplug names
+#: no dtype for, so no fnuz tensor reaches it through the registry.
+DISPATCH_DTYPES: dict[str, tuple[str, ...]] = {
+    "ggml_embedding": (),
+    "scaled_mm": ("fp8_e4m3", "fp8_e5m2"),
+}
+
+
+def register(registry: Any, *, platforms: tuple[str, ...], name: str = "triton",
+             ops: Iterable[str] = NHD_OPS, priority: int = 10, **gates: Any) -> None:
+    """Register the Triton kernel of each op in ``ops`` as variant ``name`` for
+    ``platforms`` (platform or family names) and the op's :data:`DISPATCH_DTYPES`, else model
+    dtypes fp32 / bf16 / fp16 (of the op's dispatch tensor: fp8 caches are read and
+    written, never dispatched on), gated by ``triton`` being installed plus the caller's
+    ``gates`` (:class:`~hwplug.kernel_registry.Variant` facts such as ``min_capability``,
+    ``features`` or more ``packages``).
+
+    A plugin passes the facts of its own devices (capability means different things on
+    CUDA and ROCm), and a ``name`` no other plugin registers for the same op.
+    """
+    packages = {"triton": TRITON_REQUIREMENT, **gates.pop("packages", {})}
+    for op in ops:
+        module = _KERNELS + KERNEL_MODULES[op]
+        registry.register_variant(
+            op, name, f"{module}:{op}.unchecked", supports=f"{module}:supported",
+            platforms=platforms, dtypes=DISPATCH_DTYPES.get(op, FLOAT_DTYPES),
+            priority=priority, packages=packages,
+            description=f"hwplug-triton kernel ({KERNEL_MODULES[op]})", **gates)

@@ -1,0 +1,57 @@
+"""``hwplug_triton.register``: one variant per op, with the caller's gates on top of the
+triton requirement, lazily importable, its ``supported`` check attached."""
+
+from __future__ import annotations
+
+import inspect
+
+from triton_cases import fresh_registry
+
+from hwplug.dtypes import FLOAT_DTYPES
+from hwplug.platforms.cpu.platform import CpuPlatform
+from hwplug_triton import FP8_OPS, NHD_OPS, ROCM_PA_OPS, register
+from hwplug_triton.registration import KERNEL_MODULES, TRITON_REQUIREMENT
+
+
+def test_register_adds_one_gated_lazy_variant_per_op() -> None:
+    registry = fresh_registry()
+    register(registry, platforms=("cpu",), name="triton_test",
+             ops=(*NHD_OPS, *ROCM_PA_OPS, *FP8_OPS), min_capability="2.0",
+             packages={"acmelib": ">=1"})
+    dispatch_dtypes = {"ggml_embedding": (), "scaled_mm": ("fp8_e4m3", "fp8_e5m2")}
+    for op in KERNEL_MODULES:
+        (variant,) = [v for v in registry.variants(op) if v.name == "triton_test"]
+        assert (variant.platforms, variant.min_capability, variant.priority) == (
+            ("cpu",), "2.0", 10)
+        assert variant.packages == {"triton": TRITON_REQUIREMENT, "acmelib": ">=1"}
+        assert variant.dtypes == dispatch_dtypes.get(op, FLOAT_DTYPES)
+        assert isinstance(variant.impl, str)  # nothing imported yet
+        variant.load()
+        module = inspect.getmodule(variant.supports)
+        assert module.__name__ == f"hwplug_triton.kernels.{KERNEL_MODULES[op]}"
+        assert variant.impl is getattr(module, op).unchecked
+
+
+def test_only_the_named_ops_are_registered_and_gates_explain_rejections() -> None:
+    registry = fresh_registry()
+    register(registry, platforms=("cpu",), packages={"acmelib": ">=1"})
+    assert not [v for op in ROCM_PA_OPS for v in registry.variants(op) if v.name == "triton"]
+    why = registry.explain("rms_norm", CpuPlatform(), "cpu", "float32")
+    assert why.chosen.name == "reference"
+    assert why.rejected["triton"] == "package acmelib not installed (needs >=1)"
+
+
+def test_fp8_ops_are_registered_only_when_asked_with_their_own_gate() -> None:
+    """``scaled_mm`` needs fp8 dots: a plugin registers it in a call of its own, with its
+    devices' fp8 gate."""
+    registry = fresh_registry()
+    register(registry, platforms=("cpu",))
+    assert [v.name for v in registry.variants("scaled_mm")] == ["reference"]
+    register(registry, platforms=("cpu",), ops=FP8_OPS, min_capability="8.9")
+    platform = CpuPlatform()
+    why = registry.explain("scaled_mm", platform, "cpu", "fp8_e4m3")
+    assert why.rejected["triton"] == "needs a device capability; the platform reports none"
+    assert registry.explain("scaled_mm", platform, "cpu", "int8").rejected[
+        "triton"] == "dtype int8 not in fp8_e4m3, fp8_e5m2"
+    for op, dtype in (("ggml_linear", "bfloat16"), ("ggml_embedding", "int32")):
+        assert registry.explain(op, platform, "cpu", dtype).chosen.name == "triton"

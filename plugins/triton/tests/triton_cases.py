@@ -1,0 +1,119 @@
+"""Inputs and checks the kernel tests share: reproducible tensors, paged batches in either
+layout, comparison with the reference ops within each op's stated tolerance, and a
+registry of their own to register the kernels into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from hwplug.kernel_registry import KernelRegistry, kernels
+from hwplug.kernel_registry.reference import rocm_pa
+from hwplug_triton.registration import KERNEL_MODULES
+
+ON_GPU = torch.cuda.is_available()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz]
+
+
+def assert_matches(op: str, actual: torch.Tensor, expected: torch.Tensor,
+                   dtype: torch.dtype | None = None) -> None:
+    """``actual`` equals ``expected`` within the tolerance ``op`` states for ``dtype``
+    (default: ``expected``'s dtype)."""
+    name = str(dtype or expected.dtype).removeprefix("torch.")
+    atol, rtol = kernels.op(op).tolerances[name]
+    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def random(*shape: int, dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def kv_scales(kv_dtype: torch.dtype, num_kv_heads: int, per_head: bool,
+              device: str) -> dict[str, torch.Tensor]:
+    """k/v scales for an fp8 cache (per KV head or per tensor), none for other caches."""
+    if kv_dtype.itemsize != 1:
+        return {}
+    gen = torch.Generator().manual_seed(3)
+    shape = (num_kv_heads,) if per_head else ()
+    return {name: (torch.rand(shape, generator=gen) * 0.1 + 0.01).to(device)
+            for name in ("k_scale", "v_scale")}
+
+
+@dataclass
+class PagedBatch:
+    query: torch.Tensor
+    kv_cache: torch.Tensor  # NHD
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return self.query, self.kv_cache, self.block_tables, self.seq_lens, \
+            self.query_start_loc
+
+    def rocm_pa(self) -> PagedBatch:
+        """The same batch with its cache in layout ``ROCM_PA``."""
+        _, num_blocks, block_size, num_kv_heads, head_size = self.kv_cache.shape
+        cache = self.kv_cache.new_empty(rocm_pa.cache_shape(num_blocks, block_size,
+                                                            num_kv_heads, head_size))
+        rocm_pa.from_nhd(self.kv_cache, cache)
+        return replace(self, kv_cache=cache)
+
+
+def paged_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int, int],
+                block_size: int, dtype: torch.dtype, device: str,
+                kv_dtype: torch.dtype | None = None) -> PagedBatch:
+    """Random queries and NHD cache; each sequence's blocks are a shuffled subset of a
+    larger cache, and table entries past its last block are -1."""
+    num_heads, num_kv_heads, head_size = heads
+    gen = torch.Generator().manual_seed(0)
+    blocks_needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_needed) + 4
+    order = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.full((len(seq_lens), max(blocks_needed) + 1), -1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(blocks_needed):
+        block_tables[i, :n] = order[used:used + n].int()
+        used += n
+    query_start_loc = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()],
+                                   dtype=torch.int32)
+    return PagedBatch(
+        random(sum(query_lens), num_heads, head_size, dtype=dtype, device=device, seed=1),
+        random(2, num_blocks, block_size, num_kv_heads, head_size, dtype=kv_dtype or dtype,
+               device=device, seed=2),
+        block_tables.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc.to(device), max(query_lens), max(seq_lens))
+
+
+#: name -> (query lengths, context lengths). "mixed" has decode rows, a prefill, an idle
+#: sequence (no query) and a chunked prefill in one batch.
+BATCHES = {
+    "decode": ([1] * 6, [1, 17, 300, 1025, 2048, 4000]),
+    "prefill": ([511, 1024], [511, 1024]),
+    "chunked": ([128, 300], [2000, 700]),
+    "mixed": ([1, 500, 0, 64, 1, 1], [2047, 500, 9, 1000, 1, 3000]),
+} if ON_GPU else {
+    "decode": ([1, 1, 1, 1], [1, 17, 40, 70]),
+    "prefill": ([9, 33], [9, 33]),
+    "chunked": ([8, 20], [30, 50]),
+    "mixed": ([1, 12, 0, 5, 1], [23, 12, 7, 40, 1]),
+}
+#: (query heads, KV heads, head size): GQA, MQA, head sizes that are not powers of two.
+HEADS = [(32, 8, 128), (16, 2, 64), (8, 1, 256), (12, 4, 96)] if ON_GPU else \
+    [(4, 4, 32), (8, 2, 48)]
+
+
+def fresh_registry() -> KernelRegistry:
+    """A registry of its own declaring every op hwplug-triton serves (the process-wide one
+    already holds the GPU plugins' registrations)."""
+    registry = KernelRegistry()
+    for op in KERNEL_MODULES:
+        declared = kernels.op(op)
+        registry.define_op(op, kernels.get(f"{op}/reference").impl, doc=declared.__doc__,
+                           tolerances=declared.tolerances, dispatch_arg=declared.dispatch_arg)
+    return registry

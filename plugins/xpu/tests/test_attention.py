@@ -1,0 +1,130 @@
+"""hwplug-xpu's attention: XPU_IPEX and XPU_TRITON, how they are chosen and why not, the
+float32 fallback (vLLM #31762) as data and as one warning, and the conformance kit running
+every Triton variant and both backends in Triton's interpreter.
+
+IPEX is not installed here (nor on CI) and is never faked: its absence is tested as the
+stated rejection reason, its ``supported`` checks as the data that route calls elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+import torch
+from fake_hw import make_intel_tree
+from plugin_checks import discovered
+
+from hwplug.attention import AttentionSpec
+from hwplug.attention_selection import select_backend
+from hwplug.cli.kernels import collect
+from hwplug.config import EngineConfig
+from hwplug.conformance import Budget, run_conformance
+from hwplug_xpu import ipex_attention, platform
+from hwplug_xpu.backends import XpuTritonBackend
+
+IPEX_INSTALLED = importlib.util.find_spec("intel_extension_for_pytorch") is not None
+NO_IPEX = "package intel-extension-for-pytorch not installed (needs >=2.3)"
+
+
+@pytest.fixture
+def max1550(tmp_path, monkeypatch, fresh_discovery):
+    make_intel_tree(tmp_path, [0x0BD5])
+    platform._warn_dtype_fallback.cache_clear()
+    return discovered(monkeypatch, tmp_path, "xpu")
+
+
+@pytest.mark.skipif(IPEX_INSTALLED, reason="intel-extension-for-pytorch is installed")
+def test_without_ipex_xpu_triton_serves_and_xpu_ipex_says_why(max1550):
+    selection = select_backend(max1550, AttentionSpec(32, 8, 128, "float16", block_size=64))
+    assert selection.backend is XpuTritonBackend
+    assert selection.rejected["XPU_IPEX"] == [
+        f"reshape_and_cache would not use its ipex variant: {NO_IPEX}",
+        f"paged_attention would not use its ipex variant: {NO_IPEX}"]
+    data = collect(["paged_attention", "rms_norm"], ["bfloat16"])
+    attention = data["ops"]["paged_attention"]["bfloat16"]
+    assert (attention["chosen"], attention["rejected"]["ipex"]) == ("triton_xpu", NO_IPEX)
+    assert data["ops"]["rms_norm"]["bfloat16"]["chosen"] == "triton_xpu"
+
+
+def test_a_float32_model_falls_back_to_triton_with_one_warning(max1550, caplog):
+    """IPEX has no float32 kernels: XPU_IPEX rejects the spec (data), the Triton backend
+    serves it, and configuring says so once per process."""
+    selection = select_backend(max1550, AttentionSpec(32, 8, 128, "float32"))
+    assert selection.backend is XpuTritonBackend
+    assert "dtype float32 not in bfloat16, float16" in selection.rejected["XPU_IPEX"]
+    caplog.set_level(logging.WARNING, logger=platform.__name__)
+    for _ in range(2):
+        config = EngineConfig(32, 8, 128, dtype="float32")
+        max1550.check_and_update_config(config)
+        assert (config.attention_backend, config.block_size) == ("XPU_TRITON", 64)
+    assert [r.getMessage() for r in caplog.records] == [
+        "XPU_IPEX has no float32 kernels: the float32 model runs on XPU_TRITON instead "
+        "(vLLM #31762)"]
+    max1550.check_and_update_config(EngineConfig(32, 8, 128, dtype="bfloat16"))
+    assert len(caplog.records) == 1  # bf16 passes over nothing for its dtype
+
+
+def test_a_gpu_without_xmx_is_not_offered_ipex(tmp_path, monkeypatch, fresh_discovery):
+    make_intel_tree(tmp_path, [0x46A6])  # integrated graphics
+    igpu = discovered(monkeypatch, tmp_path, "xpu")
+    why = collect(["paged_attention"], ["float16"])["ops"]["paged_attention"]["float16"]
+    assert why["rejected"]["ipex"] == "needs device feature xmx (xpu has: none)"
+    assert select_backend(igpu, AttentionSpec(8, 8, 64, "float16")).backend is XpuTritonBackend
+
+
+def call(**change: object) -> dict[str, object]:
+    """A paged-attention call IPEX accepts (meta tensors), with ``change`` applied."""
+    args = {"query": torch.empty(5, 8, 64, dtype=torch.float16),
+            "kv_cache": torch.empty(2, 6, 64, 2, 64, dtype=torch.float16),
+            "block_tables": torch.zeros(2, 2, dtype=torch.int32),
+            "seq_lens": torch.ones(2, dtype=torch.int32),
+            "query_start_loc": torch.tensor([0, 1, 5], dtype=torch.int32), "scale": 0.1,
+            "max_query_len": 4, "max_seq_len": 90}
+    args.update(change)
+    return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"query": torch.empty(5, 8, 64)}, "needs bf16 / fp16 queries"),
+    ({"kv_cache": torch.empty(2, 6, 64, 2, 64, dtype=torch.float8_e4m3fn)},
+     "a cache in their dtype"),
+    ({"k_scale": torch.ones(()), "v_scale": torch.ones(())}, "no k/v scales"),
+    ({"max_query_len": None}, "needs max_query_len and max_seq_len"),
+])
+def test_ipex_declines_what_it_does_not_serve(change, reason):
+    assert ipex_attention.attention_supported(**call()) is None
+    assert reason in ipex_attention.attention_supported(**call(**change))
+
+
+def test_ipex_cache_write_declines_float32_fp8_and_scales():
+    key = torch.empty(3, 2, 64, dtype=torch.bfloat16, device="meta")
+    slots = torch.zeros(3, dtype=torch.long, device="meta")
+    cache = torch.empty(2, 4, 64, 2, 64, dtype=torch.bfloat16, device="meta")
+    assert ipex_attention.cache_supported(key, key, cache, slots) is None
+    assert "needs a bf16 / fp16 cache" in ipex_attention.cache_supported(
+        key.float(), key.float(), cache.float(), slots)
+    assert "needs a bf16 / fp16 cache" in ipex_attention.cache_supported(
+        key, key, cache.to(torch.float8_e4m3fn), slots)
+    one = torch.ones((), device="meta")
+    assert ipex_attention.cache_supported(key, key, cache, slots, one, one) == "no k/v scales"
+
+
+def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(fresh_discovery):
+    """A small budget in the default run; the slow test below runs the kit's own."""
+    report = run_conformance("xpu", Budget(kernel_examples=3, attention_examples=1))
+    assert report.ok, report.summary()
+    results = {r.check: r for r in report.results}
+    for op in ("rms_norm", "reshape_and_cache", "paged_attention"):
+        assert results[f"kernel {op}/triton_xpu"].status == "passed"
+    assert results["attention XPU_TRITON: mixed batch"].status == "passed"
+    if not IPEX_INSTALLED:
+        assert results["kernel paged_attention/ipex"].detail == (
+            "package intel-extension-for-pytorch is not installed (the variant needs >=2.3)")
+
+
+@pytest.mark.slow
+def test_the_kit_passes_with_its_default_budget(fresh_discovery):
+    report = run_conformance("xpu")
+    assert report.ok, report.summary()
