@@ -1,42 +1,110 @@
-"""``TpuPlatform``: Google TPUs, programmed through JAX rather than torch."""
+"""``TpuPlatform``: Google TPUs, programmed through JAX rather than torch.
+
+The zoo's model code runs as torch on the host; every op it calls through the kernel
+registry runs as a jitted JAX function on the JAX device, its tensors shared with JAX
+through DLPack (:mod:`hwplug_tpu.bridge`). So torch tensors live on ``cpu`` (the
+platform's ``device_type``) and the compute happens where JAX runs: a TPU, or JAX's CPU
+backend standing in for one (``JAX_PLATFORMS=cpu`` with ``HWPLUG_PLATFORM=tpu``).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
-from hwplug.platform_interface import Platform
+from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
+from hwplug.platforms import tpu
+from hwplug_tpu.probe import JAX_BACKEND_DETAIL
+
+#: Device features the facts carry: which JAX backend the ops run on.
+JAX_TPU, JAX_CPU = "jax-tpu", "jax-cpu"
+_GIB = 1 << 30
 
 
 class TpuPlatform(Platform):
-    """TPU chips as JAX devices. Kernels of this plugin are JAX functions.
+    """TPU chips as JAX devices, or JAX's CPU backend standing in for them.
 
-    No attention backend is registered yet, so building a model here raises an error
-    that says so instead of silently using another device.
+    Facts from the sighting: the chip generation (v4, v5e, v5p, v6e, ...) gives the
+    device capability (``5.1`` for a v5p) and the HBM per chip; the chip count is the
+    sighting's. On the stand-in there is no capability, float32 ranks first (XLA's CPU
+    backend emulates bfloat16 arithmetic) and the feature ``jax-cpu`` keeps TPU-only
+    kernels away; on a TPU that JAX drives the feature is ``jax-tpu``.
     """
 
     name: ClassVar[str] = "tpu"
-    device_type: ClassVar[str] = "tpu"
+    #: torch tensors stay on the host; the ops hand them to JAX (see the module doc).
+    device_type: ClassVar[str] = "cpu"
     vendor: ClassVar[str] = "google"
     is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "xla"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
-    attention_backend_priority: ClassVar[tuple[str, ...]] = ()
+    attention_backend_priority: ClassVar[tuple[str, ...]] = ("PALLAS_RPA",)
+
+    @property
+    def _stands_in(self) -> bool:
+        """Whether JAX's CPU backend stands in for a TPU (the probe's stand-in sighting)."""
+        return self._sighting_detail(JAX_BACKEND_DETAIL) == "cpu"
+
+    def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
+        if self._stands_in:
+            return facts.narrowed(
+                "JAX's CPU backend stands in for a TPU: no TPU kernels, float32 first (XLA's "
+                "CPU backend emulates bfloat16)", features=facts.features | {JAX_CPU},
+                supported_dtypes=("float32", "bfloat16"))
+        if facts.available:
+            return facts.narrowed("JAX drives the TPU", features=facts.features | {JAX_TPU})
+        return facts
 
     def is_available(self) -> bool:
-        return bool(_tpus())
+        return self._stands_in or bool(_tpus())
 
     def get_device_name(self, device_id: int = 0) -> str:
-        tpus = _tpus()
+        tpus = [] if self._stands_in else _tpus()
         return tpus[device_id].device_kind if tpus else super().get_device_name(device_id)
+
+    def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
+        generation = self._generation()
+        return DeviceCapability(*generation.level) if generation else None
 
     def toolkit_version(self) -> str | None:
         import jax
 
         return jax.__version__
 
+    def memory_info(self, device_id: int = 0) -> MemoryInfo:
+        """The host's memory on the stand-in; else the chip's HBM as JAX reports it, or
+        the generation's HBM per chip (all free) when it reports nothing."""
+        if self._stands_in:
+            page = os.sysconf("SC_PAGE_SIZE")
+            return MemoryInfo(total=os.sysconf("SC_PHYS_PAGES") * page,
+                              free=os.sysconf("SC_AVPHYS_PAGES") * page)
+        tpus = _tpus()
+        stats = tpus[device_id].memory_stats() if tpus else None
+        if stats and "bytes_limit" in stats:
+            total = stats["bytes_limit"]
+            return MemoryInfo(total=total, free=total - stats.get("bytes_in_use", 0))
+        generation = self._generation()
+        if generation is None:
+            return super().memory_info(device_id)
+        return MemoryInfo(total=generation.hbm_gib * _GIB, free=generation.hbm_gib * _GIB)
+
+    def execution_summary(self) -> str | None:
+        from hwplug_tpu.compilations import compilations
+
+        return compilations().describe()
+
+    def _generation(self) -> tpu.Generation | None:
+        if self.sighting is None or self._stands_in:
+            return None
+        return tpu.generation(self.sighting)
+
 
 def _tpus() -> list:
+    """The TPUs JAX drives in this process (none without JAX's TPU runtime)."""
     import jax
 
-    return [d for d in jax.devices() if d.platform == "tpu"]
+    try:
+        return jax.devices("tpu")
+    except RuntimeError:  # no TPU backend
+        return []

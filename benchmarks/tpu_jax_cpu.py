@@ -1,0 +1,130 @@
+"""hwplug-tpu on JAX's CPU backend vs the cpu platform: steady-state decode and compilations.
+
+A figure to watch, not a goal: JAX's CPU backend is not a TPU. Each side is a child
+process, since a platform is chosen once per process and applies its own process
+environment before torch loads: ``JAX_PLATFORMS=cpu HWPLUG_PLATFORM=tpu`` (every op a
+jitted JAX function, ``PALLAS_RPA`` attention) and ``HWPLUG_PLATFORM=cpu``. Children
+alternate between the sides ``--repeats`` times and the median is kept, so load from
+other processes hits both alike. In a child, SmolLM2 (float32 on both sides) generates
+greedily from random prompts, ignoring EOS; a warm-up call of the same length first
+compiles every shape bucket the timed calls meet. Decode tokens/s is
+``batch * (N - 1) / (T(N) - T(1))`` with ``T(n)`` the wall time of a generate call for
+``n`` new tokens, so prefill is excluded. The tpu side also reports the XLA compilations
+of its warm-up and of its timed calls (0 when no step recompiles).
+
+    python benchmarks/tpu_jax_cpu.py
+    python benchmarks/tpu_jax_cpu.py --batch-sizes 1 8 --new-tokens 64 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+#: Each side's environment (on top of this process's, without these variables).
+SIDES = {"tpu": {"HWPLUG_PLATFORM": "tpu", "JAX_PLATFORMS": "cpu"},
+         "cpu": {"HWPLUG_PLATFORM": "cpu"}}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="path or alias (default: the default model)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--new-tokens", type=int, default=32, help="N new tokens per prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=2, help="child processes per side")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what Python knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure(args: argparse.Namespace) -> dict[str, object]:
+    """In a child: decode tokens/s per batch size on the resolved platform."""
+    import hwplug
+
+    hwplug.current_platform().apply_process_env()
+    import torch
+
+    llm = hwplug.LLM(args.model, dtype="float32", max_num_seqs=max(args.batch_sizes),
+                     dequantize=True)
+    counter = None
+    if llm.platform == "tpu":
+        from hwplug_tpu.compilations import compilations
+
+        counter = compilations()
+    generator = torch.Generator().manual_seed(0)
+    rates, compiled = {}, {"warm-up": 0, "timed": 0}
+    for batch in args.batch_sizes:
+        prompts = torch.randint(0, llm.hf_config.vocab_size, (batch, args.prompt_tokens),
+                                generator=generator).tolist()
+
+        def seconds(new_tokens: int, prompts: list[list[int]] = prompts) -> float:
+            start = time.perf_counter()
+            llm.generate(prompts, hwplug.SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+            return time.perf_counter() - start
+
+        before = counter.count if counter else 0
+        seconds(args.new_tokens)
+        warm = counter.count if counter else 0
+        full, prefill = seconds(args.new_tokens), seconds(1)
+        compiled["warm-up"] += warm - before
+        compiled["timed"] += (counter.count if counter else 0) - warm
+        rates[str(batch)] = batch * (args.new_tokens - 1) / (full - prefill)
+    return {"rates": rates, "compilations": compiled, "threads": torch.get_num_threads()}
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY")}
+    command = [sys.executable, __file__, "--child", "--new-tokens", str(args.new_tokens),
+               "--prompt-tokens", str(args.prompt_tokens), "--batch-sizes",
+               *map(str, args.batch_sizes), *(["--model", args.model] if args.model else [])]
+    result = subprocess.run(command, env={**env, **SIDES[side]}, capture_output=True, text=True,
+                            check=False)
+    if result.returncode:
+        sys.exit(f"the {side} child failed:\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        print(json.dumps(measure(args)))
+        return
+    runs: dict[str, list[dict[str, object]]] = {side: [] for side in SIDES}
+    for repeat in range(args.repeats):
+        for side in (SIDES if repeat % 2 == 0 else reversed(SIDES)):
+            runs[side].append(run_side(side, args))
+    compiled = runs["tpu"][-1]["compilations"]
+    print(f"CPU {cpu_model()} ({os.cpu_count()} logical CPUs), {runs['cpu'][0]['threads']} "
+          f"torch threads; SmolLM2 float32, {args.new_tokens} new tokens after "
+          f"{args.prompt_tokens}-token prompts; decode tokens/s, median of {args.repeats} "
+          "processes per side")
+    print(f"tpu XLA compilations per process: {compiled['warm-up']} in the warm-up, "
+          f"{compiled['timed']} in the timed calls")
+    print(f"{'batch':>5} {'tpu (JAX CPU)':>14} {'cpu':>8} {'ratio':>7}")
+    for batch in map(str, args.batch_sizes):
+        tpu, cpu = (statistics.median(run["rates"][batch] for run in runs[side])
+                    for side in ("tpu", "cpu"))
+        print(f"{batch:>5} {tpu:>14.1f} {cpu:>8.1f} {tpu / cpu:>6.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""hwplug hooks of hwplug-tpu: the JAX kernel variants, ``PALLAS_RPA`` and the torch_xla
+tombstones.
+
+Kernels are registered as lazy ``"module:function"`` strings, so jax is imported only
+when a variant is first considered. Every variant runs on the ``tpu`` platform, in
+float32 and bfloat16; the ``pallas`` attention variant needs JAX to drive a TPU v4 or
+newer (device feature ``jax-tpu``, capability 4.0). The torch_xla path that TPU support
+used to take is removed: asking for its attention backends (``TORCH_XLA``, or
+``PALLAS``, the name vLLM's torch_xla backend had) raises
+:class:`~hwplug.errors.RemovedError` naming ``PALLAS_RPA``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwplug import hookimpl
+
+hwplug_api_version = ">=1,<2"
+
+_V = "hwplug_tpu.variants:"
+_JAX = {"platforms": ("tpu",), "dtypes": ("float32", "bfloat16"), "priority": 10}
+_JITTED = "jitted JAX function, tokens padded to power-of-two buckets"
+_RPA = "ragged paged attention, batch padded to power-of-two buckets"
+#: The variants hwplug-tpu registers (register_variant arguments besides ``_JAX``).
+TPU_VARIANTS: list[dict[str, Any]] = [
+    dict(op="rms_norm", name="jax", impl=_V + "rms_norm", description=_JITTED),
+    dict(op="rotary_embedding", name="jax", impl=_V + "rotary_embedding", description=_JITTED),
+    dict(op="silu_and_mul", name="jax", impl=_V + "silu_and_mul", description=_JITTED),
+    dict(op="gelu_and_mul", name="jax", impl=_V + "gelu_and_mul",
+         supports=_V + "gelu_supported", description=_JITTED),
+    dict(op="linear", name="jax", impl=_V + "linear", description=_JITTED),
+    dict(op="reshape_and_cache_interleaved", name="jax",
+         impl=_V + "reshape_and_cache_interleaved", supports=_V + "cache_supported",
+         description="rows interleaved and cast in JAX, stored with one indexed copy"),
+    dict(op="paged_attention_interleaved", name="jax", impl=_V + "paged_attention_interleaved",
+         supports=_V + "attention_supported", description="pure-JAX " + _RPA),
+    dict(op="paged_attention_interleaved", name="pallas",
+         impl=_V + "pallas_paged_attention_interleaved", supports=_V + "attention_supported",
+         features=("jax-tpu",), min_capability="4.0", priority=20,
+         description="JAX's Pallas TPU kernel: " + _RPA),
+]
+#: Attention backends of the torch_xla path, now tombstones.
+TORCH_XLA_BACKENDS = ("TORCH_XLA", "PALLAS")
+_REPLACEMENT = "PALLAS_RPA: TPU support runs through JAX in hwplug-tpu, not torch_xla"
+
+
+@hookimpl
+def hwplug_register_kernels(registry: Any) -> None:
+    for variant in TPU_VARIANTS:
+        registry.register_variant(**{**_JAX, **variant})
+
+
+@hookimpl
+def hwplug_register_attention_backends(registry: Any) -> None:
+    registry.register("PALLAS_RPA", "hwplug_tpu.attention:PallasRpaBackend")
+    for name in TORCH_XLA_BACKENDS:
+        registry.remove(name, _REPLACEMENT)
+
+
+@hookimpl
+def hwplug_platform_resolved(platform: Any) -> None:
+    """On the tpu platform, start counting XLA compilations (what ``hwplug generate``
+    reports)."""
+    if platform.name == "tpu":
+        from hwplug_tpu.compilations import compilations
+
+        compilations()

@@ -1,0 +1,159 @@
+"""hwplug-tpu's kernel variants: each op of the registry as a jitted JAX function.
+
+A variant takes and returns what the op's reference does (torch tensors, see
+:mod:`hwplug.kernel_registry.ops`): it hands its inputs to JAX through
+:mod:`hwplug_tpu.bridge` with the token dimension padded to a bucket, calls the jitted
+function of :mod:`hwplug_tpu.jax_ops` or :mod:`hwplug_tpu.rpa`, and gives back the rows
+of the real tokens. Attention pads its batch (sequences, query length, block-table
+width) to buckets too, so a decode step of a given bucket compiles once, not per step.
+``*_supported`` functions are the per-call ``supports`` checks: an fp8 KV cache (k/v
+scales), non-causal attention or an unknown GELU form is declined, and the registry
+falls back to the next variant (the reference).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from hwplug.dtypes import dtype_name
+from hwplug_tpu import jax_ops, rpa
+from hwplug_tpu.bridge import bucket, padded, to_jax, to_torch
+
+#: KV-cache dtypes the JAX cache write and attention store and read.
+KV_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x [..., H]`` as ``[N, H]`` padded to N's bucket, and N."""
+    flat = x.reshape(-1, x.shape[-1])
+    return padded(flat, bucket(flat.shape[0])), flat.shape[0]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    rows, n = _rows(x)
+    if residual is None:
+        return to_torch(jax_ops.rms_norm(to_jax(rows), to_jax(weight), eps))[:n].view(x.shape)
+    normed, summed = jax_ops.add_rms_norm(to_jax(rows), to_jax(_rows(residual)[0]),
+                                          to_jax(weight), eps)
+    return to_torch(normed)[:n].view(x.shape), to_torch(summed)[:n].view(x.shape)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, is_neox: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    n = positions.shape[0]
+    size = bucket(n)
+    q, k = jax_ops.rotary_embedding(to_jax(padded(positions, size)),
+                                    to_jax(padded(query, size)), to_jax(padded(key, size)),
+                                    to_jax(cos_sin_cache), is_neox)
+    return to_torch(q)[:n], to_torch(k)[:n]
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    rows, n = _rows(x)
+    return to_torch(jax_ops.silu_and_mul(to_jax(rows)))[:n].view(*x.shape[:-1], -1)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    rows, n = _rows(x)
+    out = jax_ops.gelu_and_mul(to_jax(rows), approximate)
+    return to_torch(out)[:n].view(*x.shape[:-1], -1)
+
+
+def gelu_supported(x: torch.Tensor, approximate: str = "none") -> str | None:
+    return None if approximate in ("none", "tanh") else (
+        f"approximate={approximate!r} is neither 'none' nor 'tanh'")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    rows, n = _rows(x)
+    out = jax_ops.linear(to_jax(rows), to_jax(weight), None if bias is None else to_jax(bias))
+    return to_torch(out)[:n].view(*x.shape[:-1], -1)
+
+
+def reshape_and_cache_interleaved(
+    key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> None:
+    """JAX builds the interleaved, cast cache rows of the new tokens; they are stored into
+    ``kv_pages`` (host memory) with one indexed copy. (A JAX scatter would return a new
+    cache: copying every page back each step costs more than the rows.)"""
+    n = key.shape[0]
+    size = bucket(n)
+    rows = jax_ops.interleaved_kv_rows(to_jax(padded(key, size)), to_jax(padded(value, size)),
+                                       jnp.dtype(dtype_name(kv_pages.dtype)))
+    keep = slot_mapping >= 0
+    kv_pages.view(-1, *kv_pages.shape[2:]).index_copy_(0, slot_mapping[keep],
+                                                       to_torch(rows)[:n][keep])
+
+
+def cache_supported(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor,
+                    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> str | None:
+    return _kv_reason(kv_pages, k_scale, v_scale)
+
+
+def _kv_reason(kv_pages: torch.Tensor, k_scale: torch.Tensor | None,
+               v_scale: torch.Tensor | None) -> str | None:
+    if kv_pages.dtype not in KV_DTYPES:
+        return f"KV cache {kv_pages.dtype} is not float32 or bfloat16"
+    if k_scale is not None or v_scale is not None:
+        return "k/v scales (an fp8 KV cache) are not supported"
+    return None
+
+
+def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.Tensor]:
+    """The ``paged_attention_interleaved`` variant that runs ``kernel`` (a function of
+    :mod:`hwplug_tpu.rpa`) on the batch padded to buckets."""
+
+    def attention(
+        query: torch.Tensor, kv_pages: torch.Tensor, block_tables: torch.Tensor,
+        seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+        causal: bool = True, sliding_window: int | None = None, soft_cap: float | None = None,
+        max_query_len: int | None = None, max_seq_len: int | None = None,
+        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        num_seqs = seq_lens.shape[0]
+        if query.shape[0] == 0 or num_seqs == 0:
+            return query.new_empty(query.shape)
+        if max_query_len is None:
+            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        seqs, width = bucket(num_seqs), bucket(block_tables.shape[1])
+        tables = block_tables.new_zeros((seqs, width))
+        tables[:num_seqs, :block_tables.shape[1]] = block_tables.clamp(min=0)
+        out = kernel(to_jax(padded(query, bucket(query.shape[0]))), to_jax(kv_pages),
+                     to_jax(padded(seq_lens, seqs)), to_jax(tables),
+                     to_jax(padded(query_start_loc, seqs + 1, int(query_start_loc[-1]))),
+                     to_jax(torch.tensor([num_seqs], dtype=torch.int32)), sm_scale=scale,
+                     sliding_window=sliding_window, soft_cap=soft_cap,
+                     max_q_len=bucket(max_query_len))
+        return to_torch(out)[:query.shape[0]]
+
+    attention.__doc__ = f"``{kernel.__name__}`` on the interleaved cache."
+    return attention
+
+
+#: The pure-JAX ragged paged attention, for any JAX backend.
+paged_attention_interleaved = _attention_variant(rpa.ragged_paged_attention)
+#: JAX's Pallas TPU kernel.
+pallas_paged_attention_interleaved = _attention_variant(rpa.pallas_ragged_paged_attention)
+_ATTENTION = inspect.signature(paged_attention_interleaved)
+
+
+def attention_supported(*args: Any, **kwargs: Any) -> str | None:
+    """Why the attention variants decline a call (non-causal, an fp8 cache), or None."""
+    call = _ATTENTION.bind(*args, **kwargs)
+    call.apply_defaults()
+    if not call.arguments["causal"]:
+        return "ragged paged attention is causal only"
+    return _kv_reason(call.arguments["kv_pages"], call.arguments["k_scale"],
+                      call.arguments["v_scale"])

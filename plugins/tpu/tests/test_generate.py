@@ -1,0 +1,70 @@
+"""``hwplug generate`` with SmolLM2 on the tpu platform, as a user runs it without a TPU:
+``JAX_PLATFORMS=cpu HWPLUG_PLATFORM=tpu hwplug generate ... --chat``.
+
+Greedy completions of five chat prompts, batched, must be the cpu platform's, token for
+token (both in float32 on the dequantized weights: the platforms' default dtypes may
+differ, and the tpu platform, which has no GGUF kernels, dequantizes the GGUF by itself);
+a streamed prompt
+reports the XLA compilations the run made next to its speed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+HWPLUG = [sys.executable, "-m", "hwplug"]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three primary colors.",
+    "How many legs does a spider have?",
+    "Say hello in Spanish.",
+]
+MAX_TOKENS = "12"
+
+
+def generate(platform: str, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY"))}
+    env["HWPLUG_PLATFORM"] = platform
+    if platform == "tpu":
+        env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run([*HWPLUG, "generate", *args, "--chat", "--max-tokens", MAX_TOKENS,
+                          "--dtype", "float32"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text("\n".join(PROMPTS) + "\n")
+    return str(path)
+
+
+def test_five_prompts_give_the_cpu_platforms_greedy_tokens(prompts_file):
+    tpu = generate("tpu", "--prompts-file", prompts_file)
+    cpu = generate("cpu", "--prompts-file", prompts_file, "--dequantize")
+    assert "platform tpu, attention backend PALLAS_RPA, dtype float32" in tpu.stderr
+    assert "weights unquantized" in tpu.stderr
+    assert "paged_attention_interleaved=jax" in tpu.stderr and "linear=jax" in tpu.stderr
+    assert all(f"[{i}] {prompt}" in tpu.stdout for i, prompt in enumerate(PROMPTS))
+    assert tpu.stdout == cpu.stdout
+    assert re.search(r"^(\d+) tokens in", tpu.stderr, re.M).group(1) == re.search(
+        r"^(\d+) tokens in", cpu.stderr, re.M).group(1)
+
+
+def test_a_streamed_prompt_reports_its_compilations():
+    out = generate("tpu", PROMPTS[0])
+    lines = out.stderr.splitlines()
+    speed = next(i for i, line in enumerate(lines) if "tokens/s" in line)
+    match = re.fullmatch(r"jax: (\d+) XLA compilations \(\d+\.\d s\)", lines[speed + 1])
+    assert match, lines
+    assert 0 < int(match.group(1)) < 60  # per bucket, not per step
+    assert "Paris" in out.stdout

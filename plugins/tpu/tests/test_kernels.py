@@ -1,0 +1,175 @@
+"""hwplug-tpu's JAX variants against the pure-torch references, and their compilations.
+
+The conformance kit draws the interleaved-layout ops' inputs like the ``NHD`` ones, and
+the JAX variants decline most of them (non-causal attention, fp16 and fp8 caches). Here
+they get the kit's ``NHD`` cases (prefill, chunked prefill and decode mixed, GQA,
+windows, soft caps, padding slots, shuffled blocks) made into inputs they serve: the
+cache interleaved, causal, a float32 or bfloat16 cache, no fp8 scales; what they decline
+is checked separately. The other ops' variants are checked by the kit
+(``test_attention.py``). Everything runs on JAX's CPU backend.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hwplug import kernels
+from hwplug.conformance import inputs
+from hwplug.conformance.compare import compare_outputs, loosest_tolerance, mismatch
+from hwplug.conformance.inputs import Case
+from hwplug.dtypes import dtype_name
+from hwplug.kernel_registry import ops_interleaved_kv as ops
+from hwplug_tpu import rpa, variants
+from hwplug_tpu.bridge import bucket
+from hwplug_tpu.compilations import compilations
+
+JAX_DTYPES = ("float32", "bfloat16")
+EXAMPLES = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def interleaved(nhd: torch.Tensor) -> torch.Tensor:
+    """An ``NHD`` cache ``[2, N, bs, Hkv, D]`` as ``[N, bs, 2 * Hkv, D]``, K/V interleaved."""
+    _, blocks, block_size, heads, size = nhd.shape
+    return nhd.permute(1, 2, 3, 0, 4).reshape(blocks, block_size, 2 * heads, size).contiguous()
+
+
+def served(case: Case, cache_arg: int, causal: bool) -> Case:
+    """``case`` with its ``NHD`` cache interleaved (an fp16 or fp8 one cast to the
+    dispatch tensor's dtype), no k/v scales, and causal when the op takes it."""
+    cache = case.args[cache_arg]
+    if cache.dtype not in variants.KV_DTYPES:
+        cache = cache.float().to(case.args[0].dtype)
+    args = (*case.args[:cache_arg], interleaved(cache), *case.args[cache_arg + 1:])
+    kwargs = {k: v for k, v in case.kwargs.items() if k not in ("k_scale", "v_scale")}
+    return Case(args, {**kwargs, "causal": True} if causal else kwargs,
+                (case.dtypes[0], dtype_name(cache.dtype)), case.label)
+
+
+def _cases(generator, cache_arg: int, causal: bool):
+    return st.sampled_from(JAX_DTYPES).flatmap(
+        lambda d: generator(d, st.integers(1, 9))).map(lambda c: served(c, cache_arg, causal))
+
+
+@EXAMPLES
+@given(case=_cases(inputs.paged_attention, 1, causal=True))
+def test_attention_matches_the_reference(case):
+    args = case.args
+    assert variants.attention_supported(*args, **case.kwargs) is None
+    got = variants.paged_attention_interleaved(*args, **case.kwargs)
+    want = ops.paged_attention_interleaved.reference(*args, **case.kwargs)
+    tolerance = loosest_tolerance(ops.paged_attention_interleaved.tolerances, case.dtypes)
+    problem = mismatch(got, want, *tolerance)
+    assert problem is None, f"{problem} at {case.label}"
+
+
+@EXAMPLES
+@given(case=_cases(inputs.reshape_and_cache, 2, causal=False))
+def test_cache_write_matches_the_reference(case):
+    key, value, pages, slots = case.args
+    assert variants.cache_supported(*case.args) is None
+    got, want = pages.clone(), pages.clone()
+    assert variants.reshape_and_cache_interleaved(key, value, got, slots) is None
+    ops.reshape_and_cache_interleaved.reference(key, value, want, slots)
+    tolerance = loosest_tolerance(ops.reshape_and_cache_interleaved.tolerances, case.dtypes)
+    problem = compare_outputs([("cache", got)], [("cache", want)], *tolerance)
+    assert problem is None, f"{problem} at {case.label}"
+
+
+def test_fp8_caches_scales_and_non_causal_attention_are_declined():
+    pages, fp8 = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16, dtype=torch.float8_e4m3fn)
+    key, slots, scale = torch.zeros(1, 1, 16), torch.zeros(1, dtype=torch.int64), torch.ones(())
+    assert "float8_e4m3fn is not float32 or bfloat16" in variants.cache_supported(
+        key, key, fp8, slots)
+    assert "k/v scales" in variants.cache_supported(key, key, pages, slots, scale, scale)
+    batch = (torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
+             torch.tensor([0, 1], dtype=torch.int32), 0.25)
+    assert variants.attention_supported(key, pages, *batch) is None
+    assert "causal only" in variants.attention_supported(key, pages, *batch, causal=False)
+    assert "k/v scales" in variants.attention_supported(key, pages, *batch, k_scale=scale)
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 100)] == [1, 1, 2, 4, 4, 8, 8, 16, 128]
+
+
+def test_each_bucket_compiles_once():
+    counter = compilations()
+    weight = torch.rand(48) + 0.5
+    variants.rms_norm(torch.randn(5, 48), weight, 1e-6)  # bucket 8 compiles
+    before = counter.count
+    for rows in (6, 7, 8):
+        variants.rms_norm(torch.randn(rows, 48), weight, 1e-6)
+    assert counter.count == before
+    variants.rms_norm(torch.randn(9, 48), weight, 1e-6)  # bucket 16
+    assert counter.count == before + 1
+
+
+def test_decode_steps_do_not_recompile():
+    """A sequence decoding from 17 to 32 tokens (two 16-token blocks) compiles attention
+    and the cache write once: the steps differ only in values, not in bucketed shapes."""
+    counter = compilations()
+    generator = torch.Generator().manual_seed(0)
+    pages = torch.zeros(4, 16, 2 * 2, 64)
+    tables = torch.tensor([[2, 0]], dtype=torch.int32)
+
+    def step(length: int) -> torch.Tensor:
+        key, value = (torch.randn(1, 2, 64, generator=generator) for _ in range(2))
+        slot = tables[0, (length - 1) // 16].long() * 16 + (length - 1) % 16
+        variants.reshape_and_cache_interleaved(key, value, pages, slot.view(1))
+        query = torch.randn(1, 4, 64, generator=generator)
+        return variants.paged_attention_interleaved(
+            query, pages, tables, torch.tensor([length], dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32), 0.125, max_query_len=1)
+
+    step(17)
+    before = counter.count
+    for length in range(18, 33):
+        step(length)
+    assert counter.count == before
+
+
+def test_registry_serves_the_tpu_with_jax_and_declines_to_the_reference(stand_in):
+    explanation = kernels.explain("paged_attention_interleaved", stand_in, "cpu", "float32")
+    assert explanation.chosen.name == "jax"
+    assert "needs device feature jax-tpu" in explanation.rejected["pallas"]
+    pages = torch.randn(2, 8, 2, 16)
+    args = (torch.randn(3, 1, 16), pages, torch.tensor([[1, 0]], dtype=torch.int32),
+            torch.tensor([10], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32),
+            0.25)
+    causal = ops.paged_attention_interleaved(*args)
+    non_causal = ops.paged_attention_interleaved(*args, causal=False)
+    assert ops.paged_attention_interleaved.variants_used() == {"jax", "reference"}
+    torch.testing.assert_close(non_causal,
+                               ops.paged_attention_interleaved.reference(*args, causal=False))
+    assert not torch.allclose(causal, non_causal)
+
+
+def test_pallas_kernel_in_tpu_interpret_mode_matches_pure_jax():
+    """JAX's Pallas TPU kernel, run in Pallas' TPU interpret mode on CPU, against the
+    pure-JAX version on the same padded inputs."""
+    pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+    rng = np.random.default_rng(0)
+    queries = jax.numpy.asarray(rng.standard_normal((16, 8, 128)), "float32")
+    kv_pages = jax.numpy.asarray(rng.standard_normal((16, 16, 8, 128)), "float32")
+    batch = (jax.numpy.array([20, 5, 33, 0], "int32"),
+             jax.numpy.asarray(rng.permutation(16).reshape(4, 4), "int32"),
+             jax.numpy.array([0, 6, 7, 9, 9], "int32"), jax.numpy.array([3], "int32"))
+    options = {"sm_scale": 0.1, "sliding_window": None, "soft_cap": None}
+    want = rpa.ragged_paged_attention(queries, kv_pages, *batch, max_q_len=8, **options)
+    try:
+        with pltpu.force_tpu_interpret_mode():
+            got = rpa.pallas_ragged_paged_attention(queries, kv_pages, *batch,
+                                                    block_sizes=(2, 8), **options)
+            got.block_until_ready()
+    except Exception as exc:  # the interpreter's own limits only; anything else fails
+        if "ReshapeTransform" not in str(exc):
+            raise
+        pytest.skip(f"Pallas' TPU interpret mode of jax {jax.__version__} cannot run the "
+                    f"ragged paged attention kernel: {str(exc).strip().splitlines()[-1]}")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-3, rtol=2e-3)
