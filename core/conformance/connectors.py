@@ -1,55 +1,125 @@
-"""Connectors must round-trip KV blocks: saving blocks then loading them restores them.
+"""Connectors must round-trip KV blocks: blocks saved by hash load back, bit for bit,
+into the block ids the metadata names.
 
-The kit builds the connector for a small ``NHD`` layout, saves two blocks of every layer
-of a random cache for one request, waits, clears the caches, loads the same blocks for
-the same request, waits per layer, and requires the blocks back bit for bit and every
-other block untouched. Block ``b`` of a layer's cache is ``cache[:, b]``.
+The kit builds the connector as ``cls(layout, **cls.conformance_config(workdir))`` for a
+small ``NHD`` layout and an empty temporary ``workdir`` (a connector whose
+``conformance_config`` is None, or that still needs options the kit cannot guess, i.e.
+raises :class:`~hwplug.errors.ConfigError`, is "not checked here"), saves two blocks of every layer of a random cache for one request
+(its full blocks, named by chained hashes), waits, then requires
+``get_num_new_matched_tokens`` to count both blocks (and none of a request it never saw),
+loads them into two *other* block ids of zeroed caches, waits per layer, and requires no
+load errors, the blocks back bit for bit where the metadata put them, and every other
+block untouched. Block ``b`` of a layer's cache is ``cache[:, b]``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from hwplug.conformance.result import Check, Status
+from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
-from hwplug.connector import Connector, ConnectorMetadata, KVLayout
+from hwplug.connector import (
+    BlockTransfer,
+    Connector,
+    ConnectorMetadata,
+    ConnectorRequest,
+    KVLayout,
+)
+from hwplug.errors import ConfigError
 
 LAYOUT = KVLayout(backend="TORCH_PAGED", layout="NHD", kv_cache_dtype="float32", block_size=4,
                   num_kv_heads=2, head_size=8, num_layers=2)
 NUM_BLOCKS = 6
-BLOCKS = [1, 4]
+#: Where the request's two blocks are saved from, and where they are loaded back into.
+SAVED, LOADED = [1, 4], [5, 2]
 REQUEST = "conformance-0"
 
 
-def _outcome(cls: type[Connector], placement: Placement) -> tuple[Status, str]:
-    connector = cls(LAYOUT)
+def _chained_hashes(count: int, seed: str) -> tuple[str, ...]:
+    hashes, parent = [], seed
+    for index in range(count):
+        parent = hashlib.sha256(f"{parent}:{index}".encode()).hexdigest()
+        hashes.append(parent)
+    return tuple(hashes)
+
+
+def _round_trip(connector: Connector, placement: Placement) -> str | None:
+    """What went wrong in one save-then-load, or None."""
     rng = torch.Generator().manual_seed(0)
     shape = (2, NUM_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads, LAYOUT.head_size)
     caches = {f"layers.{i}": torch.randn(shape, generator=rng).to(placement.device)
               for i in range(LAYOUT.num_layers)}
     originals = {name: cache.clone() for name, cache in caches.items()}
-    saves = ConnectorMetadata(connector.fingerprint, saves={REQUEST: BLOCKS})
+    hashes = _chained_hashes(len(SAVED), REQUEST)
+    request = ConnectorRequest(REQUEST, len(SAVED) * LAYOUT.block_size, hashes)
+    saves = ConnectorMetadata(connector.fingerprint, saves={
+        REQUEST: [BlockTransfer(h, b) for h, b in zip(hashes, SAVED, strict=True)]})
     for name, cache in caches.items():
         connector.save_kv_layer(name, cache, saves)
     connector.wait_for_save()
+    matched = connector.get_num_new_matched_tokens(request, 0)
+    if matched != request.num_tokens:
+        return (f"get_num_new_matched_tokens says {matched} tokens after saving "
+                f"{len(SAVED)} blocks of {LAYOUT.block_size}")
+    stranger = ConnectorRequest("conformance-unknown", 8, _chained_hashes(2, "unknown"))
+    if connector.get_num_new_matched_tokens(stranger, 0):
+        return "get_num_new_matched_tokens matches blocks that were never saved"
     for cache in caches.values():
         cache.zero_()
-    connector.start_load_kv(ConnectorMetadata(connector.fingerprint, loads={REQUEST: BLOCKS}),
-                            caches)
-    others = [b for b in range(NUM_BLOCKS) if b not in BLOCKS]
-    for name, cache in caches.items():
+    connector.start_load_kv(ConnectorMetadata(connector.fingerprint, loads={
+        REQUEST: [BlockTransfer(h, b) for h, b in zip(hashes, LOADED, strict=True)]}), caches)
+    for name in caches:
         connector.wait_for_layer_load(name)
-        if not torch.equal(cache[:, BLOCKS], originals[name][:, BLOCKS]):
-            return "failed", f"{name}: blocks {BLOCKS} differ after save then load"
+    errors = connector.get_block_ids_with_load_errors()
+    if errors:
+        return f"reports load errors for blocks {sorted(errors)}"
+    others = [b for b in range(NUM_BLOCKS) if b not in LOADED]
+    for name, cache in caches.items():
+        if not torch.equal(cache[:, LOADED], originals[name][:, SAVED]):
+            return (f"{name}: blocks saved from ids {SAVED} differ when loaded into "
+                    f"ids {LOADED}")
         if bool(cache[:, others].any()):
-            return "failed", f"{name}: loading blocks {BLOCKS} wrote into other blocks"
-    return "passed", (f"blocks {BLOCKS} of {LAYOUT.num_layers} layers restored bit for bit "
-                      f"{placement.describe()}")
+            return f"{name}: loading into blocks {LOADED} wrote into other blocks"
+    return None
+
+
+def _outcome(cls: type[Connector], placement: Placement) -> tuple[Status, str]:
+    with tempfile.TemporaryDirectory(prefix="hwplug-connector-") as workdir:
+        options = cls.conformance_config(Path(workdir))
+        if options is None:
+            return "not checked", ("says it cannot be checked alone "
+                                   "(conformance_config is None)")
+        return _checked(cls, options, placement)
+
+
+def _checked(cls: type[Connector], options: dict, placement: Placement
+             ) -> tuple[Status, str]:
+    try:
+        connector = cls(LAYOUT, **options)
+    except ConfigError as exc:
+        return "not checked", f"cannot be built without options the kit cannot guess: {exc}"
+    try:
+        problem = _round_trip(connector, placement)
+        connector.request_finished(REQUEST)
+    finally:
+        connector.close()
+    if problem:
+        return "failed", problem
+    return "passed", (f"blocks {SAVED} of {LAYOUT.num_layers} layers saved by hash and loaded "
+                      f"into {LOADED} bit for bit {placement.describe()}")
 
 
 def connector_check(name: str, load: Callable[[], type[Connector]],
                     placement: Placement) -> Check:
     """The round-trip check of connector ``name`` (``load`` imports its class when run)."""
     return Check(f"connector {name}", lambda: _outcome(load(), placement))
+
+
+def check_connector(cls: type[Connector], placement: Placement | None = None) -> CheckResult:
+    """Check connector class ``cls`` now, on CPU unless ``placement`` says otherwise."""
+    return connector_check(cls.get_name(), lambda: cls, placement or Placement()).run()
