@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PLUGINS := cuda rocm-aiter xpu cpu-arm tpu
+PLUGINS := triton cuda rocm-aiter xpu cpu-arm tpu
 STAMP := $(VENV)/.hwplug-setup
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 

@@ -1,10 +1,11 @@
 """Cold start: seconds from process start to the first generated token, twice.
 
 Each run is a fresh ``python -c`` process that imports hwplug, builds ``hwplug.LLM()``
-(the default model) and generates one token. The first run may fill hwplug's cache
-(converted tokenizer, dequantised weights); the second must reuse it. By default both
-runs share a new temporary ``HWPLUG_CACHE_DIR`` so the first is truly cold; pass
-``--cache-dir`` to use another (e.g. your usual one).
+(the default model, its GGUF blocks kept as hwplug loads it by default) and generates one
+token. The first run may fill hwplug's cache (converted config and tokenizer, the weights
+in GGUF blocks); the second must reuse it. By default both runs share a new temporary
+``HWPLUG_CACHE_DIR`` so the first is truly cold; pass ``--cache-dir`` to use another (e.g.
+your usual one).
 
     python benchmarks/cold_start.py
     python benchmarks/cold_start.py --model smollm2 --runs 3

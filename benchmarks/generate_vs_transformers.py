@@ -1,12 +1,14 @@
 """Decode speed: ``hwplug.LLM.generate`` vs transformers ``generate`` on the same weights.
 
 SmolLM2-135M-Instruct is loaded once by hwplug; transformers' ``LlamaForCausalLM`` is
-built from the same config and given the same (dequantised) state dict, in the same
-dtype. For each batch size, both generate greedily from the same random prompts and
-ignore EOS. Decode tokens/s is ``batch * (N - 1) / (T(N) - T(1))`` where ``T(n)`` is the
-wall time of a generate call for ``n`` new tokens, so prefill is excluded alike for both.
-Calls alternate between the two sides and the median of ``--repeats`` is kept, so load
-from other processes hits both alike.
+built from the same config and given the same state dict, in the same dtype: a GGUF is
+dequantised for both sides (``dequantize=True``; hwplug would otherwise keep its blocks,
+which ``benchmarks/cpu_vs_llamacpp.py`` measures). For each batch size, both generate
+greedily from the same random prompts and ignore EOS. Decode tokens/s is
+``batch * (N - 1) / (T(N) - T(1))`` where ``T(n)`` is the wall time of a generate call for
+``n`` new tokens, so prefill is excluded alike for both. Calls alternate between the two
+sides and the median of ``--repeats`` is kept, so load from other processes hits both
+alike.
 
     python benchmarks/generate_vs_transformers.py                   # batch 1, 8, 32
     python benchmarks/generate_vs_transformers.py --batch-sizes 1 --new-tokens 128
@@ -32,6 +34,7 @@ hwplug.current_platform().apply_process_env()  # before torch loads; both sides 
 import torch  # noqa: E402
 
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model  # noqa: E402
+from hwplug.model_zoo.loaders.resolve import checkpoint_format  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,11 +49,16 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def is_gguf(model: str | None) -> bool:
+    """Whether ``model`` names a GGUF file (its weights are then dequantised for both)."""
+    return checkpoint_format(resolve_model(model)) == "gguf"
+
+
 def transformers_model(model: str | None, dtype: torch.dtype) -> torch.nn.Module:
     """transformers' Llama with the checkpoint's weights, as hwplug loads them."""
     from transformers import AutoModelForCausalLM
 
-    checkpoint = load_checkpoint(resolve_model(model))
+    checkpoint = load_checkpoint(resolve_model(model), dequantize=is_gguf(model))
     reference = AutoModelForCausalLM.from_config(checkpoint.config, dtype=dtype).eval()
     result = reference.load_state_dict(dict(checkpoint.weights()), strict=False)
     if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
@@ -91,7 +99,8 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    llm = hwplug.LLM(args.model, dtype=args.dtype, max_num_seqs=max(args.batch_sizes))
+    llm = hwplug.LLM(args.model, dtype=args.dtype, max_num_seqs=max(args.batch_sizes),
+                     dequantize=is_gguf(args.model))
     device = llm.ctx.device
     reference = transformers_model(args.model, getattr(torch, args.dtype)).to(device)
     vocab = llm.hf_config.vocab_size

@@ -106,6 +106,11 @@ class AttentionBackend(StrictInterface, abc.ABC):
         if reasons:
             raise UnsupportedError(f"{self.get_name()} cannot serve {spec}: {'; '.join(reasons)}")
         self.spec = spec
+        #: This layer's KV-cache scales when the cache is quantized (fp8): float32
+        #: ``[Hkv]`` tensors, set by the model layer that owns the backend and passed to
+        #: ``reshape_and_cache`` / ``paged_attention``; None for other caches.
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
 
     @classmethod
     @abc.abstractmethod

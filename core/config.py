@@ -28,3 +28,7 @@ class EngineConfig:
     causal: bool = True
     sliding_window: int | None = None
     soft_cap: float | None = None
+    #: fp8 KV caches: compute the k/v scales from the first batch instead of taking the
+    #: checkpoint's (or 1.0), per KV head (``"head"``) or per layer (``"tensor"``).
+    calculate_kv_scales: bool = False
+    kv_scale_granularity: str = "tensor"

@@ -16,8 +16,12 @@ if TYPE_CHECKING:
 
 #: Floating dtypes a model can compute in.
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-#: dtype names hwplug understands for compute and KV caches.
-DTYPE_NAMES = (*FLOAT_DTYPES, "fp8_e4m3", "fp8_e5m2")
+#: One-byte float dtypes a KV cache can store (with k/v scales): the quantized KV caches.
+FP8_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+#: Integer dtypes quantized weights and activations are stored in.
+INT_DTYPES = ("int8",)
+#: dtype names hwplug understands: compute, KV caches, quantized tensors.
+DTYPE_NAMES = (*FLOAT_DTYPES, *FP8_KV_DTYPES, *INT_DTYPES)
 #: The model dtype that lets the platform choose (see :func:`auto_dtype`).
 AUTO = "auto"
 _TORCH_NAMES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
@@ -47,6 +51,12 @@ def dtype_name(dtype: Any) -> str:
     if text not in DTYPE_NAMES:
         raise UnsupportedError(f"unsupported dtype {dtype!r}; known: {', '.join(DTYPE_NAMES)}")
     return text
+
+
+def is_quantized_kv_cache(kv_cache_dtype: str | None) -> bool:
+    """Whether a KV cache of this dtype is quantized (stored with k/v scales): fp8 only;
+    bfloat16, float16 and float32 caches are not."""
+    return kv_cache_dtype in FP8_KV_DTYPES
 
 
 def auto_dtype(platform_dtypes: Sequence[str], checkpoint_dtype: str | None) -> str:

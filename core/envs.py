@@ -73,6 +73,13 @@ def _names(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value < 1e9:  # rejects NaN and infinity too
+        raise ValueError(f"expected a number of seconds above 0 and below 1e9, got {raw!r}")
+    return value
+
+
 def _op_map(raw: str) -> dict[str, tuple[str, ...]]:
     """Parse ``op=variant[|variant...],op2=...`` into {op: (variant, ...)}."""
     result: dict[str, tuple[str, ...]] = {}
@@ -96,6 +103,10 @@ _DECLARED = [
     EnvVar("HWPLUG_STRICT_PLUGINS", "flag", False,
            "Turn a plugin that fails to load or raises in a hook into an error.", _flag,
            _FLAG_CHOICES),
+    EnvVar("HWPLUG_PROBE_TIMEOUT", "number of seconds", 10.0,
+           "A platform probe that has not answered within this time is reported failed. A "
+           "plugin import, probe or hook still running after half of it is logged, with how "
+           "to skip it (HWPLUG_PLUGINS).", _seconds),
     EnvVar("HWPLUG_DISABLED_KERNELS", "comma-separated variant names", (),
            "Kernel variants never to select (see `hwplug kernels`).", _names),
     EnvVar("HWPLUG_PREFERRED_KERNELS", "op=variant[|variant],...", {},
@@ -114,6 +125,12 @@ _DECLARED = [
     EnvVar("HWPLUG_DEBUG", "flag", False,
            "The CLI prints the full traceback of an error, not just its one-line message.",
            _flag, _FLAG_CHOICES),
+    EnvVar("HWPLUG_CPU_BIND", "auto | none | cpu lists per rank", "auto",
+           "How CPU worker ranks bind their threads: auto (one NUMA node each), none, or each "
+           "rank's CPUs separated by '|' (0-7|8-15).", str),
+    EnvVar("HWPLUG_ALL2ALL_BACKEND", "all-to-all algorithm", None,
+           "The all-to-all of expert parallelism (e.g. all_to_all, allgather_reducescatter); "
+           "one the platform's communicator lacks warns once and uses its default.", str),
     EnvVar("HWPLUG_PROBE_ROOT", "path", Path("/"),
            "Directory the hardware probes read /proc, /sys and /dev under (a container's "
            "mount of the host, or a fake tree in tests).", Path),

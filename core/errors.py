@@ -52,3 +52,23 @@ class UnsupportedError(HwplugError, ValueError):
 
 class ModelError(HwplugError, ValueError):
     """A model could not be found, loaded or run with the given input."""
+
+
+class EngineStoppedError(HwplugError, RuntimeError):
+    """The engine was shut down (or one of its workers died) while a request waited."""
+
+
+class WorkerError(HwplugError, RuntimeError):
+    """A worker process of a parallel engine (a tensor-parallel rank or a data-parallel
+    replica) died or failed; the message names it. ``rank`` is its rank (or replica index),
+    ``pid`` its process id and ``exitcode`` its exit status (negative: the signal that
+    killed it; None when unknown)."""
+
+    def __init__(self, message: str, rank: int | None = None, pid: int | None = None,
+                 exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.pid, self.exitcode = rank, pid, exitcode
+
+
+class RequestAbortedError(HwplugError, RuntimeError):
+    """The request was aborted (its stream closed) before it finished."""

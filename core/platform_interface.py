@@ -265,6 +265,13 @@ class Platform(StrictInterface):
         config.kv_cache_dtype = kv_dtype
         settle_attention(self, config)
 
+    def execution_summary(self) -> str | None:
+        """One line on how this process has run models so far, which ``hwplug generate``
+        prints after its speed line: e.g. how many JIT compilations a compiling platform
+        made (a count that keeps growing shows a shape that recompiles every step). The
+        default, None, prints nothing."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """The platform's facts as plain data, for ``hwplug info``."""
         facts = self.facts

@@ -65,8 +65,13 @@ class QuantMethod(StrictInterface, abc.ABC):
 
     #: Activation dtypes the method computes in.
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
-    #: Minimum device capability, or None.
+    #: Minimum device capability (enforced where the device reports one), or None.
     min_capability: ClassVar[str | None] = None
+    #: The kernel-registry op :meth:`apply` computes with (reported as what serves it).
+    gemm_op: ClassVar[str] = "linear"
+    #: Whether the embedding and LM head tables are stored by this method too (it then
+    #: implements :meth:`embed`); otherwise they stay unquantized in the model dtype.
+    quantizes_vocab: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -89,6 +94,31 @@ class QuantMethod(StrictInterface, abc.ABC):
     @abc.abstractmethod
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``x [..., input_size]`` -> ``[..., output_size]`` (bias included)."""
+
+    def embed(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids [T]`` of the table ``layer`` holds (created by :meth:`create_weights`
+        with the table's ``dim`` inputs and ``num_rows`` outputs) -> ``[T, dim]``, any float
+        dtype. Required where :attr:`quantizes_vocab` is set."""
+        raise UnsupportedError(f"quant method {self.get_name()!r} does not store embedding "
+                               "tables")
+
+    def example_checkpoint(self, input_size: int, output_size: int,
+                           generator: torch.Generator) -> dict[str, torch.Tensor] | None:
+        """Random tensors, by parameter name, that a checkpoint of this method could hold for
+        a layer of this shape (the conformance kit loads them through the parameters'
+        ``weight_loader`` where they have one). None, the default: every parameter random in
+        its own dtype is a valid layer. Raise :class:`~hwplug.errors.UnsupportedError` for
+        a shape the method cannot store."""
+        return None
+
+    def describe(self) -> str:
+        """The method and its scheme in words, for logs and reports."""
+        return self.get_name()
+
+    def activation_quantization(self) -> ScaleDescriptor | None:
+        """How :meth:`apply` quantizes activations before its matmul (None: it does not).
+        Checks against ``x @ dequantize(layer).T`` allow that format's rounding."""
+        return None
 
     def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
         """The weight ``apply`` multiplies by, as float32 ``[output_size, input_size]``.

@@ -21,6 +21,9 @@ __all__ = ["build_cos_sin_cache", "gelu_and_mul", "linear", "paged_attention", "
 
 _REF = "hwplug.kernel_registry.reference:"
 _ELEMENTWISE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+#: An fp8 value stored by two variants may differ by one code (a different rounding of
+#: x / scale): 1 ulp is 2^-3 relative for e4m3, 2^-2 for e5m2.
+_FP8_STORED = {"fp8_e4m3": (2e-3, 0.125), "fp8_e5m2": (2e-3, 0.25)}
 #: Attention accumulates over the context; fp32 allows TF32-class dot products.
 _ATTENTION = {"float32": (2e-3, 2e-3), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
 
@@ -51,11 +54,14 @@ gelu_and_mul(x [..., 2d], approximate="none") -> [..., d] = gelu(x[..., :d]) * x
 """)
 
 reshape_and_cache = kernels.define_op("reshape_and_cache", _REF + "reshape_and_cache",
-                                      tolerances=_ELEMENTWISE, doc="""
+                                      tolerances={**_ELEMENTWISE, **_FP8_STORED}, doc="""
 reshape_and_cache(key [T, Hkv, D], value [T, Hkv, D],
-                  kv_cache [2, num_blocks, block_size, Hkv, D], slot_mapping [T] int64)
+                  kv_cache [2, num_blocks, block_size, Hkv, D], slot_mapping [T] int64,
+                  k_scale=None, v_scale=None)
     In place, layout NHD: key[t] -> kv_cache[0, slot // block_size, slot % block_size],
     value[t] -> kv_cache[1, ...], cast to the cache dtype. A negative slot is skipped.
+    k_scale / v_scale (float32, [] per tensor or [Hkv] per KV head; given for fp8 caches)
+    divide what is stored: stored = (key / k_scale).to(cache dtype), fp8 saturating.
 """)
 
 paged_attention = kernels.define_op("paged_attention", _REF + "paged_attention",
@@ -63,13 +69,15 @@ paged_attention = kernels.define_op("paged_attention", _REF + "paged_attention",
 paged_attention(query [T, Hq, D], kv_cache [2, num_blocks, block_size, Hkv, D],
                 block_tables [B, max_blocks] int32, seq_lens [B] int32,
                 query_start_loc [B+1] int32, scale, causal=True, sliding_window=None,
-                soft_cap=None, max_query_len=None, max_seq_len=None) -> [T, Hq, D]
+                soft_cap=None, max_query_len=None, max_seq_len=None, k_scale=None,
+                v_scale=None) -> [T, Hq, D]
     Sequence i's queries query[qsl[i]:qsl[i+1]] are the last tokens of its context of
     seq_lens[i] tokens (already cached). Key k is visible to the query at position p iff
     (not causal or k <= p) and (sliding_window is None or p - k < sliding_window).
     logits = scale * q.k, soft-capped as soft_cap * tanh(logits / soft_cap) if set;
     softmax in fp32; GQA: query head h reads KV head h // (Hq // Hkv). Covers prefill,
-    chunked prefill and decode, mixed in one batch.
+    chunked prefill and decode, mixed in one batch. Cached K / V read as
+    stored.float() * k_scale / * v_scale when the scales are given (see reshape_and_cache).
 """)
 
 linear = kernels.define_op("linear", _REF + "linear",
@@ -82,11 +90,15 @@ linear(x [..., K], weight [N, K], bias [N] | None = None) -> [..., N] = x @ weig
 
 scaled_mm = kernels.define_op("scaled_mm", _REF + "scaled_mm",
                               tolerances={"fp8_e4m3": (2e-2, 2e-2), "fp8_e5m2": (5e-2, 5e-2),
-                                          "float32": (1e-4, 1e-4), "bfloat16": (2e-2, 2e-2),
-                                          "float16": (2e-3, 2e-3)}, doc="""
-scaled_mm(a [M, K], b [K, N], scale_a (scalar or [M, 1]) fp32, scale_b (scalar or [1, N])
-          fp32, out_dtype, bias [N] | None = None) -> [M, N]
-    ((a.float() * scale_a) @ (b.float() * scale_b) + bias).to(out_dtype)
+                                          "int8": (1e-3, 1e-4), "float32": (1e-4, 1e-4),
+                                          "bfloat16": (2e-2, 2e-2), "float16": (2e-3, 2e-3)},
+                              doc="""
+scaled_mm(a [M, K], b [K, N], scale_a, scale_b, out_dtype, bias [N] | None = None) -> [M, N]
+    ((a.float() * scale_a) @ (b.float() * scale_b) + bias).to(out_dtype): the GEMM of every
+    quantized linear layer. a and b: fp8, int8, or a float activation with int8 weights.
+    scale_a fp32: scalar, [M, 1] per token, or [M, K/g] per token group of g inputs;
+    scale_b fp32: scalar, [1, N] per channel, or [K/bk, N/bn] per bk x bn block (group
+    and block sizes divide K and N; see reference.matmul.expand_scale).
 """)
 
 

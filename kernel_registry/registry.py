@@ -142,16 +142,27 @@ class KernelRegistry(Registry[Variant]):
             del result.chain[1:]
         return result
 
+    def preferred(self) -> dict[str, tuple[str, ...]]:
+        """``HWPLUG_PREFERRED_KERNELS`` (op -> variant names, best first), checked whole:
+        :class:`ConfigError` listing the known ops for an unknown op, or an op's known
+        variants for an unknown variant."""
+        wanted = envs.HWPLUG_PREFERRED_KERNELS
+        unknown_ops = [op for op in wanted if op not in self._ops]
+        if unknown_ops:
+            raise ConfigError(f"HWPLUG_PREFERRED_KERNELS names unknown ops: "
+                              f"{', '.join(unknown_ops)}; known ops: {', '.join(self._ops)}")
+        for op, preferred in wanted.items():
+            names = [v.name for v in self.variants(op)]
+            unknown = [p for p in preferred if p not in names]
+            if unknown:
+                raise ConfigError(f"HWPLUG_PREFERRED_KERNELS names unknown variants of {op}: "
+                                  f"{', '.join(unknown)}; known: {', '.join(names)}")
+        return wanted
+
     def _preferred_order(self, op: str) -> list[Variant]:
-        variants = self.variants(op)
-        preferred = envs.HWPLUG_PREFERRED_KERNELS.get(op, ())
-        names = [v.name for v in variants]
-        unknown = [p for p in preferred if p not in names]
-        if unknown:
-            raise ConfigError(f"HWPLUG_PREFERRED_KERNELS names unknown variants of {op}: "
-                              f"{', '.join(unknown)}; known: {', '.join(names)}")
+        preferred = self.preferred().get(op, ())
         rank = {name: index for index, name in enumerate(preferred)}
-        return sorted(variants, key=lambda v: rank.get(v.name, len(rank)))
+        return sorted(self.variants(op), key=lambda v: rank.get(v.name, len(rank)))
 
 
 def _import_failure(variant: Variant) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -20,8 +20,10 @@ from hwplug.attention import AttentionBackend
 from hwplug.config import EngineConfig
 from hwplug.discovery import current_platform
 from hwplug.dtypes import AUTO, dtype_name, torch_dtype
-from hwplug.errors import ModelError, UnsupportedError
-from hwplug.model_zoo.layers.linear import Linear
+from hwplug.errors import ConfigError, ModelError, UnsupportedError
+from hwplug.model_zoo.loaders.memory import check_memory, estimate_memory
+from hwplug.model_zoo.parallel import TensorParallel
+from hwplug.model_zoo.quant_methods import quant_method_for
 from hwplug.model_zoo.registry import get_model_class
 from hwplug.platform_interface import Platform
 from hwplug.quantization import QuantMethod
@@ -40,6 +42,8 @@ class ModelContext:
     quant_method: QuantMethod
     dtype: torch.dtype
     device: torch.device
+    #: This process's share of the model under tensor parallelism (size 1: all of it).
+    parallel: TensorParallel = field(default_factory=TensorParallel)
 
 
 class CheckpointLike(Protocol):
@@ -50,45 +54,68 @@ class CheckpointLike(Protocol):
     def weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
 
 
-def create_context(model_cls: Any, hf_config: Any, *, dtype: str = AUTO,
-                   platform: Platform | None = None, attention_backend: str | None = None,
-                   block_size: int | None = None, kv_cache_dtype: str | None = None
-                   ) -> ModelContext:
+#: EngineConfig fields a caller may set (the model states the attention geometry).
+ENGINE_OPTIONS = ("dtype", "kv_cache_dtype", "block_size", "attention_backend",
+                  "calculate_kv_scales", "kv_scale_granularity")
+KV_SCALE_GRANULARITIES = ("tensor", "head")
+
+
+def create_context(model_cls: Any, hf_config: Any, *, platform: Platform | None = None,
+                   parallel: TensorParallel | None = None, **options: Any) -> ModelContext:
     """Settle the engine configuration of ``model_cls`` for ``hf_config`` on ``platform``
-    (default: the current one); ``dtype`` ``"auto"`` lets the platform choose, within what
-    the checkpoint's ``torch_dtype`` allows. Raises :class:`UnsupportedError` when the
-    platform cannot run the dtype, KV dtype, attention or quantization the model needs."""
+    (default: the current one). ``options`` are :data:`ENGINE_OPTIONS` fields of
+    :class:`EngineConfig`; ``dtype`` ``"auto"`` (the default) lets the platform choose,
+    within what the checkpoint's ``torch_dtype`` allows. Under tensor ``parallel``ism the
+    settled attention geometry is this rank's share of the heads. Raises
+    :class:`ConfigError` for an unknown option or heads that do not split over the ranks,
+    and :class:`UnsupportedError` when the platform cannot run the dtype, KV dtype,
+    attention or quantization the model needs."""
+    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown engine option {', '.join(unknown)}; options: "
+                          f"{', '.join(ENGINE_OPTIONS)}")
+    granularity = options.get("kv_scale_granularity", "tensor")
+    if granularity not in KV_SCALE_GRANULARITIES:
+        raise ConfigError(f"kv_scale_granularity {granularity!r} is not valid; choose one of: "
+                          f"{', '.join(KV_SCALE_GRANULARITIES)}")
     resolved = current_platform()  # also runs the plugins' registrations
     platform = platform or resolved
-    config = replace(model_cls.engine_config(hf_config, dtype), block_size=block_size,
-                     attention_backend=attention_backend, kv_cache_dtype=kv_cache_dtype,
-                     checkpoint_dtype=checkpoint_dtype(hf_config))
+    parallel = parallel or TensorParallel()
+    config = replace(model_cls.engine_config(hf_config, options.pop("dtype", AUTO)),
+                     checkpoint_dtype=checkpoint_dtype(hf_config), **options)
+    config = replace(config, num_heads=parallel.share(config.num_heads, "attention heads")[1],
+                     num_kv_heads=parallel.kv_heads(config.num_heads, config.num_kv_heads)[1])
     platform.check_and_update_config(config)
     return ModelContext(platform=platform, engine_config=config,
                         attention_backend=registries.attention_backends.get(
                             config.attention_backend),
-                        quant_method=_quant_method(hf_config, platform),
-                        dtype=torch_dtype(config.dtype), device=torch.device(platform.device_type))
+                        quant_method=_quant_method(hf_config, platform, config.dtype),
+                        dtype=torch_dtype(config.dtype), device=torch.device(platform.device_type),
+                        parallel=parallel)
 
 
 def checkpoint_dtype(hf_config: Any) -> str | None:
     """The float dtype a Hugging Face config says its weights are stored in, or None."""
-    stored = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    # transformers >= 4.56 names it ``dtype`` (reading ``torch_dtype`` there warns)
+    name = "dtype" if hasattr(hf_config, "dtype") else "torch_dtype"
+    stored = getattr(hf_config, name, None)
     try:
         return dtype_name(stored) if stored is not None else None
     except UnsupportedError:
         return None
 
 
-def build_model(checkpoint: CheckpointLike, *, dtype: str = AUTO,
-                platform: Platform | None = None, attention_backend: str | None = None,
-                block_size: int | None = None, kv_cache_dtype: str | None = None
+def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
+                parallel: TensorParallel | None = None, **options: Any
                 ) -> tuple[nn.Module, ModelContext]:
     """Build the registered model for ``checkpoint.config.architectures[0]`` on the
     platform, load ``checkpoint.weights()``, and return ``(model.eval(), ctx)``.
 
-    Raises :class:`ModelError` when the config names no architecture or the weights do not
-    match, :class:`~hwplug.errors.UnknownNameError` for an unregistered architecture.
+    Raises :class:`ModelError` when the config names no architecture, the weights do not
+    match, or the model and a full-length sequence's KV cache would not fit in the
+    platform's free memory (checked before allocating, see
+    :mod:`hwplug.model_zoo.loaders.memory`); :class:`~hwplug.errors.UnknownNameError` for an
+    unregistered architecture.
     """
     hf_config = checkpoint.config
     architectures = getattr(hf_config, "architectures", None) or []
@@ -96,28 +123,40 @@ def build_model(checkpoint: CheckpointLike, *, dtype: str = AUTO,
         raise ModelError("the checkpoint's config names no architecture "
                          "(config.architectures is empty)")
     model_cls = get_model_class(architectures[0])
-    ctx = create_context(model_cls, hf_config, dtype=dtype, platform=platform,
-                         attention_backend=attention_backend, block_size=block_size,
-                         kv_cache_dtype=kv_cache_dtype)
-    logger.info("building %s (%s) on %s with %s attention, block size %d",
+    ctx = create_context(model_cls, hf_config, platform=platform, parallel=parallel, **options)
+    logger.info("building %s (%s) on %s with %s attention, block size %d; quantization %s",
                 architectures[0], ctx.engine_config.dtype, ctx.platform.name,
-                ctx.engine_config.attention_backend, ctx.engine_config.block_size)
+                ctx.engine_config.attention_backend, ctx.engine_config.block_size,
+                quantization_report(ctx))
+    check_memory(estimate_memory(model_cls, hf_config, ctx), ctx.platform)  # before allocating
     with torch.device(ctx.device):
         model = model_cls(hf_config, ctx)
     model.load_weights(checkpoint.weights())
-    for module in model.modules():
-        if isinstance(module, Linear):
+    for module in model.modules():  # linear layers and vocabulary tables
+        if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
     return model.eval(), ctx
 
 
-def _quant_method(hf_config: Any, platform: Platform) -> QuantMethod:
+def quantization_report(ctx: ModelContext) -> str:
+    """The quant method, its scheme and the kernel variant the registry chooses for its GEMM
+    here (for a model's first call; a per-call ``supports`` check may still fall back)."""
+    from hwplug.kernel_registry import kernels
+
+    method = ctx.quant_method
+    activation = method.activation_quantization()
+    op = kernels.op(method.gemm_op)
+    # the op sees the quantized activation only if it takes that dtype (scaled_mm); int4's
+    # op takes the model dtype and rounds inside its variants
+    dtype = (activation.dtype if activation is not None and activation.dtype in op.tolerances
+             else ctx.engine_config.dtype)
+    why = kernels.explain(method.gemm_op, ctx.platform, ctx.device.type, dtype)
+    chosen = why.chosen.name if why.chosen else "none"
+    return f"{method.describe()}, {method.gemm_op} served by {chosen}"
+
+
+def _quant_method(hf_config: Any, platform: Platform, dtype: str) -> QuantMethod:
     quant_config = getattr(hf_config, "quantization_config", None)
     if quant_config is not None and not isinstance(quant_config, dict):
         quant_config = quant_config.to_dict()
-    name = quant_config.get("quant_method", "unquantized") if quant_config else "unquantized"
-    supported = platform.facts.supported_quant_methods
-    if name not in supported:
-        raise UnsupportedError(f"quantization {name!r} is not supported on platform "
-                               f"{platform.name!r}; supported: {', '.join(supported)}")
-    return registries.quant_methods.get(name).from_config(quant_config)
+    return quant_method_for(quant_config, platform, dtype)

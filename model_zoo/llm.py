@@ -4,22 +4,26 @@
 loaders, builds it with :func:`~hwplug.model_zoo.context.build_model` (the platform
 settles the attention backend and the block size), allocates one paged KV cache per
 layer and keeps the tokenizer. Decoders serve :meth:`LLM.generate`, :meth:`LLM.stream`
-and :meth:`LLM.chat` through the continuous-batching :class:`LLMEngine`; encoders serve
-:meth:`LLM.embed`. Calling one kind's method on the other kind is a
-:class:`~hwplug.errors.ModelError`.
+and :meth:`LLM.chat` through the continuous-batching :class:`LLMEngine`, driven by one
+:class:`EngineLoop` thread: any number of threads may call them at once, their requests
+are batched together and each gets its own output. Encoders serve :meth:`LLM.embed`.
+Calling one kind's method on the other kind is a :class:`~hwplug.errors.ModelError`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
+from numbers import Integral
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from hwplug.connector import Connector
 from hwplug.errors import ConfigError, ModelError
 from hwplug.model_zoo.context import build_model
 from hwplug.model_zoo.engine import (
@@ -30,9 +34,15 @@ from hwplug.model_zoo.engine import (
     Scheduler,
     Sequence,
 )
+from hwplug.model_zoo.engine.block_hash import model_key, root_hash
+from hwplug.model_zoo.engine.engine_loop import EngineLoop, TextStream
+from hwplug.model_zoo.engine.kv_events import KVEventBus
+from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
 from hwplug.model_zoo.engine.model_runner import kv_cache_bytes_per_block
-from hwplug.model_zoo.engine.scheduler import check_limits
-from hwplug.model_zoo.sampling import SamplingParams
+from hwplug.model_zoo.engine.zmq_events import ZmqEventPublisher
+from hwplug.model_zoo.llm_options import check_options, dequantize_needed, describe
+from hwplug.model_zoo.llm_parallel import Parallelism
+from hwplug.model_zoo.sampling import SamplingParams, is_integer
 
 logger = logging.getLogger(__name__)
 
@@ -43,63 +53,130 @@ Prompt = str | Seq[int]
 Messages = str | Seq[Mapping[str, str]]
 
 
-class TextStream:
-    """The text of one request, piece by piece as its tokens are produced.
-
-    Iterating runs the engine and yields the new text after each step; when the iteration
-    ends, :attr:`output` holds the request's :class:`Output`. Closing the iteration early
-    drops the request.
-    """
-
-    def __init__(self, engine: LLMEngine, seq: Sequence) -> None:
-        self._engine, self._seq = engine, seq
-        self.output: Output | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        try:
-            while not self._seq.is_finished:
-                for seq, delta in self._engine.step():
-                    if seq is self._seq and delta:
-                        yield delta
-            self.output = self._engine.pop_output(self._seq)
-        finally:
-            if self.output is None:
-                self._engine.abort(self._seq)
-
-
 class LLM:
     """A loaded model and its engine.
 
+    ``model`` is an alias of a packaged model (``smollm2``, the default when None, or
+    ``all-minilm-l6-v2``), a path to a ``.gguf`` file, or a Hugging Face style directory
+    (``config.json``, tokenizer files and safetensors weights); nothing is downloaded.
+    A GGUF's weights stay in their GGUF blocks (quant method ``gguf``) unless ``dequantize``
+    asks for float weights in ``dtype`` (so does a platform without GGUF kernels).
     ``dtype`` is the compute dtype (``float32``, ``bfloat16``, ``float16``; ``auto``, the
     default, is the platform's best dtype the checkpoint allows: fp32 on a CPU without bf16
-    arithmetic, bf16 on a GPU) and ``kv_cache_dtype`` the cache's (default: ``dtype``). At most ``max_num_seqs``
-    sequences run at once and a step computes at most ``max_num_batched_tokens`` tokens
-    (longer prompts are prefilled in chunks). ``num_kv_blocks`` sizes the KV cache: a
-    block count, a fraction in (0, 1) of the platform's free memory, or None for
-    :data:`DEFAULT_KV_CACHE_FRACTION`. ``block_size`` and ``attention_backend`` default
-    to the platform's choice. ``seed`` seeds sampled requests that carry no seed of
-    their own.
+    arithmetic, bf16 on a GPU) and ``kv_cache_dtype`` the cache's (default: ``dtype``; an fp8
+    cache uses the checkpoint's k/v scales, or ``calculate_kv_scales`` computes them from the
+    first batch per ``kv_scale_granularity``, ``tensor`` or ``head``). At
+    most ``max_num_seqs`` sequences run at once and a step computes at most
+    ``max_num_batched_tokens`` tokens (longer prompts are prefilled in chunks).
+    ``num_kv_blocks`` sizes the KV cache: a block count, a fraction in (0, 1) of the
+    platform's free memory, or None for :data:`DEFAULT_KV_CACHE_FRACTION`. ``block_size``
+    and ``attention_backend`` default to the platform's choice; a ``block_size`` the
+    backend does not accept is an error listing the sizes it does. ``seed`` (an integer
+    in ``[0, 2**64)``) seeds sampled requests that carry no seed of their own.
+
+    KV blocks: prefix caching reuses the KV of full blocks an earlier request computed
+    (outputs are identical either way; ``enable_prefix_caching=False`` turns it off), and
+    :attr:`kv_events` reports what it stores and evicts (published over ZeroMQ too when
+    ``kv_events_endpoint`` is set, e.g. ``"tcp://*:5557"``; needs pyzmq).
+    ``kv_connector`` (a registered name: ``shared_storage``, ``cpu_offload``, ``p2p``, or
+    a :class:`~hwplug.connector.Connector` subclass) loads blocks from outside and saves
+    the ones the engine fills; it is built with ``kv_connector_config`` as options, and
+    ``kv_load_failure_policy`` (``"fail"``, the default, or ``"recompute"``) says what
+    a failed load does. See docs/connector-authoring.md.
+
+    Parallelism (docs/generation.md, "Parallelism"): ``tensor_parallel_size=N`` splits
+    the model over N processes (N-1 spawned; under torchrun, the launched ranks: rank 0
+    gets the outputs, other ranks serve it and return a worker LLM once it closes) and
+    ``data_parallel_size=N`` runs N engine replicas that share each generate call's
+    prompts; a worker that dies fails the requests with a :class:`~hwplug.errors.WorkerError`.
+
+    One ``LLM`` may be used from several threads at once: every request goes to one
+    engine thread that batches them together and hands each caller its own output.
+    ``LLM`` prints nothing: it logs through :mod:`logging` (``hwplug.model_zoo.*``
+    loggers), and ``hwplug generate`` prints its generation statistics (tokens/s, time to
+    first token, kernels used) on stderr, the text alone on stdout. Invalid arguments raise
+    :class:`~hwplug.errors.ConfigError` (or :class:`~hwplug.errors.ModelError` for the
+    model and prompts) naming the valid values.
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, dtype: str = "auto",
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  block_size: int | None = None, num_kv_blocks: int | float | None = None,
                  attention_backend: str | None = None, kv_cache_dtype: str | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, enable_prefix_caching: bool = True,
+                 kv_connector: str | type[Connector] | None = None,
+                 kv_connector_config: Mapping[str, Any] | None = None,
+                 kv_load_failure_policy: str | None = None,
+                 kv_events_endpoint: str | None = None, dequantize: bool = False,
+                 calculate_kv_scales: bool = False, kv_scale_granularity: str = "tensor",
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1) -> None:
         from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
-        check_limits(max_num_seqs, max_num_batched_tokens)  # before the slow load
-        checkpoint = load_checkpoint(resolve_model(model))
+        check_options(max_num_seqs=max_num_seqs,  # before the slow load
+                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                       num_kv_blocks=num_kv_blocks, seed=seed)
+        if kv_connector is None and (kv_connector_config or kv_load_failure_policy):
+            raise ConfigError("kv_connector_config and kv_load_failure_policy need a "
+                              "kv_connector")
+        closers: list[Callable[[], None]] = []
+        self._loop = EngineLoop()
+        self._shutdown = weakref.finalize(self, _close, self._loop, closers)
+        path = resolve_model(model)
+        dequantize = dequantize_needed(path, dequantize)
+        options = dict(dtype=dtype, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                       num_kv_blocks=num_kv_blocks, attention_backend=attention_backend,
+                       kv_cache_dtype=kv_cache_dtype, seed=seed,
+                       calculate_kv_scales=calculate_kv_scales,
+                       kv_scale_granularity=kv_scale_granularity,
+                       enable_prefix_caching=enable_prefix_caching, kv_connector=kv_connector,
+                       kv_connector_config=kv_connector_config,
+                       kv_load_failure_policy=kv_load_failure_policy,
+                       kv_events_endpoint=kv_events_endpoint)
+        #: Tensor/data parallelism of this LLM (``is_worker`` on torchrun ranks > 0).
+        self.parallelism = Parallelism(tensor_parallel_size, data_parallel_size, closers,
+                                       dict(options, model=str(path), dequantize=dequantize))
+        # Loading and building run on the engine's thread, where every step runs: torch's
+        # OpenMP workers of a second thread would spin (OMP_WAIT_POLICY=ACTIVE) on the cores
+        # the engine's need, for up to a minute after that thread's last torch call.
+        try:
+            self._loop.call(lambda: self._build(
+                lambda: load_checkpoint(path, dequantize=dequantize), closers, **options))
+            self.parallelism.ready(self.is_encoder)
+        except BaseException:
+            self.close()  # spawned workers too
+            raise
+
+    def _build(self, load: Callable[[], Any], closers: list[Callable[[], None]], *,
+               dtype: str, max_num_seqs: int, max_num_batched_tokens: int,
+               block_size: int | None, num_kv_blocks: int | float | None,
+               attention_backend: str | None, kv_cache_dtype: str | None, seed: int | None,
+               enable_prefix_caching: bool, kv_connector: str | type[Connector] | None,
+               kv_connector_config: Mapping[str, Any] | None,
+               kv_load_failure_policy: str | None, kv_events_endpoint: str | None,
+               calculate_kv_scales: bool, kv_scale_granularity: str) -> None:
+        """Load the checkpoint, build the model, its KV cache and engine (on the engine's
+        thread), and hand the engine to the loop."""
+        parallel = self.parallelism.start()  # binds this thread, joins the TP group
+        checkpoint = load()
         self.model, self.ctx = build_model(
             checkpoint, dtype=dtype, attention_backend=attention_backend,
-            block_size=block_size, kv_cache_dtype=kv_cache_dtype)
+            block_size=block_size, kv_cache_dtype=kv_cache_dtype, parallel=parallel,
+            calculate_kv_scales=calculate_kv_scales, kv_scale_granularity=kv_scale_granularity)
+        config = self.ctx.engine_config
+        sizes = self.ctx.attention_backend.supported_block_sizes
+        if block_size is not None and config.block_size != block_size:
+            raise ConfigError(f"block_size {block_size} is not accepted by the "
+                              f"{config.attention_backend} attention backend; it accepts "
+                              f"{', '.join(map(str, sizes))}")
         self.tokenizer = checkpoint.tokenizer
         self.hf_config = checkpoint.config
         self.architecture: str = self.hf_config.architectures[0]
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.max_model_len = int(self.hf_config.max_position_embeddings)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        config = self.ctx.engine_config
+        if self.parallelism.is_worker:
+            return self.parallelism.serve(self.model, self.ctx)  # until rank 0 closes
         num_blocks = self._num_kv_blocks(num_kv_blocks)
         logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, config.block_size,
                     config.kv_cache_dtype)
@@ -108,15 +185,56 @@ class LLM:
             generator.seed()
         else:
             generator.manual_seed(seed)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
-        self.runner = ModelRunner(self.model, self.ctx, num_blocks, generator)
+        events = KVEventBus()
+        self.block_manager = BlockManager(num_blocks, config.block_size, events=events,
+                                          enable_prefix_caching=enable_prefix_caching)
+        self.runner = ModelRunner(self.parallelism.engine_model(self.model, self.ctx, num_blocks),
+                                  self.ctx, num_blocks, generator)
+        scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              max_model_len=self.max_model_len,
+                              eos_token_ids=checkpoint.eos_token_ids)
         self.engine = LLMEngine(
-            self.runner,
-            Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens,
-                      max_model_len=self.max_model_len,
-                      eos_token_ids=checkpoint.eos_token_ids),
-            self.tokenizer)
+            self.runner, scheduler, self.tokenizer, vocab_size=int(self.hf_config.vocab_size),
+            root_hash=root_hash(model_key(self.hf_config.to_dict(), checkpoint.weight_files,
+                                          config.dtype)))
+        self.connector: Connector | None = None
+        if kv_connector is not None:
+            self.connector = build_connector(
+                kv_connector, engine_kv_layout(self.ctx, self.model), kv_load_failure_policy,
+                dict(kv_connector_config or {}))
+            closers.append(self.connector.close)
+            scheduler.kv_transfer = KVTransfer(self.connector, self.block_manager, self.model,
+                                               self.runner.kv_caches)
+        #: Where KV events are published (``kv_events_endpoint`` resolved), or None.
+        self.kv_events_endpoint: str | None = None
+        if kv_events_endpoint is not None:
+            publisher = ZmqEventPublisher(kv_events_endpoint)
+            events.subscribe(publisher)
+            closers.append(publisher.close)
+            self.kv_events_endpoint = publisher.endpoint
+        self._loop.engine = self.engine
+
+    @property
+    def kv_events(self) -> KVEventBus:
+        """The prefix cache's KV events: ``llm.kv_events.subscribe(callback)`` gets each
+        step's :class:`~hwplug.model_zoo.engine.kv_events.KVEventBatch`."""
+        return self.block_manager.events
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached KV block (recording ``AllBlocksCleared``); False, doing
+        nothing, while requests are running."""
+        def reset() -> bool:
+            done = self.block_manager.reset_prefix_cache()
+            self.block_manager.events.flush()
+            return done
+
+        return bool(self._loop.call(reset))
+
+    def close(self) -> None:
+        """Stop the engine thread (requests still running fail) and close the connector and
+        the event publisher; idempotent. Also done when the ``LLM`` is garbage-collected."""
+        self._shutdown()
 
     # --- facts ---------------------------------------------------------------------------
 
@@ -135,7 +253,7 @@ class LLM:
     def _num_kv_blocks(self, requested: int | float | None) -> int:
         """Blocks per layer: as requested, or the memory share capped at what
         ``max_num_seqs`` full-length sequences (encoders: one batch) can use."""
-        if isinstance(requested, int) and not isinstance(requested, bool):
+        if is_integer(requested):
             if requested < 1:
                 raise ConfigError(f"num_kv_blocks must be >= 1 (a block count) or a fraction "
                                   f"in (0, 1), got {requested}")
@@ -154,6 +272,7 @@ class LLM:
         return max(per_seq, min(share, per_seq * self.max_num_seqs))
 
     def _require(self, encoder: bool, method: str) -> None:
+        self.parallelism.check_serving(method)
         if self.is_encoder == encoder:
             return
         if self.is_encoder:
@@ -166,10 +285,14 @@ class LLM:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a text prompt (with the tokenizer's special tokens); token ids pass
-        through."""
+        through. Raises :class:`ModelError` for anything else (ids are checked against the
+        vocabulary when the request is made)."""
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt).input_ids)
-        return [int(token) for token in prompt]
+        if isinstance(prompt, Seq) and all(is_integer(token) for token in prompt):
+            return [int(token) for token in prompt]
+        raise ModelError(f"a prompt must be a string or a list of integer token ids, got "
+                         f"{describe(prompt)}")
 
     def apply_chat_template(self, messages: Messages) -> list[int]:
         """Token ids of a conversation (a user message, or ``[{"role", "content"}, ...]``)
@@ -185,35 +308,40 @@ class LLM:
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling: SamplingParams | Seq[SamplingParams] | None = None) -> list[Output]:
         """Complete each prompt (a string or a list of token ids); one :class:`Output` per
-        prompt, in order. ``sampling`` is shared, or one per prompt."""
+        prompt, in order, each with ``sampling.n`` completions. ``sampling`` is shared, or
+        one per prompt. Safe to call from several threads at once: the requests of every
+        caller are batched together. Every prompt is checked before any runs."""
         self._require(encoder=False, method="generate()")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts
+                                        and isinstance(prompts[0], Integral)):
             prompts = [prompts]
+        if not isinstance(prompts, Seq):
+            raise ModelError(f"prompts must be a string, a list of token ids or a list of "
+                             f"those, got {describe(prompts)}")
         token_ids = [self.tokenize(prompt) for prompt in prompts]
         if sampling is None or isinstance(sampling, SamplingParams):
             params = [sampling or SamplingParams()] * len(token_ids)
         else:
             params = list(sampling)
-            if len(params) != len(token_ids):
-                raise ConfigError(f"got {len(params)} SamplingParams for {len(token_ids)} "
-                                  "prompts; pass one, or one per prompt")
-        seqs: list[Sequence] = []
-        try:
-            for ids, param in zip(token_ids, params, strict=True):
-                seqs.append(self.engine.add_request(ids, param))
-            while not all(seq.is_finished for seq in seqs):
-                self.engine.step()
-            return [self.engine.pop_output(seq) for seq in seqs]
-        finally:
-            for seq in seqs:
-                if not seq.is_finished:
-                    self.engine.abort(seq)
+            if len(params) != len(token_ids) or not all(
+                    isinstance(p, SamplingParams) for p in params):
+                raise ConfigError(f"got {len(params)} sampling values for {len(token_ids)} "
+                                  "prompts; pass one SamplingParams, or one per prompt")
+        for ids, param in zip(token_ids, params, strict=True):
+            self.engine.check_request(ids, param)
+        return self.parallelism.generate(self._loop, prompts, token_ids, params)
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None) -> TextStream:
-        """The completion of one prompt as a :class:`TextStream` of text pieces."""
+        """The completion of one prompt as a :class:`TextStream` of text pieces (one
+        completion: ``sampling.n`` must be 1). The request starts now; several streams
+        may be read at once, from any threads."""
         self._require(encoder=False, method="stream()")
-        seq = self.engine.add_request(self.tokenize(prompt), sampling or SamplingParams())
-        return TextStream(self.engine, seq)
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise ConfigError(f"stream() yields one completion, got n={sampling.n}; use "
+                              "generate() for several")
+        text = prompt if isinstance(prompt, str) else None
+        return TextStream(self._loop, self._loop.submit(self.tokenize(prompt), sampling, text))
 
     def chat(self, messages: Messages, sampling: SamplingParams | None = None) -> Output:
         """The assistant's reply to a conversation (see :meth:`apply_chat_template`)."""
@@ -230,8 +358,9 @@ class LLM:
             if len(item.input_ids) > self.max_model_len:
                 raise ModelError(f"the text {text[:40]!r}... has {len(item.input_ids)} tokens "
                                  f"but the model's context holds {self.max_model_len}")
-        pooled = [self._embed_batch(encoded[start:end])
-                  for start, end in self._batches([len(e.input_ids) for e in encoded])]
+        pooled = self._loop.call(lambda: [  # on the engine's thread, one batch at a time
+            self._embed_batch(encoded[start:end])
+            for start, end in self._batches([len(e.input_ids) for e in encoded])])
         return F.normalize(torch.cat(pooled).float(), dim=-1)
 
     def _batches(self, lengths: list[int]) -> Iterator[tuple[int, int]]:
@@ -263,3 +392,9 @@ class LLM:
             for seq in seqs:
                 self.block_manager.free(seq)
         return torch.stack([part.mean(dim=0) for part in hidden.split(lengths)])
+
+
+def _close(loop: EngineLoop, closers: list[Callable[[], None]]) -> None:
+    loop.shutdown()
+    for close in closers:
+        close()

@@ -1,4 +1,4 @@
-"""hwplug hooks of the model zoo: its architectures and its quant methods.
+"""hwplug hooks of the model zoo: its architectures, quant methods and KV connectors.
 
 Loaded like any plugin (entry point ``hwplug-models`` of group ``hwplug.plugins`` in
 hwplug's own distribution). Architectures registered in code before discovery keep their
@@ -24,10 +24,44 @@ BUILTIN_MODELS = {
 }
 
 
+_QUANT = "hwplug.model_zoo.quant_methods."
+QUANT_METHODS = {
+    "unquantized": _QUANT + "unquantized:UnquantizedLinearMethod",
+    "fp8": _QUANT + "scaled:Fp8LinearMethod",
+    "int8": _QUANT + "scaled:Int8LinearMethod",
+    "int4": _QUANT + "int4:Int4LinearMethod",
+    "gguf": _QUANT + "gguf:GgufMethod",
+}
+#: Methods other engines retired, each with what to run instead (vLLM #32688, #32683).
+REMOVED_QUANT_METHODS = {"marlin-24": "int8", "bitblas": "int8"}
+
+
 @hookimpl
 def hwplug_register_quant_methods(registry: Any) -> None:
-    registry.register("unquantized",
-                      "hwplug.model_zoo.quant_methods.unquantized:UnquantizedLinearMethod")
+    for name, target in QUANT_METHODS.items():
+        registry.register(name, target)
+    for name, replacement in REMOVED_QUANT_METHODS.items():
+        registry.remove(name, replacement)
+
+
+_CONNECTORS = "hwplug.model_zoo.connectors."
+BUILTIN_CONNECTORS = {
+    "shared_storage": _CONNECTORS + "shared_storage:SharedStorageConnector",
+    "cpu_offload": _CONNECTORS + "cpu_offload:CPUOffloadConnector",
+    "p2p": _CONNECTORS + "p2p:P2PConnector",
+}
+
+
+@hookimpl
+def hwplug_register_connectors(registry: Any) -> None:
+    from hwplug.connector import layout_converters, register_layout_converter
+    from hwplug.model_zoo.connectors.layouts import CONVERTERS
+
+    for name, target in BUILTIN_CONNECTORS.items():
+        registry.register(name, target)
+    for (source, destination), converter in CONVERTERS.items():
+        if f"{source}->{destination}" not in layout_converters:
+            register_layout_converter(source, destination, converter)
 
 
 @hookimpl

@@ -10,12 +10,18 @@ do not depend on what else is in the batch); the others share the engine's gener
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from numbers import Integral, Real
+from typing import Any
 
 import torch
 
 from hwplug.errors import ConfigError
+
+#: The largest seed a ``torch.Generator`` takes.
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -29,9 +35,21 @@ class SamplingParams:
     (Hugging Face semantics: positive logits divided, negative ones multiplied).
     Generation stops after ``max_tokens`` tokens, at an end-of-sequence token (unless
     ``ignore_eos``), at one of ``stop_token_ids``, or when the text ends with one of the
-    ``stop`` strings (which is trimmed from the output). ``seed`` makes a sampled request
-    reproducible whatever else is in the batch. Invalid values raise
-    :class:`~hwplug.errors.ConfigError` naming the valid range.
+    ``stop`` strings (which is trimmed from the output). ``seed`` (an integer in
+    ``[0, 2**64 - n]``) makes a sampled request reproducible whatever else is in the batch.
+
+    ``n`` completions are generated per prompt (sample ``i`` of a seeded request uses
+    ``seed + i``, as vLLM does). ``logprobs=k`` returns, for every generated token, the
+    log-probability of the sampled token and of the ``k`` most likely ones;
+    ``prompt_logprobs=k`` the same for every prompt token after the first (vLLM's names and
+    shapes, see :class:`~hwplug.model_zoo.engine.output.Output`). Log-probabilities are
+    those of the model's raw distribution (``log_softmax`` of the logits, before the
+    temperature, top-k/top-p and the penalty). ``cache_salt`` keeps the request's KV
+    blocks apart from those of requests with another salt (or none): it is hashed into
+    its first block, so prefix caching and connectors share blocks only between equal
+    salts. Invalid types or values raise
+    :class:`~hwplug.errors.ConfigError` naming the valid range; ``k`` above the vocabulary
+    size and stop token ids outside it are refused when the request is made.
     """
 
     max_tokens: int = 16
@@ -43,25 +61,55 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        checks = (
-            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
-            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got "
-                                    f"{self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0 (0 = no limit), got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got "
-                                          f"{self.repetition_penalty}"),
-            (all(self.stop), "stop strings must be non-empty"),
-        )
-        problems = [message for ok, message in checks if not ok]
+        for name in ("stop", "stop_token_ids"):  # a list (or one stop string) -> a tuple
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            elif isinstance(value, Iterable) and not isinstance(value, bytes):
+                object.__setattr__(self, name, tuple(value))
+        problems = self._problems()
         if problems:
             raise ConfigError("invalid sampling parameters: " + "; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        n_ok = is_integer(self.n) and self.n >= 1
+        checks = (
+            (is_integer(self.max_tokens) and self.max_tokens >= 1,
+             f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
+            (_is_real(self.temperature) and self.temperature >= 0,
+             f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"),
+            (is_integer(self.top_k) and self.top_k >= 0,
+             f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}"),
+            (_is_real(self.top_p) and 0 < self.top_p <= 1,
+             f"top_p must be a number in (0, 1], got {self.top_p!r}"),
+            (_is_real(self.repetition_penalty) and self.repetition_penalty > 0,
+             f"repetition_penalty must be a finite number > 0 (1 = off), got "
+             f"{self.repetition_penalty!r}"),
+            (n_ok, f"n must be an integer >= 1, got {self.n!r}"),
+            (self.seed is None or (is_integer(self.seed) and 0 <= self.seed
+                                   and self.seed + (self.n if n_ok else 1) - 1 <= MAX_SEED),
+             f"seed must be None or an integer in [0, 2**64 - n], got {self.seed!r}"),
+            (_is_strings(self.stop), f"stop must be a string or a list of non-empty strings, "
+                                     f"got {self.stop!r}"),
+            (_is_ints(self.stop_token_ids), f"stop_token_ids must be a list of integers >= 0, "
+                                            f"got {self.stop_token_ids!r}"),
+            (isinstance(self.ignore_eos, bool), f"ignore_eos must be True or False, got "
+                                                f"{self.ignore_eos!r}"),
+            (self.logprobs is None or (is_integer(self.logprobs) and self.logprobs >= 0),
+             f"logprobs must be None or an integer >= 0, got {self.logprobs!r}"),
+            (self.prompt_logprobs is None or (is_integer(self.prompt_logprobs)
+                                              and self.prompt_logprobs >= 0),
+             f"prompt_logprobs must be None or an integer >= 0, got {self.prompt_logprobs!r}"),
+            (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt),
+             f"cache_salt must be None or a non-empty string, got {self.cache_salt!r}"),
+        )
+        return [message for ok, message in checks if not ok]
 
     @property
     def greedy(self) -> bool:
@@ -71,6 +119,30 @@ class SamplingParams:
     def truncates(self) -> bool:
         """Whether top-k or top-p removes tokens before sampling."""
         return self.top_k > 0 or self.top_p < 1
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The parameters of completion ``index`` of ``n``: one completion, ``seed + index``;
+        only completion 0 computes the prompt's log-probabilities."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed,
+                       prompt_logprobs=self.prompt_logprobs if index == 0 else None)
+
+
+def is_integer(value: Any) -> bool:
+    """An integer, and not a bool (``True`` is an ``int`` to Python)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(item, str) and item for item in value)
+
+
+def _is_ints(value: Any) -> bool:
+    return isinstance(value, tuple) and all(is_integer(item) and item >= 0 for item in value)
 
 
 @dataclass

@@ -9,7 +9,10 @@ Reads, under ``root``:
 2. otherwise ``/sys/class/drm/card<N>/device/vendor`` == ``0x1002`` (named by
    ``product_name`` where the board exposes one, else by PCI id).
 
-``details["gfx_targets"]`` lists the ISAs seen, comma-separated, when known.
+``details["gfx_targets"]`` lists the ISAs seen, comma-separated, when known
+(:func:`gfx_capability` turns one into the capability torch's ROCm build reports); the
+first GPU's amdgpu ``mem_info_vram_total`` / ``mem_info_vram_used`` (bytes) give
+``details["vram_total"]`` / ``details["vram_used"]`` where the driver exposes them.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ def probe(root: Path = Path("/"), *, environ: Mapping[str, str] | None = None) -
     if nodes:
         targets = sorted({t for _, fields in nodes if (t := _gfx_target(fields))})
         details = {"gfx_targets": ",".join(targets)} if targets else {}
+        details.update(_vram(_render_device(root, nodes[0][1])))
         return KIND.sighting([_node_name(root, fields) for _, fields in nodes], nodes[0][0],
                              details=details)
     cards = drm_cards(root, PCI_VENDOR)
     if cards:
         names = [_product_name(card.path.parent) or card.pci_id for card in cards]
-        return KIND.sighting(names, cards[0].vendor_file)
+        return KIND.sighting(names, cards[0].vendor_file, details=_vram(cards[0].path))
     return None
 
 
@@ -52,6 +56,19 @@ def gfx_name(gfx_target_version: int) -> str:
     major, rest = divmod(gfx_target_version, 10000)
     minor, stepping = divmod(rest, 100)
     return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def gfx_capability(target: str) -> str | None:
+    """The device capability torch's ROCm build reports for an ISA: its major version and
+    minor digit (``gfx942`` -> ``"9.4"``, ``gfx90a`` -> ``"9.0"``, ``gfx950`` -> ``"9.5"``,
+    ``gfx1100`` -> ``"11.0"``); None for a name that is not ``gfx<major><minor><stepping>``."""
+    digits = target.removeprefix("gfx")
+    if len(digits) < 3 or not digits[:-2].isdecimal():
+        return None
+    try:
+        return f"{int(digits[:-2])}.{int(digits[-2], 16)}"
+    except ValueError:
+        return None
 
 
 def _kfd_gpu_nodes(root: Path) -> list[tuple[Path, dict[str, str]]]:
@@ -69,10 +86,26 @@ def _gfx_target(fields: Mapping[str, str]) -> str | None:
     return gfx_name(version) if version else None
 
 
-def _node_name(root: Path, fields: Mapping[str, str]) -> str:
+def _render_device(root: Path, fields: Mapping[str, str]) -> Path | None:
+    """The PCI device directory behind a KFD node's render node, if it names one."""
     minor = fields.get("drm_render_minor", "")
-    product = _product_name(root / f"sys/class/drm/renderD{minor}") if minor.isdecimal() else None
+    return root / f"sys/class/drm/renderD{minor}/device" if minor.isdecimal() else None
+
+
+def _node_name(root: Path, fields: Mapping[str, str]) -> str:
+    device = _render_device(root, fields)
+    product = _product_name(device.parent) if device is not None else None
     return product or _gfx_target(fields) or "AMD GPU"
+
+
+def _vram(device: Path | None) -> dict[str, str]:
+    """amdgpu's VRAM total and use in bytes for a PCI device directory, where it has them."""
+    found = {}
+    for key, name in (("vram_total", "mem_info_vram_total"), ("vram_used", "mem_info_vram_used")):
+        text = (read_text(device / name) or "").strip() if device is not None else ""
+        if text.isdecimal():
+            found[key] = text
+    return found
 
 
 def _int_field(fields: Mapping[str, str], key: str) -> int:

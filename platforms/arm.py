@@ -6,10 +6,15 @@ names the cores: each ``processor`` block's ``CPU implementer`` and ``CPU part``
 looked up in small tables of well-known cores, and its ``Features`` line gives the
 vector and matrix extensions hwplug cares about (:data:`FEATURES`).
 
+Features are named as Arm's extensions are named by compilers (``-march=...+dotprod``),
+ACLE and KleidiAI's kernels, not by the kernel's HWCAP words: cpuinfo's ``asimd`` is
+``neon`` and ``asimddp`` is ``dotprod``; ``sve``, ``sve2``, ``bf16``, ``i8mm``, ``sme`` and
+``sme2`` keep their names (:data:`FEATURES` maps one to the other).
+
 The sighting's ``devices`` are the distinct core names, ``count`` the logical CPUs, and
 ``details`` holds ``core`` (the first core's name), ``implementer`` and ``part`` (hex
-ids), and ``features`` (space-separated: the architecture, then those of :data:`FEATURES`
-every core has). Without a readable
+ids), and ``features`` (space-separated: the architecture, then the names of the
+:data:`FEATURES` every core has, in that table's order). Without a readable
 cpuinfo (macOS) the one device is an ``"Arm CPU"`` and ``count`` is :func:`os.cpu_count`.
 """
 
@@ -26,7 +31,11 @@ from hwplug.platforms.sighting import DeviceKind, Sighting
 KIND = DeviceKind(name="cpu-arm", vendor="arm", plugin_extra="cpu-arm")
 ARM_MACHINES = ("aarch64", "arm64")
 GENERIC_NAME = "Arm CPU"
-FEATURES = ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm", "sme")
+#: cpuinfo ``Features`` word -> the feature name hwplug reports (see the module docstring).
+FEATURES: Mapping[str, str] = {
+    "asimd": "neon", "asimddp": "dotprod", "sve": "sve", "sve2": "sve2", "bf16": "bf16",
+    "i8mm": "i8mm", "sme": "sme", "sme2": "sme2",
+}
 IMPLEMENTERS: Mapping[int, str] = {0x41: "Arm", 0x4E: "NVIDIA", 0x61: "Apple", 0xC0: "Ampere"}
 #: ``CPU part`` of cores designed by Arm (implementer 0x41).
 ARM_PARTS: Mapping[int, str] = {
@@ -52,7 +61,8 @@ def probe(root: Path = Path("/"), *, environ: Mapping[str, str] | None = None,
     cores = [core_name(b.get("CPU implementer", ""), b.get("CPU part", "")) for b in blocks]
     shared = shared_words(blocks, "Features")
     ids = {"implementer": blocks[0].get("CPU implementer"), "part": blocks[0].get("CPU part")}
-    features = ["aarch64", *(f for f in FEATURES if f in shared)]  # arm64 is aarch64
+    # arm64 (macOS) is aarch64
+    features = ["aarch64", *(name for word, name in FEATURES.items() if word in shared)]
     details = {"core": cores[0], "features": " ".join(features),
                **{key: value for key, value in ids.items() if value}}
     return KIND.sighting(list(dict.fromkeys(cores)), cpuinfo, count=len(blocks), details=details)

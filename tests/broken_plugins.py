@@ -1,36 +1,41 @@
-"""A plugin broken in realistic ways, installed as a fake distribution for the kit's tests.
+"""Plugins broken in realistic ways, installed as fake distributions for the kit's tests.
 
-Everything in ``acme`` is broken in one way each, except ``good_silu`` and
-``MemoryConnector``; ``TYPO_PLUGIN`` misspells a hook name.
+Named ``wonky`` so they never collide with a real plugin (the guide's example is ``acme``).
+Everything in ``wonky`` is broken in one way each, except ``good_silu``,
+``MemoryConnector`` and the ``int8_rows`` quant method. ``KERNELS_ONLY_PLUGIN`` and
+``VENDOR_ONLY_PLUGIN`` register kernels for a platform that is not installed (one computing
+on CPU and wrong, one needing its absent vendor library); ``TYPO_PLUGIN`` misspells a hook
+name.
 """
 
 from __future__ import annotations
 
 from fake_dists import FakeSite
 
-ACME_PLATFORM = """
+WONKY_PLATFORM = """
 from hwplug.platform_interface import Platform
 
-class AcmePlatform(Platform):
-    name = "acme"
+class WonkyPlatform(Platform):
+    name = "wonky"
     device_type = "cpu"
-    vendor = "acme"
+    vendor = "wonky"
     is_accelerator = True
-    dist_backend = "acmelink"
+    dist_backend = "wonkylink"
     supported_dtypes = ("float32", "bfloat16")
-    supported_kv_cache_dtypes = ("float32", "fp8_e4m3")
+    supported_kv_cache_dtypes = ("float32", "int8")  # no backend stores int8 K/V
     attention_backend_priority = ("WRONG_LAYOUT", "TORCH_PAGED")
 
 def activate():
     import torch  # a probe must not import torch
-    return __name__ + ":AcmePlatform"
+    return __name__ + ":WonkyPlatform"
 """
 
 # Each thing here is broken in one realistic way, except good_silu and MemoryConnector.
-ACME_PLUGIN = """
+WONKY_PLUGIN = """
 import torch
 from hwplug import hookimpl
 from hwplug.connector import Connector
+from hwplug.quantization import QuantMethod
 from hwplug.kernel_registry import ops
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 
@@ -76,6 +81,19 @@ class WrongLayout(TorchPagedBackend):
                                    spec.sliding_window, spec.soft_cap)
 
 
+class CarelessWrite(WrongLayout):
+    '''Declares the HND layout, but its separate cache write treats the cache as NHD.'''
+
+    updates_kv_cache_in_forward = False
+
+    @classmethod
+    def get_name(cls):
+        return "CARELESS_WRITE"
+
+    def write_kv_cache(self, key, value, kv_cache, metadata):
+        ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+
+
 class Lax(TorchPagedBackend):
     '''Claims no sliding window, but its validate accepts anything.'''
 
@@ -90,7 +108,58 @@ class Lax(TorchPagedBackend):
         return []
 
 
+def _scaled_rows(layer):
+    return layer.weight.float() * layer.weight_scale.float()[:, None]
+
+
+class Int8Rows(QuantMethod):
+    '''int8 weights with one float scale per output row; dequantises before its matmul.'''
+
+    supported_dtypes = ("float32",)
+
+    @classmethod
+    def get_name(cls):
+        return "int8_rows"
+
+    def create_weights(self, layer, input_size, output_size, params_dtype, bias):
+        layer.weight = torch.nn.Parameter(torch.empty(output_size, input_size,
+                                                      dtype=torch.int8), requires_grad=False)
+        layer.weight_scale = torch.nn.Parameter(torch.empty(output_size), requires_grad=False)
+        layer.register_parameter("bias", torch.nn.Parameter(
+            torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+
+    def apply(self, layer, x):
+        return ops.linear(x, _scaled_rows(layer).to(x.dtype), layer.bias)
+
+    def dequantize(self, layer):
+        return _scaled_rows(layer)
+
+
+class ForgetsScale(Int8Rows):
+    '''Multiplies by the raw int8 weight: the per-row scale is never applied.'''
+
+    @classmethod
+    def get_name(cls):
+        return "forgets_scale"
+
+    def apply(self, layer, x):
+        return ops.linear(x, layer.weight.to(x.dtype), layer.bias)
+
+
+class NoOracle(Int8Rows):
+    '''Correct, but gives the kit no dequantised weight to check against.'''
+
+    @classmethod
+    def get_name(cls):
+        return "no_oracle"
+
+    def dequantize(self, layer):
+        return super(Int8Rows, self).dequantize(layer)
+
+
 class MemoryConnector(Connector):
+    '''Blocks in a dict by chained hash: {hash: {layer name: block}}.'''
+
     def __init__(self, layout, policy=None):
         super().__init__(layout, policy)
         self._store = {}
@@ -99,23 +168,35 @@ class MemoryConnector(Connector):
     def get_name(cls):
         return "memory"
 
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        first = num_computed_tokens // self.layout.block_size
+        found = 0
+        for block_hash in request.block_hashes[first:]:
+            if block_hash not in self._store:
+                break
+            found += 1
+        return found * self.layout.block_size
+
     def save_kv_layer(self, layer_name, kv_layer, metadata):
-        for request, blocks in metadata.saves.items():
-            self._store[request, layer_name] = kv_layer[:, blocks].clone()
+        for blocks in metadata.saves.values():
+            for block in blocks:
+                self._store.setdefault(block.block_hash, {})[layer_name] = (
+                    kv_layer[:, block.block_id].clone())
 
     def wait_for_save(self):
         pass
 
     def start_load_kv(self, metadata, kv_caches):
-        for request, blocks in metadata.loads.items():
-            for name, cache in kv_caches.items():
-                cache[:, self._slots(blocks)] = self._store[request, name]
+        for blocks in metadata.loads.values():
+            for block in blocks:
+                for name, cache in kv_caches.items():
+                    cache[:, self._slot(block.block_id)] = self._store[block.block_hash][name]
 
     def wait_for_layer_load(self, layer_name):
         pass
 
-    def _slots(self, blocks):
-        return blocks
+    def _slot(self, block_id):
+        return block_id
 
 
 class OffByOneConnector(MemoryConnector):
@@ -123,21 +204,29 @@ class OffByOneConnector(MemoryConnector):
     def get_name(cls):
         return "off_by_one"
 
-    def _slots(self, blocks):
-        return [b + 1 for b in blocks]
+    def _slot(self, block_id):
+        return (block_id + 1) % 6
 
 
 @hookimpl
 def hwplug_register_kernels(registry):
     registry.register_variant("rms_norm", "forgets_weight", rms_norm_forgets_weight,
-                              platforms=("acme",))
-    registry.register_variant("silu_and_mul", "good_silu", good_silu, platforms=("acme",))
+                              platforms=("wonky",))
+    registry.register_variant("silu_and_mul", "good_silu", good_silu, platforms=("wonky",))
 
 
 @hookimpl
 def hwplug_register_attention_backends(registry):
     registry.register("WRONG_LAYOUT", WrongLayout)
+    registry.register("CARELESS_WRITE", CarelessWrite)
     registry.register("LAX", Lax)
+
+
+@hookimpl
+def hwplug_register_quant_methods(registry):
+    registry.register("int8_rows", Int8Rows)
+    registry.register("forgets_scale", ForgetsScale)
+    registry.register("no_oracle", NoOracle)
 
 
 @hookimpl
@@ -146,7 +235,7 @@ def hwplug_register_connectors(registry):
     registry.register("off_by_one", OffByOneConnector)
 
 
-def hwplug_register_quant_methods(registry):  # the @hookimpl is missing
+def hwplug_platform_resolved(platform):  # the @hookimpl is missing
     pass
 """
 
@@ -161,8 +250,55 @@ def hwplug_register_kernal(registry):
 """
 
 
-def install_acme(site: FakeSite) -> None:
-    platform, plugin = site.module("acme_platform"), site.module("acme_plugin")
-    site.add("acme-hw", {"hwplug.platforms": {"acme": f"{platform}:activate"},
-                         "hwplug.plugins": {"acme": plugin}},
-             {platform: ACME_PLATFORM, plugin: ACME_PLUGIN})
+#: A kernels-only plugin for the platform wonky-npu, which is not installed: its kernel
+#: computes with torch on CPU tensors (and is wrong: twice the reference).
+KERNELS_ONLY_PLUGIN = """
+from hwplug import hookimpl
+from hwplug.kernel_registry.reference import rms_norm
+
+hwplug_api_version = ">=1,<2"
+
+
+def rms_norm_doubled(x, weight, eps, residual=None):
+    out = rms_norm(x, weight, eps, residual)
+    return (out[0] * 2, out[1]) if residual is not None else out * 2
+
+
+@hookimpl
+def hwplug_register_kernels(registry):
+    registry.register_variant("rms_norm", "doubled", rms_norm_doubled, platforms=("wonky-npu",))
+"""
+
+#: A kernels-only plugin whose kernel calls its vendor library, absent on this machine.
+VENDOR_ONLY_PLUGIN = """
+from hwplug import hookimpl
+
+hwplug_api_version = ">=1,<2"
+
+
+def needs_the_vendor_library(x):
+    import wonky_vendor_kernels  # not installed here
+    return wonky_vendor_kernels.silu_and_mul(x)
+
+
+@hookimpl
+def hwplug_register_kernels(registry):
+    registry.register_variant("silu_and_mul", "vendor", needs_the_vendor_library,
+                              platforms=("wonky-npu",))
+"""
+
+
+def install_wonky(site: FakeSite) -> None:
+    platform, plugin = site.module("wonky_platform"), site.module("wonky_plugin")
+    site.add("wonky-hw", {"hwplug.platforms": {"wonky": f"{platform}:activate"},
+                          "hwplug.plugins": {"wonky": plugin}},
+             {platform: WONKY_PLATFORM, plugin: WONKY_PLUGIN})
+
+
+def install_wonky_kernels(site: FakeSite) -> None:
+    """Kernels-only distributions for the absent platform wonky-npu: ``wonky-kernels``
+    (:data:`KERNELS_ONLY_PLUGIN`) and ``wonky-vendor`` (:data:`VENDOR_ONLY_PLUGIN`)."""
+    for name, source in (("wonky-kernels", KERNELS_ONLY_PLUGIN),
+                         ("wonky-vendor", VENDOR_ONLY_PLUGIN)):
+        module = site.module(name.replace("-", "_"))
+        site.add(name, {"hwplug.plugins": {name: module}}, {module: source})

@@ -177,3 +177,27 @@ def x86_cpuinfo(root: Path, flags: str, cpus: int = 2, model: str = "AMD EPYC 96
     blocks = [f"processor\t: {index}\nvendor_id\t: AuthenticAMD\nmodel name\t: {model}\n"
               f"flags\t\t: {flags}\n" for index in range(cpus)]
     return write(root, "proc/cpuinfo", "\n".join(blocks))
+
+
+def make_tpu_nodes(root: Path, chips: int = 4, nodes: str = "vfio") -> list[Path]:
+    """TPU device nodes without their PCI functions (as a container sees a TPU VM):
+    /dev/vfio/<N> (v5e and later) or /dev/accel<N> (v2-v4), one per chip."""
+    return [write(root, f"dev/vfio/{index}" if nodes == "vfio" else f"dev/accel{index}")
+            for index in range(chips)]
+
+
+def add_amd_vram(root: Path, addresses: Sequence[str], total: int, used: int = 0) -> None:
+    """Give the AMD GPUs at ``addresses`` (from :func:`make_amd_tree`) amdgpu's VRAM files,
+    ``mem_info_vram_total`` and ``mem_info_vram_used``, in bytes."""
+    for address in addresses:
+        write(root / PCI_ROOT / address, "mem_info_vram_total", f"{total}\n")
+        write(root / PCI_ROOT / address, "mem_info_vram_used", f"{used}\n")
+
+
+def make_numa_tree(root: Path, cpulists: Sequence[str], memory_kb: int = 64 << 20) -> None:
+    """``/sys/devices/system/node/node<N>`` with each node's ``cpulist`` and ``meminfo``."""
+    for index, cpulist in enumerate(cpulists):
+        node = f"sys/devices/system/node/node{index}"
+        write(root, f"{node}/cpulist", f"{cpulist}\n")
+        write(root, f"{node}/meminfo", f"Node {index} MemTotal:       {memory_kb} kB\n"
+                                       f"Node {index} MemFree:        {memory_kb // 2} kB\n")

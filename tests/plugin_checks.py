@@ -14,10 +14,6 @@ from typing import Any
 import pytest
 
 from hwplug import discovery
-from hwplug.attention import AttentionSpec
-from hwplug.attention_selection import select_backend
-from hwplug.config import EngineConfig
-from hwplug.errors import UnsupportedError
 from hwplug.platform_interface import Platform
 from hwplug.registry import import_object
 
@@ -48,16 +44,3 @@ def discovered(monkeypatch: pytest.MonkeyPatch, root: Path, name: str) -> Platfo
     assert platform.sighting.evidence.startswith(str(root)), platform.sighting.evidence
     return platform
 
-
-def check_no_attention_backend(platform: Platform, num_heads: int, num_kv_heads: int,
-                               dtype: str) -> None:
-    """Asking ``platform`` for an attention backend, directly or by configuring an engine,
-    is an :class:`UnsupportedError` that says its plugin has registered none."""
-    message = (f"platform '{platform.name}' declares no attention backend: its plugin has "
-               "not registered one yet")
-    with pytest.raises(UnsupportedError) as excinfo:
-        select_backend(platform, AttentionSpec(num_heads, num_kv_heads, 128, dtype))
-    assert str(excinfo.value) == message
-    with pytest.raises(UnsupportedError, match=message):
-        platform.check_and_update_config(
-            EngineConfig(num_heads, num_kv_heads, 128, dtype=dtype))

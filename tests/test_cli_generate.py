@@ -11,8 +11,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+pytestmark = pytest.mark.slow  # each test starts hwplug in a subprocess with a real model
 
 HWPLUG = [sys.executable, "-m", "hwplug"]
 
@@ -29,10 +32,22 @@ def test_generate_streams_text_then_reports_speed_and_kernels():
     assert out.stdout.strip()
     assert "8 tokens in" in out.stderr and "tokens/s" in out.stderr
     assert "platform cpu, attention backend TORCH_PAGED" in out.stderr
-    # prefill goes to the reference, decode steps to the CPU decode variant; ops the
+    # prefill goes to the reference, decode steps to the fused C decode kernel; ops the
     # model never calls are not listed
-    assert "paged_attention=reference+sdpa_decode" in out.stderr
-    assert "linear=onednn_packed" in out.stderr and "scaled_mm" not in out.stderr
+    assert ("paged_attention=fused_avx2+reference" in out.stderr
+            or "paged_attention=fused_c+reference" in out.stderr)
+    # the packaged GGUF keeps its blocks: its linears run the C kernel on them
+    assert "weights gguf" in out.stderr and "ggml_linear=ggml_" in out.stderr
+    assert " linear=" not in out.stderr and "scaled_mm" not in out.stderr
+
+
+def test_dequantize_loads_float_weights_for_the_float_kernels():
+    out = run("generate", "The capital of France is", "--max-tokens", "2", "--dequantize",
+              "--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales", "head")
+    assert out.returncode == 0, out.stderr
+    assert "KV cache fp8_e4m3" in out.stderr
+    assert "weights unquantized" in out.stderr and "linear=onednn_packed" in out.stderr
+    assert "ggml_linear" not in out.stderr
 
 
 def test_generate_a_batch_from_a_prompts_file(tmp_path):

@@ -1,7 +1,9 @@
-"""The conformance kit: the built-ins and the cuda plugin pass; planted bugs fail, clearly.
+"""The conformance kit: the built-ins and the cuda plugin pass; planted bugs fail, clearly;
+what cannot run here is reported as not checked, never as passed.
 
-Broken plugins are installed for real as fake distributions (tests/fake_dists.py); the
-kit runs in-process, through ``hwplug conformance`` and through its pytest plugin.
+Broken plugins (tests/broken_plugins.py) are installed for real as fake distributions
+(tests/fake_dists.py); the kit runs in-process, through ``hwplug conformance`` and through
+its pytest plugin.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from broken_plugins import TYPO_PLUGIN, install_acme
+from broken_plugins import TYPO_PLUGIN, install_wonky, install_wonky_kernels
 from fake_dists import FakeSite, activate_site
 
 from hwplug import discovery
@@ -32,21 +34,31 @@ def by_check(report: Report) -> dict[str, tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def acme(tmp_path_factory: pytest.TempPathFactory):
-    """The broken ``acme`` plugin's site, and the kit's results for it (run once; the site
-    is on sys.path only during that run, later tests reach it through PYTHONPATH)."""
+def wonky(tmp_path_factory: pytest.TempPathFactory):
+    """The broken plugins' site, and the kit's reports for ``wonky``, ``wonky-kernels`` and
+    ``wonky-vendor`` (run once; the site is on sys.path only during those runs, later tests
+    reach it through PYTHONPATH)."""
     patch = pytest.MonkeyPatch()
     for name in ("HWPLUG_PLATFORM", "HWPLUG_PLUGINS", "HWPLUG_STRICT_PLUGINS"):
         patch.delenv(name, raising=False)
-    fake = FakeSite(tmp_path_factory.mktemp("acme") / "site")
-    install_acme(fake)
+    fake = FakeSite(tmp_path_factory.mktemp("wonky") / "site")
+    install_wonky(fake)
+    install_wonky_kernels(fake)
     activate_site(fake, patch)
     try:
-        results = by_check(run_conformance("acme"))
+        reports = {name: run_conformance(name)
+                   for name in ("wonky", "wonky-kernels", "wonky-vendor")}
     finally:
         patch.undo()
         discovery.reset()
-    return fake, results
+    return fake, reports
+
+
+@pytest.fixture(scope="module")
+def wonky_results(wonky):
+    """``wonky``'s site and its results by check."""
+    site, reports = wonky
+    return site, by_check(reports["wonky"])
 
 
 def run_cli(*args: str, pythonpath: Path | None = None, cwd: Path | None = None,
@@ -66,8 +78,16 @@ def test_builtins_pass(fresh_discovery):
     results = by_check(report)
     for check in ("registration: names", "platform facts", "attention TORCH_PAGED: decode",
                   "attention TORCH_PAGED: sliding window", "quant method unquantized",
-                  "kernel rms_norm/torch_fused"):
+                  "quant method fp8", "quant method int8", "kernel rms_norm/torch_fused"):
         assert results[check][0] == "passed", (check, results[check])
+    assert "fp8_e4m3 per-tensor (dynamic)" in results["quant method fp8"][1]
+    # Variants gated on device features this CPU lacks are not checked here, not passed.
+    features = discovery.current_platform().facts.features
+    for variant in kernels.variants("linear") + kernels.variants("scaled_mm"):
+        if variant.platforms == ("cpu",) and not set(variant.features) <= features:
+            status, detail = results[f"kernel {variant.key}"]
+            assert status == "not checked" and "needs device feature" in detail, detail
+    assert report.exit_status() == (0 if report.complete else 3)
 
 
 def test_a_distribution_name_selects_all_its_entry_points(fresh_discovery):
@@ -83,21 +103,23 @@ def test_cuda_plugin_passes_in_interpret_mode():
     proc = run_cli("conformance", "cuda", "--json")
     data = json.loads(proc.stdout)
     failed = [r for r in data["results"] if r["status"] == "failed"]
-    assert proc.returncode == 0 and not failed, failed
+    assert not failed, failed
+    unchecked = [r for r in data["results"] if r["status"] == "not checked"]
+    assert proc.returncode == (3 if unchecked else 0) and data["complete"] == (not unchecked)
     kernels = [r for r in data["results"] if r["check"].startswith("kernel ")]
     assert any(r["status"] == "passed" for r in kernels), kernels
 
 
-def test_wrong_kernel_variant_fails_with_shape_and_error(acme):
-    _, results = acme
+def test_wrong_kernel_variant_fails_with_shape_and_error(wonky_results):
+    _, results = wonky_results
     status, detail = results["kernel rms_norm/forgets_weight"]
     assert status == "failed"
     assert "max abs error" in detail and "> atol" in detail and "x (" in detail, detail
     assert results["kernel silu_and_mul/good_silu"][0] == "passed"
 
 
-def test_backend_reading_its_cache_in_the_wrong_layout_fails(acme):
-    _, results = acme
+def test_backend_reading_its_cache_in_the_wrong_layout_fails(wonky_results):
+    _, results = wonky_results
     failed = [check for check, (status, _) in results.items()
               if check.startswith("attention WRONG_LAYOUT:") and status == "failed"]
     assert "attention WRONG_LAYOUT: decode" in failed, results
@@ -105,8 +127,72 @@ def test_backend_reading_its_cache_in_the_wrong_layout_fails(acme):
     assert results["attention WRONG_LAYOUT: validate refuses unclaimed features"][0] == "passed"
 
 
-def test_validate_accepting_unclaimed_features_fails(acme):
-    _, results = acme
+def test_a_cache_write_that_breaks_on_its_layout_is_a_layout_mismatch(wonky_results):
+    _, results = wonky_results
+    status, detail = results["attention CARELESS_WRITE: decode"]
+    assert status == "failed"
+    assert detail.startswith("layout mismatch: write_kv_cache failed on the cache its "
+                             "kv_cache_shape(num_blocks="), detail
+    declared, ref = (tuple(int(n) for n in part.split(")")[0].split(", ")) for part in
+                     (detail.split(" declares (")[1], detail.split("reference NHD cache (")[1]))
+    assert declared == (2, ref[1], ref[3], ref[2], ref[4])  # HND next to NHD
+    assert "(layout HND, " in detail and "raised " in detail
+
+
+def test_a_kernels_only_plugin_is_checked_on_cpu_not_passed(wonky):
+    _, reports = wonky
+    report = reports["wonky-kernels"]
+    status, detail = by_check(report)["kernel rms_norm/doubled"]
+    assert status == "failed" and "max abs error" in detail
+    assert "on cpu, simulating wonky-npu" in detail
+    assert report.exit_status() == 1 and report.verdict().startswith("FAILED wonky-kernels")
+
+
+def test_a_kernel_needing_absent_hardware_is_not_checked_and_the_exit_status_says_so(wonky):
+    site, reports = wonky
+    report = reports["wonky-vendor"]
+    status, detail = by_check(report)["kernel silu_and_mul/vendor"]
+    assert status == "not checked"
+    assert "No module named 'wonky_vendor_kernels'" in detail, detail
+    assert report.ok and not report.complete
+    assert report.exit_status() == 3 and report.exit_status(require_all=True) == 1
+    assert report.verdict() == (
+        "INCOMPLETE wonky-vendor: 4 passed, 0 failed, 5 skipped, 1 not checked here (nothing "
+        "failed, but not everything could be checked on this machine)")
+    proc = run_cli("conformance", "wonky-vendor", pythonpath=site.root)
+    assert proc.returncode == 3 and "INCOMPLETE wonky-vendor" in proc.stdout, proc.stdout
+    proc = run_cli("conformance", "wonky-vendor", "--require-all", pythonpath=site.root)
+    assert proc.returncode == 1 and "FAILED wonky-vendor" in proc.stdout
+    assert "(--require-all: every check must run here)" in proc.stdout
+
+
+def test_quant_methods_are_checked_against_their_dequantised_weight(wonky_results):
+    _, results = wonky_results
+    status, detail = results["quant method int8_rows"]
+    assert status == "passed" and "float32) matched x @ dequantize(W).T + bias" in detail
+    status, detail = results["quant method forgets_scale"]
+    assert status == "failed" and "max abs error" in detail, detail
+    assert results["quant method no_oracle"] == (
+        "not checked", "no oracle: quant method 'no_oracle' does not implement "
+        "dequantize(layer), so it cannot be checked against x @ W.T")
+
+
+@pytest.mark.parametrize("budget", [1, 25])
+def test_gqa_examples_always_have_several_kv_heads(budget):
+    from hwplug.conformance.backends import SCENARIOS, dtype_pairs, examples
+    from hwplug.conformance.explore import first_failure
+    from hwplug.kernel_registry.torch_paged import TorchPagedBackend
+
+    gqa = next(scenario for scenario in SCENARIOS if scenario.name == "GQA")
+    specs = []
+    assert first_failure(examples(TorchPagedBackend, gqa, dtype_pairs(TorchPagedBackend)),
+                         lambda example: specs.append(example.spec), budget) is None
+    assert len(specs) == budget
+    assert all(s.num_kv_heads > 1 and s.num_heads > s.num_kv_heads for s in specs), specs
+
+
+def test_validate_accepting_unclaimed_features_fails(wonky_results):
+    _, results = wonky_results
     assert results["attention LAX: sliding window"] == (
         "skipped", "not claimed: supports_sliding_window is False")
     status, detail = results["attention LAX: validate refuses unclaimed features"]
@@ -114,29 +200,29 @@ def test_validate_accepting_unclaimed_features_fails(acme):
         in detail
 
 
-def test_hygiene_probe_and_facts_problems_are_named(acme):
-    _, results = acme
+def test_hygiene_probe_and_facts_problems_are_named(wonky_results):
+    _, results = wonky_results
     assert results["registration: plugin loads"][0] == "passed"
     status, detail = results["registration: hooks"]
-    assert status == "failed" and "hwplug_register_quant_methods is not decorated" in detail
+    assert status == "failed" and "hwplug_platform_resolved is not decorated" in detail
     status, detail = results["probe: cheap"]
     assert status == "failed" and "imported torch" in detail
     status, detail = results["platform facts"]
     assert status == "failed"
-    assert "dist_backend 'acmelink' is unknown to torch.distributed" in detail
-    assert "KV-cache dtypes fp8_e4m3 are accepted by none of its attention backends" in detail
+    assert "dist_backend 'wonkylink' is unknown to torch.distributed" in detail
+    assert "KV-cache dtypes int8 are accepted by none of its attention backends" in detail
 
 
-def test_connectors_must_round_trip(acme):
-    _, results = acme
+def test_connectors_must_round_trip(wonky_results):
+    _, results = wonky_results
     assert results["connector memory"][0] == "passed"
     assert results["connector off_by_one"] == (
-        "failed", "layers.0: blocks [1, 4] differ after save then load")
+        "failed", "layers.0: blocks saved from ids [1, 4] differ when loaded into ids [5, 2]")
 
 
 def test_misspelt_hook_is_reported(site):
     module = site.module("typo")
-    site.add("acme-typo", {"hwplug.plugins": {"typo": module}}, {module: TYPO_PLUGIN})
+    site.add("wonky-typo", {"hwplug.plugins": {"typo": module}}, {module: TYPO_PLUGIN})
     results = by_check(run_conformance("typo"))
     status, detail = results["registration: plugin loads"]
     assert status == "failed" and "unknown hook 'hwplug_register_kernal'" in detail
@@ -208,6 +294,19 @@ def test_simulated_errors_are_inconclusive_only_when_the_device_is_missing(call,
         guarded(call, "the label", simulating=False)
 
 
+def test_a_probe_that_hangs_fails_the_probe_check(site, monkeypatch):
+    from hwplug.conformance import probe
+
+    module = site.module("hanging_probe")
+    site.add("wonky-hangs", {"hwplug.platforms": {"hangs": f"{module}:activate"}},
+             {module: "import time\n\ndef activate():\n    time.sleep(60)\n"})
+    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "0.5")
+    monkeypatch.setattr(probe, "INTERPRETER_START_S", 5.0)  # instead of a minute
+    assert probe.check_probe("hangs") == ("failed", (
+        "the probe did not answer within 5.5 s in a fresh interpreter (HWPLUG_PROBE_TIMEOUT "
+        "plus 5 s to start it)"))
+
+
 def test_unknown_plugin_lists_installed(fresh_discovery):
     with pytest.raises(UnknownNameError, match="unknown plugin 'nosuch'.*cpu.*cuda"):
         run_conformance("nosuch")
@@ -218,15 +317,28 @@ def test_check_variant_refuses_the_oracle(fresh_discovery):
         check_variant("rms_norm/reference")
 
 
-def test_pytest_plugin_makes_one_item_per_check(tmp_path, acme):
-    site, _ = acme
-    proc = run_cli("-p", "no:cacheprovider", "--hwplug-conformance=acme", "-k",
+def test_pytest_plugin_makes_one_item_per_check(tmp_path, wonky_results):
+    site, _ = wonky_results
+    proc = run_cli("-p", "no:cacheprovider", "--hwplug-conformance=wonky", "-k",
                    "rms_norm or good_silu", "-q", pythonpath=site.root, cwd=tmp_path,
                    module="pytest")
     assert proc.returncode == 1, proc.stdout
     assert "1 failed, 1 passed" in proc.stdout
     assert "kernel rms_norm/forgets_weight: output" in proc.stdout
     assert "max abs error" in proc.stdout
+
+
+def test_pytest_plugin_skips_what_is_not_checked_here_unless_all_are_required(tmp_path, wonky):
+    site, _ = wonky
+    args = ("-p", "no:cacheprovider", "--hwplug-conformance=wonky-vendor", "-k", "silu_and_mul",
+            "-q", "-rs")
+    proc = run_cli(*args, pythonpath=site.root, cwd=tmp_path, module="pytest")
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout
+    assert "not checked here: cannot run on cpu, simulating wonky-npu" in proc.stdout
+    proc = run_cli(*args, "--hwplug-require-all", pythonpath=site.root, cwd=tmp_path,
+                   module="pytest")
+    assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout
+    assert "kernel silu_and_mul/vendor: not checked here: cannot run" in proc.stdout
 
 
 def test_pytest_plugin_costs_nothing_without_the_option():
@@ -238,9 +350,9 @@ def test_pytest_plugin_costs_nothing_without_the_option():
     assert out.stdout.strip() == "[]"
 
 
-def test_cli_exits_non_zero_on_failure(acme):
-    site, _ = acme
-    proc = run_cli("conformance", "acme", "--kernel-examples", "5",
+def test_cli_exits_non_zero_on_failure(wonky_results):
+    site, _ = wonky_results
+    proc = run_cli("conformance", "wonky", "--kernel-examples", "5",
                    "--attention-examples", "2", pythonpath=site.root)
     assert proc.returncode == 1
-    assert "FAILED acme" in proc.stdout and "forgets_weight" in proc.stdout
+    assert "FAILED wonky" in proc.stdout and "forgets_weight" in proc.stdout

@@ -88,16 +88,19 @@ def test_sdpa_decode_matches_reference(fresh_discovery, causal, window):
     query = torch.randn(3, 8, 32, generator=gen)  # GQA: 8 query heads over 2 KV heads
     args = (query, kv_cache, block_tables, seq_lens, torch.arange(4, dtype=torch.int32), 0.2,
             causal, window, None, 1, 40)
-    chosen = kernels.explain("paged_attention", current_platform(), "cpu", "float32").chosen
-    assert chosen.name == "sdpa_decode"
+    current_platform()  # discovery registers the variants
+    chosen = kernels.get("paged_attention/sdpa_decode")  # behind the fused C kernel
+    chosen.load()
     assert chosen.supports(*args) is None
     atol, rtol = ops.paged_attention.tolerances["float32"]
-    torch.testing.assert_close(ops.paged_attention(*args), reference.paged_attention(*args),
+    torch.testing.assert_close(chosen.impl(*args), reference.paged_attention(*args),
                                atol=atol, rtol=rtol)
 
 
 def test_sdpa_decode_declines_prefill_and_soft_cap(fresh_discovery):
-    chosen = kernels.explain("paged_attention", current_platform(), "cpu", "float32").chosen
+    current_platform()  # discovery registers the variants
+    chosen = kernels.get("paged_attention/sdpa_decode")
+    chosen.load()
     query, kv_cache = torch.randn(4, 2, 16), torch.randn(2, 4, 16, 2, 16)
     tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
     prefill = (query, kv_cache, tables, lens, torch.tensor([0, 4], dtype=torch.int32), 0.25)

@@ -14,18 +14,18 @@ from hwplug.kernel_registry import kernels
 
 
 def test_good_plugin_is_chosen_and_registers(site, fresh_discovery):
-    mods = add_platform(site, "acme", plugin_src=good_plugin(site, "acme"))
+    mods = add_platform(site, "widget", plugin_src=good_plugin(site, "widget"))
     platform = fresh_discovery.current_platform()
-    assert platform.name == "acme"
+    assert platform.name == "widget"
     resolution = fresh_discovery.resolution()
     assert "highest-ranked active accelerator" in resolution.reason
     cpu = next(c for c in resolution.candidates if c.name == "cpu")
-    assert "ranked below acme" in cpu.reason
-    record = next(r for r in resolution.plugins if r.name == "acme")
-    assert (record.status, record.distribution) == ("loaded", "acme-acme")
+    assert "ranked below widget" in cpu.reason
+    record = next(r for r in resolution.plugins if r.name == "widget")
+    assert (record.status, record.distribution) == ("loaded", "acme-widget")
     assert f"silu_and_mul/{site.module('fast_silu')}" in kernels.names()
     assert site.module("conn") in registries.connectors
-    assert sys.modules[mods["plugin"]].seen == ["acme"]
+    assert sys.modules[mods["plugin"]].seen == ["widget"]
 
 
 def test_plugin_raising_at_import_is_isolated(site, fresh_discovery):
@@ -100,9 +100,9 @@ def test_inactive_and_failing_probes_are_reported(site, fresh_discovery):
 
 
 def test_forcing_a_missing_platform_lists_installed(site, fresh_discovery, monkeypatch):
-    add_platform(site, "acme")
+    add_platform(site, "widget")
     monkeypatch.setenv("HWPLUG_PLATFORM", "nosuch")
-    with pytest.raises(PlatformError, match="nosuch.*installed: .*acme.*cpu"):
+    with pytest.raises(PlatformError, match="nosuch.*installed: .*cpu.*widget"):
         fresh_discovery.current_platform()
 
 
@@ -114,11 +114,11 @@ def test_forcing_a_platform_whose_probe_fails_is_an_error(site, fresh_discovery,
 
 
 def test_forced_platform_skips_other_platforms_plugins(site, fresh_discovery, monkeypatch):
-    mods = add_platform(site, "acme", plugin_src=good_plugin(site, "acme"))
+    mods = add_platform(site, "widget", plugin_src=good_plugin(site, "widget"))
     monkeypatch.setenv("HWPLUG_PLATFORM", "cpu")
     assert fresh_discovery.current_platform().name == "cpu"
     assert mods["plugin"] not in sys.modules
-    record = next(r for r in fresh_discovery.resolution().plugins if r.name == "acme")
+    record = next(r for r in fresh_discovery.resolution().plugins if r.name == "widget")
     assert "HWPLUG_PLATFORM forces 'cpu'" in record.reason
 
 

@@ -72,6 +72,7 @@ def test_the_guides_have_code_to_run():
     assert {"plugin-authoring.md", "model-authoring.md"} <= names
 
 
+@pytest.mark.slow  # most guides load the real model in a fresh interpreter
 @pytest.mark.parametrize("doc", DOCS_WITH_CODE, ids=lambda p: p.name)
 def test_snippets_run(doc: Path):
     blocks = snippets(doc.read_text(encoding="utf-8"))

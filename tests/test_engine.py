@@ -31,8 +31,10 @@ EOS = 0
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8,
-                   max_num_batched_tokens: int = 64, max_model_len: int = 1000) -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens: int = 64, max_model_len: int = 1000,
+                   prefix_caching: bool = True) -> Scheduler:
+    manager = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+    return Scheduler(manager, max_num_seqs=max_num_seqs,
                      max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len, eos_token_ids=[EOS])
 
@@ -54,8 +56,8 @@ def run_to_completion(scheduler: Scheduler, token: int = 7, max_steps: int = 100
         assert len(scheduler.running) <= scheduler.max_num_seqs
         steps.append({seq.seq_id: n for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)})
         scheduler.update(batch, [token] * len(batch.sampled_seqs))
-        used = sum(len(seq.block_table) for seq in scheduler.running)
-        assert used + scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
+        used = {block for seq in scheduler.running for block in seq.block_table}  # shared once
+        assert len(used) + scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
         assert len(steps) < max_steps
     return steps
 
@@ -119,7 +121,8 @@ def test_waiting_sequences_join_up_to_max_num_seqs():
 
 def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
     # 4 blocks of 4 tokens; two sequences that each grow to 12 tokens cannot both fit
-    scheduler = make_scheduler(num_blocks=4, block_size=4)
+    # (without prefix caching: a cache hit would spare part of the recompute)
+    scheduler = make_scheduler(num_blocks=4, block_size=4, prefix_caching=False)
     old, new = request(4, max_tokens=8), request(4, max_tokens=8)
     scheduler.add(old)
     scheduler.add(new)
@@ -251,12 +254,12 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(temperature=-0.5), "temperature must be >= 0"),
-    (dict(top_p=0.0), "top_p must be in (0, 1]"),
-    (dict(top_p=1.5), "top_p must be in (0, 1]"),
-    (dict(top_k=-1), "top_k must be >= 0"),
-    (dict(max_tokens=0), "max_tokens must be >= 1"),
-    (dict(repetition_penalty=0), "repetition_penalty must be > 0"),
+    (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
+    (dict(top_p=0.0), "top_p must be a number in (0, 1]"),
+    (dict(top_p=1.5), "top_p must be a number in (0, 1]"),
+    (dict(top_k=-1), "top_k must be an integer >= 0"),
+    (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+    (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
 ])
 def test_invalid_sampling_parameters_name_the_valid_range(kwargs, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):

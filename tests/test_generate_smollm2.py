@@ -18,6 +18,8 @@ from hwplug.errors import ConfigError, ModelError
 from hwplug.model_zoo.engine import Output
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
+pytestmark = pytest.mark.slow  # loads the real model and runs transformers beside it
+
 NEW_TOKENS = 32
 PROMPTS = [
     "The capital of France is",
@@ -31,14 +33,14 @@ GREEDY = hwplug.SamplingParams(max_tokens=NEW_TOKENS)
 
 @pytest.fixture(scope="module")
 def llm() -> hwplug.LLM:
-    return hwplug.LLM()
+    return hwplug.LLM(dequantize=True)  # the float weights transformers runs
 
 
 @pytest.fixture(scope="module")
 def expected(llm: hwplug.LLM) -> list[list[int]]:
     """transformers' greedy tokens for each prompt alone, from the same weights, up to and
     including the first end-of-sequence token."""
-    checkpoint = load_checkpoint(resolve_model(None))
+    checkpoint = load_checkpoint(resolve_model(None), dequantize=True)
     reference = LlamaForCausalLM(checkpoint.config).eval()
     result = reference.load_state_dict(dict(checkpoint.weights()), strict=False)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
@@ -73,7 +75,7 @@ def test_a_mixed_length_batch_matches_each_prompt_alone(llm, batched):
 def test_chunked_prefill_and_preemption_give_the_same_tokens(batched):
     # 8-token steps split every prompt; 6 blocks of 16 tokens hold two of these sequences,
     # so the newest are preempted and recomputed
-    small = hwplug.LLM(max_num_batched_tokens=8, num_kv_blocks=6)
+    small = hwplug.LLM(max_num_batched_tokens=8, num_kv_blocks=6, dequantize=True)
     outputs = small.generate(PROMPTS, GREEDY)
     assert small.engine.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outputs] == [o.token_ids for o in batched]
@@ -122,7 +124,7 @@ def test_a_prompt_longer_than_the_context_names_both_lengths(llm):
 
 
 def test_bad_sampling_values_and_wrong_model_kind(llm):
-    with pytest.raises(ConfigError, match=r"top_p must be in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"top_p must be a number in \(0, 1\]"):
         llm.generate(PROMPTS[0], hwplug.SamplingParams(top_p=1.5))
     with pytest.raises(ModelError, match="needs an encoder"):
         llm.embed("text")

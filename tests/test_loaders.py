@@ -34,8 +34,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def smollm2(cache_dir: Path) -> Checkpoint:
-    """The default model, converted into ``cache_dir`` by this load."""
-    return load_checkpoint(resolve_model(None))
+    """The default model dequantized (the float weights transformers' GGUF loader gives),
+    converted into ``cache_dir`` by this load."""
+    return load_checkpoint(resolve_model(None), dequantize=True)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_second_load_reads_the_cache(smollm2: Checkpoint, cache_dir: Path):
         assert (entry / name).is_file()
     written = (entry / "model.safetensors").stat().st_mtime_ns
 
-    again = load_checkpoint(smollm2.source)
+    again = load_checkpoint(smollm2.source, dequantize=True)
     assert (entry / "model.safetensors").stat().st_mtime_ns == written  # not rebuilt
     assert again.config.to_dict() == smollm2.config.to_dict()
     assert again.eos_token_ids == smollm2.eos_token_ids
@@ -129,7 +130,7 @@ def _truncated_copy(source: Path, target: Path, size: int) -> Path:
 def test_truncated_gguf_fails_and_leaves_no_cache_entry(tmp_path: Path, cache_dir: Path):
     truncated = _truncated_copy(resolve_model(None), tmp_path / "truncated.gguf", 50_000_000)
     with pytest.raises(ModelError, match="truncated") as error:
-        load_checkpoint(truncated)
+        load_checkpoint(truncated, dequantize=True)
     assert str(truncated) in str(error.value)
     assert not entry_dir(truncated, "gguf").exists()
     assert not list((cache_dir / "gguf").glob(".*"))  # no staging directory either
@@ -145,7 +146,7 @@ def test_corrupt_cache_entry_is_discarded_and_rebuilt(tmp_path: Path, cache_dir:
     (entry / "model.safetensors").write_bytes(b"\x00" * 100)
     with caplog.at_level(logging.WARNING, logger="hwplug.model_zoo.loaders"):
         with pytest.raises(ModelError, match="not a readable GGUF file"):
-            load_checkpoint(source)
+            load_checkpoint(source, dequantize=True)
     assert f"the cached conversion of {source} is unreadable, rebuilding it" in caplog.text
     assert not entry.exists()
     assert not list((cache_dir / "gguf").glob(".*"))

@@ -214,7 +214,7 @@ def test_bfloat16_matches_float32_reference():
 @pytest.mark.slow
 def test_smollm2_checkpoint_matches_transformers():
     """Greedy decoding of the real checkpoint: every step's logits and token agree."""
-    checkpoint = load_checkpoint(resolve_model(None))
+    checkpoint = load_checkpoint(resolve_model(None), dequantize=True)
     model, ctx = build_model(checkpoint)
     prompt = checkpoint.tokenizer("The capital of France is", return_tensors="pt").input_ids[0]
     batch = PagedBatch(ctx, model.num_layers, 1, len(prompt) + DECODE_STEPS)

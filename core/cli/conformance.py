@@ -1,4 +1,9 @@
-"""``hwplug conformance PLUGIN``: run the conformance kit; exit 1 when a check fails."""
+"""``hwplug conformance PLUGIN``: run the conformance kit.
+
+Exit status: 0 when every check passed (or had nothing to check), 1 when one failed, 3 when
+nothing failed but some checks could not run on this machine ("not checked here": the
+device, a package or a device feature is absent); ``--require-all`` makes those a failure.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,22 @@ from dataclasses import asdict
 
 from rich.console import Console
 
+from hwplug.cli.inputs import positive_int
 from hwplug.cli.output import add_json_flag, print_json
 from hwplug.errors import HwplugError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plugin", help="entry-point name of the plugin (hwplug.platforms / "
-                                       "hwplug.plugins), or cpu / hwplug for the built-ins")
-    parser.add_argument("--kernel-examples", type=int, default=20, metavar="N",
+                                       "hwplug.plugins), its distribution (hwplug-cuda), or "
+                                       "cpu / hwplug for the built-ins")
+    parser.add_argument("--kernel-examples", type=positive_int, default=20, metavar="N",
                         help="generated inputs per kernel variant (default: 20)")
-    parser.add_argument("--attention-examples", type=int, default=4, metavar="N",
+    parser.add_argument("--attention-examples", type=positive_int, default=4, metavar="N",
                         help="generated batches per attention scenario (default: 4)")
+    parser.add_argument("--require-all", action="store_true",
+                        help="fail (exit 1) when a check cannot run on this machine, instead "
+                             "of exiting 3")
     add_json_flag(parser)
 
 
@@ -36,7 +46,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
                                  progress=lambda name: status.update(f"checking {name}"))
     if args.json:
         print_json(console, {"plugin": report.plugin, "ok": report.ok,
+                             "complete": report.complete,
+                             "verdict": report.verdict(args.require_all),
                              "results": [asdict(r) for r in report.results]})
     else:
-        print_report(report, console)
-    return 0 if report.ok else 1
+        print_report(report, console, args.require_all)
+    return report.exit_status(args.require_all)

@@ -10,6 +10,7 @@ import argparse
 
 from rich.console import Console
 
+from hwplug.cli.inputs import utf8_text
 from hwplug.cli.output import add_dtype_flag, add_json_flag, print_json, table
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
@@ -18,7 +19,8 @@ SHOWN_VALUES = 6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed")
+    parser.add_argument("texts", nargs="+", metavar="TEXT", type=utf8_text,
+                        help="texts to embed")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"an encoder: path or alias (default: {DEFAULT_MODEL})")
     add_dtype_flag(parser)

@@ -1,9 +1,13 @@
 """``hwplug generate``: complete one prompt (streamed to stdout) or a file of prompts (batched).
 
-After the text, stderr gets one line of speed (tokens/s, time to first token) and one of
-where it ran: the platform, the attention backend, and the kernel variants that served
-each op the run called. Bad input (a missing model, an invalid sampling value) is a
-:class:`~hwplug.errors.HwplugError`, printed by ``hwplug`` without a traceback.
+After the text, stderr gets one line of speed (tokens/s, time to first token), the
+platform's execution summary when it gives one (e.g. JIT compilations), and one line of
+where it ran: the platform, the attention backend, the dtype and KV-cache dtype, the
+weights' quantization method (``gguf``, ``fp8``, ``unquantized``...), the parallelism
+(``tensor-parallel 2``) and the kernel variants that served each op the run called (rank
+0's under tensor parallelism; a torchrun rank > 0 prints nothing). Bad input (a missing
+model, an invalid sampling value) is a :class:`~hwplug.errors.HwplugError`, printed by
+``hwplug`` without a traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from hwplug.cli.output import add_dtype_flag
+from hwplug.cli.inputs import path_name, read_text_file, utf8_text
+from hwplug.cli.output import add_dtype_flag, add_kv_cache_flags
 from hwplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,10 +28,11 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", nargs="?", help="the prompt (or use --prompts-file)")
+    parser.add_argument("prompt", nargs="?", type=utf8_text,
+                        help="the prompt (or use --prompts-file)")
     parser.add_argument("--model", help="a .gguf file, a Hugging Face style directory, or an "
                                         "alias (default: smollm2)")
-    parser.add_argument("--prompts-file", type=Path,
+    parser.add_argument("--prompts-file", type=path_name,
                         help="generate for every line of this file, as one batch")
     parser.add_argument("--chat", action="store_true",
                         help="wrap each prompt as a user message in the model's chat template")
@@ -36,9 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                               "tokens (0 = all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     parser.add_argument("--seed", type=int, help="seed for sampling")
-    parser.add_argument("--stop", nargs="+", default=[], metavar="STR",
+    parser.add_argument("--stop", nargs="+", default=[], metavar="STR", type=utf8_text,
                         help="stop when the text reaches one of these strings")
+    parser.add_argument("--dequantize", action="store_true",
+                        help="load a quantized checkpoint (e.g. a GGUF's blocks) as float "
+                             "weights in --dtype instead of keeping it quantized")
     add_dtype_flag(parser)
+    add_kv_cache_flags(parser)
+    add_parallel_flags(parser)
+
+
+def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    """``--tensor-parallel-size`` and ``--data-parallel-size`` (see docs/generation.md)."""
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the model over N processes (default 1; under torchrun: "
+                             "its WORLD_SIZE, and only rank 0 prints)")
+    parser.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                        help="run N engine replicas sharing the prompts (default 1)")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -49,7 +69,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
     prompts = [args.prompt] if args.prompts_file is None else _read_prompts(args.prompts_file)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, stop=tuple(args.stop))
-    llm = LLM(args.model, dtype=args.dtype, seed=args.seed)
+    llm = LLM(args.model, dtype=args.dtype, seed=args.seed, dequantize=args.dequantize,
+              kv_cache_dtype=args.kv_cache_dtype,
+              calculate_kv_scales=args.calculate_kv_scales is not None,
+              kv_scale_granularity=args.calculate_kv_scales or "tensor",
+              tensor_parallel_size=args.tensor_parallel_size,
+              data_parallel_size=args.data_parallel_size)
+    if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0, which prints
+        return 0
     inputs = [llm.apply_chat_template(p) if args.chat else llm.tokenize(p) for p in prompts]
     if args.prompts_file is None:
         num_tokens, seconds, first_token = _stream(llm, inputs[0], sampling, console)
@@ -59,14 +86,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _read_prompts(path: Path) -> list[str]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read --prompts-file {path}: {exc.strerror}") from None
-    prompts = [line for line in lines if line.strip()]
+def _read_prompts(file: Path) -> list[str]:
+    prompts = [line for line in read_text_file(file, "--prompts-file").splitlines()
+               if line.strip()]
     if not prompts:
-        raise ConfigError(f"--prompts-file {path} holds no prompt (one per non-empty line)")
+        raise ConfigError(f"--prompts-file {file} holds no prompt (one per non-empty line)")
     return prompts
 
 
@@ -105,7 +129,14 @@ def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
         speed += (f"; first text after {first_text:.2f} s, then "
                   f"{(num_tokens - 1) / (seconds - first_text):.1f} tokens/s")
     console.print(speed, highlight=False)
+    summary = llm.ctx.platform.execution_summary()
+    if summary:
+        console.print(summary, highlight=False)
     used = ", ".join(f"{name}={'+'.join(sorted(op.variants_used()))}"
                      for name, op in kernels.ops().items() if op.variants_used())
+    parallel = llm.parallelism.describe()
     console.print(f"platform {llm.platform}, attention backend {llm.attention_backend}, "
-                  f"dtype {llm.dtype}; kernels: {used}", highlight=False, soft_wrap=True)
+                  f"dtype {llm.dtype}, KV cache {llm.ctx.engine_config.kv_cache_dtype}, "
+                  f"weights {llm.ctx.quant_method.get_name()}"
+                  f"{', ' + parallel if parallel else ''}; kernels: {used}",
+                  highlight=False, soft_wrap=True)

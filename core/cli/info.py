@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from hwplug.cli.generate import add_parallel_flags
 from hwplug.cli.output import add_json_flag, print_json, table
 
 
@@ -15,10 +16,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
     parser.add_argument("--tracebacks", action="store_true",
                         help="show the full traceback of every failed plugin")
+    add_parallel_flags(parser)  # the sizes whose CPU binding plan to show
 
 
-def collect() -> dict[str, Any]:
-    """Everything ``hwplug info`` shows, as plain data."""
+def cpu_binding(platform: Any, ranks: int) -> dict[str, Any]:
+    """The NUMA nodes and the CPUs ``HWPLUG_CPU_BIND`` gives each of ``ranks`` worker
+    ranks (or replicas) on ``platform``; CPU platforms only (accelerator ranks bind none)."""
+    from hwplug import envs
+    from hwplug.errors import ConfigError
+    from hwplug.platforms.numa import binding_plan, describe_plan, read_topology
+
+    nodes = read_topology(envs.HWPLUG_PROBE_ROOT)
+    if platform.device_type != "cpu":
+        plan = [f"none: {platform.device_type} ranks run on a device each"]
+    else:
+        try:
+            plan = describe_plan(binding_plan(envs.HWPLUG_CPU_BIND, nodes, ranks))
+        except ConfigError as exc:
+            plan = [f"error: {exc}"]
+    return {"setting": envs.HWPLUG_CPU_BIND, "ranks": ranks, "plan": plan,
+            "nodes": {node.index: describe_plan([node.cpus])[0].removeprefix("rank 0: cpus ")
+                      for node in nodes}}
+
+
+def collect(ranks: int = 1) -> dict[str, Any]:
+    """Everything ``hwplug info`` shows, as plain data (the CPU binding of ``ranks``)."""
     from hwplug import discovery, envs, kernels, registries
 
     resolution = discovery.resolution()
@@ -41,12 +63,13 @@ def collect() -> dict[str, Any]:
         },
         "settings": envs.effective(),
         "unknown_settings": list(envs.unknown()),
+        "cpu_binding": cpu_binding(resolution.platform, ranks),
         "api_version": discovery.API_VERSION,
     }
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    data = collect()
+    data = collect(args.tensor_parallel_size * args.data_parallel_size)
     if args.json:
         print_json(console, data)
         return 0
@@ -72,6 +95,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
                  "; ".join(f"{op}: {', '.join(v)}" for op, v in regs["kernels"].items())))
     console.print(table("registries", ("registry", "count", "names"), rows))
     console.print(table("settings", ("variable", "value"), data["settings"].items()))
+    binding = data["cpu_binding"]
+    console.print(table(f"CPU binding of {binding['ranks']} rank(s), HWPLUG_CPU_BIND="
+                        f"{binding['setting']}", ("", "cpus"),
+                        [*((f"NUMA node {i}", c) for i, c in binding["nodes"].items()),
+                         *((head, tail.removeprefix("cpus ")) for head, _, tail in
+                           (line.partition(": ") for line in binding["plan"]))]))
     for name in data["unknown_settings"]:
         console.print(f"[yellow]warning:[/] {name} is set but is not a hwplug variable")
     if args.tracebacks:

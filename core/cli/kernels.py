@@ -7,15 +7,18 @@ from typing import Any
 
 from rich.console import Console
 
+from hwplug.cli.inputs import positive_int
 from hwplug.cli.output import add_json_flag, print_json, table
+from hwplug.dtypes import DTYPE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
     parser.add_argument("--op", action="append", help="only this op (repeatable)")
-    parser.add_argument("--dtype", action="append",
+    parser.add_argument("--dtype", action="append", choices=DTYPE_NAMES,
                         help="only this dtype (default: the platform's dtypes)")
-    parser.add_argument("--num-tokens", type=int, help="explain for this many tokens")
+    parser.add_argument("--num-tokens", type=positive_int,
+                        help="explain for this many tokens")
 
 
 def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,

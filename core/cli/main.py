@@ -13,12 +13,13 @@ import logging
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 from rich.markup import escape
 
 from hwplug import envs
-from hwplug.errors import HwplugError
+from hwplug.errors import ConfigError, HwplugError
 
 #: Subcommands that run a model: the platform's process environment is applied first.
 RUNS_MODELS = ("generate", "embed")
@@ -40,9 +41,16 @@ def _add_debug_flag(parser: argparse.ArgumentParser, default: object) -> None:
                         help="print the traceback of an error (also HWPLUG_DEBUG=1)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are :class:`ConfigError` (one line, status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hwplug", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="hwplug", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_debug_flag(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from rich.console import Console
+
+from hwplug.cli.inputs import path_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="plugin name: lower-case letters and digits, words "
                                      "joined by '-' or '_' (e.g. acme-npu)")
-    parser.add_argument("--dir", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--dir", type=path_name, default=None, metavar="DIR",
                         help="directory to write the package into; must be new or empty "
                              "(default: ./hwplug-NAME)")
 

@@ -5,10 +5,12 @@ Run it as ``hwplug conformance <plugin>``, as ``pytest --hwplug-conformance=<plu
 
     from hwplug.conformance import run_conformance
     report = run_conformance("acme")
-    assert report.ok, report.summary()
+    assert report.ok, report.summary()  # nothing failed
+    report.complete  # and nothing was left "not checked here"
 
 Single pieces can be checked directly while writing them: :func:`check_variant` for a
-kernel variant, :func:`check_backend` for an attention backend class. Importing this
+kernel variant, :func:`check_backend` for an attention backend class,
+:func:`check_quant_method` and :func:`check_connector` for those classes. Importing this
 package is cheap (no torch, no hypothesis); the checks load them when they run.
 """
 
@@ -23,6 +25,8 @@ _LAZY = {
     "Budget": "hwplug.conformance.kit",
     "check_variant": "hwplug.conformance.variants",
     "check_backend": "hwplug.conformance.backends",
+    "check_quant_method": "hwplug.conformance.quant_methods",
+    "check_connector": "hwplug.conformance.connectors",
     "Placement": "hwplug.conformance.target",
     "resolve_target": "hwplug.conformance.target",
     "Report": "hwplug.conformance.result",

@@ -7,8 +7,14 @@ through its own path (``forward`` when ``updates_kv_cache_in_forward``, else
 ``write_kv_cache`` then ``forward``), and a later step attends to what earlier steps
 wrote. Every step's output is compared with the pure-torch references
 (``reshape_and_cache`` into an ``NHD`` cache, then ``paged_attention``) within the
-``paged_attention`` tolerance. Scenarios the backend does not claim (its class
-attributes) are skipped, and a separate check makes sure ``validate`` refuses them.
+``paged_attention`` tolerance. A cache write that raises is reported as a layout
+mismatch, with the shape the backend's ``kv_cache_shape`` declared next to the tensors'.
+Scenarios the backend does not claim (its class attributes) are skipped, and a separate
+check makes sure ``validate`` refuses them. GQA examples always have more than one KV head.
+
+A backend for the platform present runs on its device; what the device does not meet
+(``validate(spec, platform)``: capability) is "not checked here". A backend for a platform
+that is not present runs on CPU in its stead, as a simulated platform does.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from hypothesis import strategies as st
 from hwplug import ops
 from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec
 from hwplug.conformance.compare import loosest_tolerance, mismatch
-from hwplug.conformance.explore import Failure, first_failure, guarded, judge
+from hwplug.conformance.explore import CannotRun, Failure, first_failure, guarded, judge
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
@@ -108,7 +114,7 @@ def dtype_pairs(backend: type[AttentionBackend], dtypes: list[str] | None = None
 def examples(draw: st.DrawFn, backend: type[AttentionBackend], scenario: Scenario,
              pairs: list[tuple[str, str]]) -> Example:
     dtype, kv_dtype = draw(st.sampled_from(pairs))
-    num_kv_heads = draw(st.sampled_from((1, 2)))
+    num_kv_heads = draw(st.sampled_from((2, 3) if scenario.gqa else (1, 2)))
     group = draw(st.sampled_from((2, 4))) if scenario.gqa else 1
     spec = AttentionSpec(
         num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
@@ -147,9 +153,11 @@ class _Episode:
         self.keys = [self._randn(n, spec.num_kv_heads) for n in totals]
         self.values = [self._randn(n, spec.num_kv_heads) for n in totals]
         kv_dtype = torch_dtype(spec.kv_cache_dtype)
-        geometry = (self.layout.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
-        self.cache = torch.zeros(backend.kv_cache_shape(*geometry), dtype=kv_dtype, device=device)
-        self.ref_cache = torch.zeros((2, *geometry), dtype=kv_dtype, device=device)
+        self.geometry = (self.layout.num_blocks, spec.block_size, spec.num_kv_heads,
+                         spec.head_size)
+        self.declared = tuple(backend.kv_cache_shape(*self.geometry))
+        self.cache = torch.zeros(self.declared, dtype=kv_dtype, device=device)
+        self.ref_cache = torch.zeros((2, *self.geometry), dtype=kv_dtype, device=device)
         self.scale = spec.head_size ** -0.5
 
     def _randn(self, tokens: int, heads: int) -> torch.Tensor:
@@ -171,12 +179,22 @@ class _Episode:
         where = f"step {index + 1} of 2, batch {batch.label}, {self.example.label()}"
         return _StepInputs(query.to(dtype), key.to(dtype), value.to(dtype), metadata, where)
 
-    def through_backend(self, step: _StepInputs) -> torch.Tensor:
+    def through_backend(self, step: _StepInputs, simulating: bool) -> torch.Tensor:
         """The engine's path: the backend's own cache write, then its forward."""
+        arguments = ", ".join(f"{name}={value}" for name, value in zip(
+            ("num_blocks", "block_size", "num_kv_heads", "head_size"), self.geometry,
+            strict=True))
+        cache = (f"kv_cache_shape({arguments}) declares {self.declared} (layout "
+                 f"{self.backend.kv_cache_layout}, {self.spec.kv_cache_dtype}); the step's "
+                 f"key/value are {tuple(step.key.shape)}, the reference NHD cache "
+                 f"{tuple(self.ref_cache.shape)}")
         if not self.backend.updates_kv_cache_in_forward:
-            self.instance.write_kv_cache(step.key, step.value, self.cache, step.metadata)
-        return self.instance.forward(step.query, step.key, step.value, self.cache,
-                                     step.metadata, self.scale)
+            guarded(partial(self.instance.write_kv_cache, step.key, step.value, self.cache,
+                            step.metadata), step.where, simulating=simulating,
+                    what=f"layout mismatch: write_kv_cache failed on the cache its {cache}")
+        return guarded(partial(self.instance.forward, step.query, step.key, step.value,
+                               self.cache, step.metadata, self.scale), step.where,
+                       simulating=simulating, what="forward")
 
     def reference(self, step: _StepInputs) -> torch.Tensor:
         """The same step through the pure-torch references over the NHD cache."""
@@ -199,6 +217,11 @@ class _Run:
         if reasons:
             raise Failure(f"validate refused a spec it claims ({example.label()}): "
                           f"{'; '.join(reasons)}")
+        platform = self.placement.platform
+        device = [r for r in (self.backend.validate(example.spec, platform) if platform else ())
+                  if r not in reasons]
+        if device:
+            raise CannotRun(f"{platform.name} here: {'; '.join(device)}")
         episode = _Episode(self.backend, example, self.placement.device)
         tolerance = loosest_tolerance(ops.paged_attention.tolerances,
                                       (example.spec.dtype, example.spec.kv_cache_dtype))
@@ -207,8 +230,7 @@ class _Run:
             if not any(step.new for step in steps):
                 continue
             step = episode.inputs(index, steps)
-            out = guarded(partial(episode.through_backend, step), step.where,
-                          simulating=bool(self.placement.simulating))
+            out = episode.through_backend(step, bool(self.placement.simulating))
             problem = mismatch(out, episode.reference(step), *tolerance)
             if problem:
                 raise Failure(f"{problem} at {step.where}")
@@ -221,16 +243,17 @@ def _scenario_outcome(backend: type[AttentionBackend], scenario: Scenario,
     if unclaimed:
         return "skipped", f"not claimed: {', '.join(f'{a} is False' for a in unclaimed)}"
     notes: list[str] = []
+    placement = placement.serving(backend.platforms, notes)
     pairs = dtype_pairs(backend, placement.judgeable(list(backend.supported_dtypes), notes))
     if not pairs:
-        return "skipped", "; ".join(["no (dtype, KV-cache dtype) pair the kit can judge",
-                                     *notes])
+        return "not checked", "; ".join(
+            ["no (dtype, KV-cache dtype) pair the kit can judge here", *notes])
     run = _Run(backend, placement)
     failure = first_failure(examples(backend, scenario, pairs), run, count)
     where = placement.describe()
     write = ("writes K/V in forward" if backend.updates_kv_cache_in_forward
              else "write_kv_cache then forward")
-    untested = f"; not tested: {'; '.join(notes)}" if notes else ""
+    untested = f"; not checked here: {'; '.join(notes)}" if notes else ""
     return judge(failure, where) or (
         "passed", f"{run.steps} steps matched the reference {where}; layout "
                   f"{backend.kv_cache_layout}, {write}{untested}")

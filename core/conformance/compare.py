@@ -26,8 +26,12 @@ def loosest_tolerance(tolerances: Mapping[str, tuple[float, float]],
     return max(t[0] for t in stated), max(t[1] for t in stated)
 
 
-def mismatch(actual: Any, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
-    """None when ``actual`` matches ``expected`` within tolerance, else what differs."""
+def mismatch(actual: Any, expected: torch.Tensor, atol: float, rtol: float,
+             slack: torch.Tensor | None = None) -> str | None:
+    """None when ``actual`` matches ``expected`` within tolerance, else what differs.
+
+    ``slack`` (broadcast to ``expected``'s shape) adds a known per-element error bound
+    (e.g. from rounding an input to a quantized format) to ``atol``."""
     if not isinstance(actual, torch.Tensor):
         return f"returned {type(actual).__name__}, expected a tensor"
     if actual.shape != expected.shape:
@@ -35,14 +39,17 @@ def mismatch(actual: Any, expected: torch.Tensor, atol: float, rtol: float) -> s
     if actual.dtype != expected.dtype:
         return f"dtype {actual.dtype}, expected {expected.dtype}"
     got, want = actual.detach().cpu().float(), expected.detach().cpu().float()
-    close = torch.isclose(got, want, atol=atol, rtol=rtol, equal_nan=True)
+    extra = 0.0 if slack is None else slack.detach().cpu().float()
+    close = ((got == want) | ((got - want).abs() <= atol + extra + rtol * want.abs())
+             | (got.isnan() & want.isnan()))
     if bool(close.all()):
         return None
     error = (got - want).abs().nan_to_num(nan=float("inf"))
     error = torch.where(close, torch.zeros_like(error), error)
     worst = tuple(int(i) for i in torch.unravel_index(error.argmax(), error.shape))
     bad = int((~close).sum())
-    return (f"max abs error {float(error.max()):.3g} > atol {atol:g} + rtol {rtol:g}*|ref| "
+    allowed = f"atol {atol:g}" + (" + rounding bound" if slack is not None else "")
+    return (f"max abs error {float(error.max()):.3g} > {allowed} + rtol {rtol:g}*|ref| "
             f"({bad} of {close.numel()} elements; worst at {worst}: got {float(got[worst]):.5g},"
             f" expected {float(want[worst]):.5g})")
 

@@ -5,11 +5,11 @@ not shrunk (kernels under a simulator are slow; the failure message already name
 shapes) and not stored in an example database.
 
 On a simulated device (CPU standing in for absent hardware) an error that says the
-*device* is missing is inconclusive rather than a failure: a library that is not
-installed at all, an op torch has no kernel for on this device (``NotImplementedError``),
-or a ``RuntimeError`` / ``AssertionError`` raised inside torch itself (e.g. ``torch.cuda``
-without a GPU). Any other error, including a missing module of an installed package, is
-the code's fault.
+*device* is missing is inconclusive ("not checked here") rather than a failure: a library
+that is not installed at all, an op torch has no kernel for on this device
+(``NotImplementedError``), or a ``RuntimeError`` / ``AssertionError`` raised inside torch
+itself (e.g. ``torch.cuda`` without a GPU). Any other error, including a missing module of
+an installed package, is the code's fault.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ class Failure(Exception):
 
 
 class CannotRun(Exception):
-    """Raised by a check body: on a simulated device the code needs the absent hardware
-    (inconclusive, not a failure)."""
-
+    """Raised by a check body: the code needs hardware (or a device feature, a package)
+    that this machine lacks; the check is "not checked here", not failed."""
 
 
 def first_failure(strategy: st.SearchStrategy[T], body: Callable[[T], None],
@@ -74,15 +73,15 @@ def _needs_absent_device(exc: BaseException) -> bool:
 _TORCH_DIR = Path(torch.__file__).parent
 
 
-def guarded(call: Callable[[], T], label: str, *, simulating: bool) -> T:
+def guarded(call: Callable[[], T], label: str, *, simulating: bool, what: str = "") -> T:
     """Run the code under test. An exception becomes :class:`CannotRun` when the device is
-    simulated and the error says the device is missing, else a :class:`Failure` naming
-    ``label``."""
+    simulated and the error says the device is missing, else a :class:`Failure`; the
+    message names ``label`` (where) and, when given, ``what`` was being done."""
     try:
         return call()
     except Exception as exc:
         kind = CannotRun if simulating and _needs_absent_device(exc) else Failure
-        raise kind(f"raised {exc!r} at {label}") from exc
+        raise kind(f"{what}{': ' if what else ''}raised {exc!r} at {label}") from exc
 
 
 def judge(failure: BaseException | None, where: str) -> tuple[Status, str] | None:
@@ -94,7 +93,7 @@ def judge(failure: BaseException | None, where: str) -> tuple[Status, str] | Non
     if failure is None:
         return None
     if isinstance(failure, CannotRun):
-        return "skipped", f"cannot run {where}: {failure}"
+        return "not checked", f"cannot run {where}: {failure}"
     if isinstance(failure, Failure):
         return "failed", f"{failure} ({where})"
     raise failure

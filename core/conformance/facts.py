@@ -17,6 +17,9 @@ from hwplug.platform_interface import Platform
 
 #: Distributed backends a platform may declare that ``torch.distributed`` does not know.
 NON_TORCH_DIST_BACKENDS = {"xla": "JAX/TPU collectives through XLA"}
+#: Collective libraries a platform may name that torch.distributed registers under another
+#: backend name (the one to pass ``init_process_group``), and why.
+TORCH_DIST_ALIASES = {"rccl": ("nccl", "ROCm builds of torch register RCCL under it")}
 
 
 def _dtype_problems(fact: str, names: tuple[str, ...]) -> list[str]:
@@ -65,6 +68,10 @@ def _dist_problems(name: str, notes: list[str]) -> list[str]:
 
     known = [b for b in torch.distributed.Backend.backend_list if b not in ("undefined", "fake")]
     if name in known:
+        return []
+    torch_name, why = TORCH_DIST_ALIASES.get(name, (None, ""))
+    if torch_name in known:
+        notes.append(f"dist_backend {name!r} is torch.distributed's {torch_name!r} ({why})")
         return []
     if name in NON_TORCH_DIST_BACKENDS:
         notes.append(f"dist_backend {name!r} is not a torch.distributed backend: "

@@ -14,89 +14,35 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
 from hwplug import ops
-from hwplug.dtypes import FLOAT_DTYPES, torch_dtype
+from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
+from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
+from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
 
-
-@dataclass
-class Case:
-    """One call of an op: its arguments and how to judge the result.
-
-    ``dtypes`` name the dtypes whose tolerances apply (the loosest wins), ``label`` says
-    in words what was called (shapes, dtype, options) for failure messages, and
-    ``mutated`` lists positional arguments the op writes in place (compared too).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    dtypes: tuple[str, ...]
-    label: str
-    mutated: tuple[int, ...] = ()
-
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Case:
-        def one(value: Any) -> Any:
-            return fn(value) if isinstance(value, torch.Tensor) else value
-
-        return replace(self, args=tuple(one(a) for a in self.args),
-                       kwargs={k: one(v) for k, v in self.kwargs.items()})
-
-    def to(self, device: str | torch.device) -> Case:
-        """The same case with every tensor on ``device``."""
-        return self._map(lambda t: t.to(device))
-
-    def clone(self) -> Case:
-        """An independent copy (for ops that write their inputs in place)."""
-        return self._map(torch.clone)
-
-    def outputs(self, returned: Any) -> list[tuple[str, Any]]:
-        """What to compare after the call, named: the returned values, then the mutated args."""
-        if isinstance(returned, (tuple, list)):
-            named = [(f"output {i}", value) for i, value in enumerate(returned)]
-        else:
-            named = [("output", returned)]
-        return named + [(f"argument {i} (written in place)", self.args[i]) for i in self.mutated]
-
-
-Generator = Callable[[str, st.SearchStrategy[int]], st.SearchStrategy[Case]]
-
-
-def _rng(draw: st.DrawFn) -> torch.Generator:
-    return torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-
-
-def _randn(rng: torch.Generator, shape: Sequence[int], dtype: str,
-           scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-    return (torch.randn(tuple(shape), generator=rng) * scale + shift).to(torch_dtype(dtype))
-
-
-def _leading(draw: st.DrawFn, tokens: st.SearchStrategy[int]) -> tuple[int, ...]:
-    """``(T,)`` or, sometimes, ``(T, extra)``: ops over ``[..., H]`` must handle both."""
-    num_tokens = draw(tokens)
-    return (num_tokens, draw(st.integers(2, 3))) if draw(st.booleans()) else (num_tokens,)
+__all__ = ["GENERATORS", "Case", "Generator"]
 
 
 @st.composite
 def rms_norm(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng = _rng(draw)
-    shape = (*_leading(draw, tokens), draw(st.sampled_from((8, 48, 64, 96, 128, 200))))
-    x = _randn(rng, shape, dtype, scale=2.0)
-    weight = _randn(rng, shape[-1:], dtype, scale=0.2, shift=1.0)
+    rng = seeded(draw)
+    shape = (*leading_shape(draw, tokens), draw(st.sampled_from((8, 48, 64, 96, 128, 200))))
+    x = randn(rng, shape, dtype, scale=2.0)
+    weight = randn(rng, shape[-1:], dtype, scale=0.2, shift=1.0)
     eps = draw(st.sampled_from((1e-6, 1e-5)))
     label = f"x {shape} {dtype} eps={eps:g}"
     if draw(st.booleans()):
-        return Case((x, weight, eps), {"residual": _randn(rng, shape, dtype)}, (dtype,),
+        return Case((x, weight, eps), {"residual": randn(rng, shape, dtype)}, (dtype,),
                     label + " with residual")
     return Case((x, weight, eps), {}, (dtype,), label)
 
 
 @st.composite
 def rotary_embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng = _rng(draw)
+    rng = seeded(draw)
     num_tokens = draw(tokens)
     num_kv_heads, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
     head_size = draw(st.sampled_from((32, 64, 80, 128)))
@@ -105,8 +51,8 @@ def rotary_embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]
     max_position = draw(st.integers(1, 96))
     positions = torch.randint(0, max_position, (num_tokens,), generator=rng)
     cache = ops.build_cos_sin_cache(rot_dim, max_position, draw(st.sampled_from((1e4, 1e6))))
-    query = _randn(rng, (num_tokens, num_kv_heads * group, head_size), dtype)
-    key = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
+    query = randn(rng, (num_tokens, num_kv_heads * group, head_size), dtype)
+    key = randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
     style = "neox" if is_neox else "gptj"
     label = (f"query {tuple(query.shape)} key {tuple(key.shape)} {dtype} rot_dim={rot_dim} "
              f"{style}")
@@ -115,9 +61,9 @@ def rotary_embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]
 
 @st.composite
 def silu_and_mul(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng = _rng(draw)
-    shape = (*_leading(draw, tokens), 2 * draw(st.sampled_from((8, 24, 64, 100, 128))))
-    return Case((_randn(rng, shape, dtype, scale=3.0),), {}, (dtype,), f"x {shape} {dtype}")
+    rng = seeded(draw)
+    shape = (*leading_shape(draw, tokens), 2 * draw(st.sampled_from((8, 24, 64, 100, 128))))
+    return Case((randn(rng, shape, dtype, scale=3.0),), {}, (dtype,), f"x {shape} {dtype}")
 
 
 @st.composite
@@ -130,7 +76,7 @@ def gelu_and_mul(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) ->
 
 @st.composite
 def reshape_and_cache(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng = _rng(draw)
+    rng = seeded(draw)
     num_tokens = draw(tokens)
     num_kv_heads, head_size = draw(st.sampled_from((1, 2, 4))), draw(st.sampled_from((16, 64, 80)))
     block_size = draw(st.sampled_from((1, 8, 16, 32)))
@@ -138,12 +84,26 @@ def reshape_and_cache(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int
     slots = torch.randperm(num_blocks * block_size, generator=rng)[:num_tokens]
     padded = draw(st.integers(0, num_tokens - 1))
     slots[torch.randperm(num_tokens, generator=rng)[:padded]] = -1
-    key = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
-    value = _randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
-    kv_cache = _randn(rng, (2, num_blocks, block_size, num_kv_heads, head_size), dtype)
-    label = (f"key/value {tuple(key.shape)} {dtype} into cache {tuple(kv_cache.shape)}, "
-             f"{padded} padding slots")
-    return Case((key, value, kv_cache, slots), {}, (dtype,), label, mutated=(2,))
+    key = randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
+    value = randn(rng, (num_tokens, num_kv_heads, head_size), dtype)
+    kv_dtype = draw(st.just(dtype) | st.sampled_from(FP8_KV_DTYPES))  # usually the same
+    kv_cache = randn(rng, (2, num_blocks, block_size, num_kv_heads, head_size), kv_dtype)
+    scales, scales_label = _kv_scales(draw, rng, kv_dtype, num_kv_heads)
+    label = (f"key/value {tuple(key.shape)} {dtype} into {kv_dtype} cache "
+             f"{tuple(kv_cache.shape)}{scales_label}, {padded} padding slots")
+    return Case((key, value, kv_cache, slots), scales, (dtype, kv_dtype), label, mutated=(2,))
+
+
+def _kv_scales(draw: st.DrawFn, rng: torch.Generator, kv_dtype: str, num_kv_heads: int
+               ) -> tuple[dict[str, torch.Tensor], str]:
+    """``k_scale``/``v_scale`` for an fp8 cache (per tensor or per KV head), else none."""
+    if kv_dtype not in FP8_KV_DTYPES:
+        return {}, ""
+    per_head = draw(st.booleans())
+    shape = (num_kv_heads,) if per_head else ()
+    scales = {name: torch.rand(shape, generator=rng) * 0.1 + 0.01
+              for name in ("k_scale", "v_scale")}
+    return scales, f" with per-{'head' if per_head else 'tensor'} k/v scales"
 
 
 @dataclass(frozen=True)
@@ -244,7 +204,7 @@ def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int])
     """A mixed or a decode-only batch (about half each) over a random cache, its KV cache
     often in the query's dtype; ``tokens`` is unused (T is the sum of query lengths), so a
     variant limited by num_tokens declines the batches outside its range."""
-    rng = _rng(draw)
+    rng = seeded(draw)
     steps = draw(st.lists(mixed_step(), min_size=1, max_size=3)
                  | st.lists(decode_step(), min_size=1, max_size=4))
     num_kv_heads, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
@@ -255,49 +215,60 @@ def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int])
     causal = draw(st.booleans())
     window = draw(st.none() | st.integers(1, 24)) if causal else None
     soft_cap = draw(st.none() | st.sampled_from((5.0, 30.0)))
-    query = _randn(rng, (int(batch.query_start_loc[-1]), num_kv_heads * group, head_size), dtype)
-    kv_dtype = draw(st.just(dtype) | st.sampled_from(FLOAT_DTYPES))  # often the same
-    kv_cache = _randn(rng, (2, layout.num_blocks, layout.block_size, num_kv_heads, head_size),
+    query = randn(rng, (int(batch.query_start_loc[-1]), num_kv_heads * group, head_size), dtype)
+    kv_dtype = draw(st.just(dtype) | st.sampled_from((*FLOAT_DTYPES, *FP8_KV_DTYPES)))
+    kv_cache = randn(rng, (2, layout.num_blocks, layout.block_size, num_kv_heads, head_size),
                       kv_dtype)
+    scales, scales_label = _kv_scales(draw, rng, kv_dtype, num_kv_heads)
     host_maxima = draw(st.booleans())
     kwargs = {"causal": causal, "sliding_window": window, "soft_cap": soft_cap,
               "max_query_len": batch.max_query_len if host_maxima else None,
-              "max_seq_len": batch.max_seq_len if host_maxima else None}
-    label = (f"query {tuple(query.shape)} {dtype}, KV cache {kv_dtype}, KV heads "
+              "max_seq_len": batch.max_seq_len if host_maxima else None, **scales}
+    label = (f"query {tuple(query.shape)} {dtype}, KV cache {kv_dtype}{scales_label}, KV heads "
              f"{num_kv_heads}, block size "
              f"{layout.block_size}, batch {batch.label}, causal={causal}, "
              f"sliding_window={window}, soft_cap={soft_cap}")
     args = (query, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
             head_size ** -0.5)
-    return Case(args, kwargs, (dtype, kv_dtype), label)
+    # a variant and the reference read the same stored fp8 values: compute errors only
+    judged = (dtype,) if kv_dtype in FP8_KV_DTYPES else (dtype, kv_dtype)
+    return Case(args, kwargs, judged, label)
 
 
 @st.composite
 def linear(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng = _rng(draw)
-    leading = _leading(draw, tokens)
+    rng = seeded(draw)
+    leading = leading_shape(draw, tokens)
     k, n = draw(st.sampled_from((16, 40, 64))), draw(st.sampled_from((8, 24, 96)))
-    x, weight = _randn(rng, (*leading, k), dtype), _randn(rng, (n, k), dtype, scale=k ** -0.5)
-    bias = _randn(rng, (n,), dtype) if draw(st.booleans()) else None
+    x, weight = randn(rng, (*leading, k), dtype), randn(rng, (n, k), dtype, scale=k ** -0.5)
+    bias = randn(rng, (n,), dtype) if draw(st.booleans()) else None
     label = f"x {(*leading, k)} weight ({n}, {k}) {dtype}, bias={bias is not None}"
     return Case((x, weight), {"bias": bias}, (dtype,), label)
 
 
-@st.composite
-def scaled_mm(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng = _rng(draw)
-    m, k, n = draw(tokens), draw(st.sampled_from((16, 32, 64))), draw(st.sampled_from((16, 48)))
-    a, b = _randn(rng, (m, k), dtype), _randn(rng, (k, n), dtype)
-    per_token, per_channel = draw(st.booleans()), draw(st.booleans())
-    scale_a = torch.rand((m, 1) if per_token else (), generator=rng) + 0.5
-    scale_b = torch.rand((1, n) if per_channel else (), generator=rng) + 0.5
-    out_dtype = draw(st.sampled_from(FLOAT_DTYPES))
-    bias = _randn(rng, (n,), out_dtype) if draw(st.booleans()) else None
-    label = (f"a ({m}, {k}) b ({k}, {n}) {dtype} -> {out_dtype}, scale_a "
-             f"{'per token' if per_token else 'scalar'}, scale_b "
-             f"{'per channel' if per_channel else 'scalar'}, bias={bias is not None}")
-    return Case((a, b, scale_a, scale_b, torch_dtype(out_dtype)), {"bias": bias},
-                (dtype, out_dtype), label)
+def _relaid(generator: Generator, cache_arg: int, layout: str,
+            move: Callable[[torch.Tensor], torch.Tensor]) -> Generator:
+    """``generator``'s cases with the ``NHD`` cache (argument ``cache_arg``) in layout
+    ``layout``: ``move`` gives the view of its random entries in that layout's shape."""
+    def relaid(case: Case) -> Case:
+        args = list(case.args)
+        args[cache_arg] = move(args[cache_arg]).contiguous()
+        return replace(case, args=tuple(args), label=f"{case.label}, layout {layout}")
+
+    return lambda dtype, tokens: generator(dtype, tokens).map(relaid)
+
+
+def _rocm_pa(generator: Generator, cache_arg: int) -> Generator:
+    """Layout ``ROCM_PA``, ``[2, blocks, Hkv, D, block_size]`` (every drawn head size is a
+    multiple of 16, so whole 16-byte key chunks in any dtype)."""
+    return _relaid(generator, cache_arg, "ROCM_PA", lambda c: c.permute(0, 1, 3, 4, 2))
+
+
+def _interleaved(generator: Generator, cache_arg: int) -> Generator:
+    """Layout ``RPA_INTERLEAVED``, ``[blocks, block_size, 2 * Hkv, D]``: KV head ``h``'s
+    key at head index ``2h``, its value at ``2h + 1``."""
+    return _relaid(generator, cache_arg, "RPA_INTERLEAVED",
+                   lambda c: c.permute(1, 2, 3, 0, 4).flatten(2, 3))
 
 
 #: op name -> its input generator.
@@ -310,4 +281,11 @@ GENERATORS: dict[str, Generator] = {
     "paged_attention": paged_attention,
     "linear": linear,
     "scaled_mm": scaled_mm,
+    "ggml_linear": ggml,
+    "ggml_embedding": ggml,
+    "int4_linear": int4_linear,
+    "reshape_and_cache_rocm_pa": _rocm_pa(reshape_and_cache, 2),
+    "paged_attention_rocm_pa": _rocm_pa(paged_attention, 1),
+    "reshape_and_cache_interleaved": _interleaved(reshape_and_cache, 2),
+    "paged_attention_interleaved": _interleaved(paged_attention, 1),
 }

@@ -18,6 +18,8 @@ from hwplug.conformance.result import Status
 
 #: How long loading and calling a probe may take.
 PROBE_BUDGET_MS = 50.0
+#: Time allowed for the fresh interpreter to start and import hwplug's discovery.
+INTERPRETER_START_S = 60.0
 #: Modules a probe must not import.
 HEAVY_MODULES = ("torch", "triton", "jax")
 
@@ -41,9 +43,16 @@ def measure(name: str) -> dict[str, object]:
 
 def check_probe(name: str) -> tuple[Status, str]:
     """Run :func:`measure` in a subprocess and judge it against the budget."""
+    from hwplug import envs
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.run([sys.executable, "-m", __name__, name], capture_output=True,
-                          text=True, env=env, timeout=120)
+    limit = envs.HWPLUG_PROBE_TIMEOUT + INTERPRETER_START_S
+    try:
+        proc = subprocess.run([sys.executable, "-m", __name__, name], capture_output=True,
+                              text=True, env=env, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return "failed", (f"the probe did not answer within {limit:g} s in a fresh interpreter "
+                          f"(HWPLUG_PROBE_TIMEOUT plus {INTERPRETER_START_S:g} s to start it)")
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return "failed", f"the probe failed in a fresh interpreter: {last}"

@@ -2,9 +2,11 @@
 
 With the option, the conformance kit's checks of PLUGIN become test items, one per
 check, with node ids ``hwplug-conformance[PLUGIN]::<check>``: a failed check fails its
-item with the kit's message, a skipped check is skipped with its reason, and ``-k``
-selects checks by name. The option may be repeated. Without it this plugin only
-declares the option: it imports nothing else and adds no items.
+item with the kit's message, a skipped check is skipped with its reason, a check not
+checked here is skipped as ``not checked here: ...`` (failed with
+``--hwplug-require-all``), and ``-k`` selects checks by name. The option may be repeated.
+Without it this plugin only declares the options: it imports nothing else and adds no
+items.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 OPTION = "--hwplug-conformance"
+REQUIRE_ALL = "--hwplug-require-all"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,6 +25,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         OPTION, metavar="PLUGIN", action="append", default=[], dest="hwplug_conformance",
         help="run hwplug's conformance kit against PLUGIN (an entry-point name, or cpu / "
              "hwplug for the built-ins); one test item per check")
+    parser.getgroup("hwplug").addoption(
+        REQUIRE_ALL, action="store_true", default=False, dest="hwplug_require_all",
+        help="a conformance check that cannot run on this machine fails instead of "
+             "being skipped")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,10 +50,13 @@ class ConformanceItem(pytest.Item):
 
     def runtest(self) -> None:
         result = self.check.run()
-        if result.status == "failed":
-            raise ConformanceFailure(result.detail)
-        if result.status == "skipped":
-            pytest.skip(result.detail)
+        unchecked = result.status == "not checked"
+        if result.status == "failed" or (
+                unchecked and self.config.getoption("hwplug_require_all")):
+            raise ConformanceFailure(f"not checked here: {result.detail}" if unchecked
+                                     else result.detail)
+        if result.status == "skipped" or unchecked:
+            pytest.skip(f"not checked here: {result.detail}" if unchecked else result.detail)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str:

@@ -8,7 +8,9 @@ from rich.text import Text
 
 from hwplug.conformance.result import Report
 
-_STYLES = {"passed": "green", "failed": "bold red", "skipped": "yellow"}
+_STYLES = {"passed": "green", "failed": "bold red", "skipped": "yellow",
+           "not checked": "magenta"}
+_VERDICT_STYLES = {"PASSED": "bold green", "FAILED": "bold red", "INCOMPLETE": "bold magenta"}
 
 
 def report_table(report: Report) -> Table:
@@ -23,10 +25,9 @@ def report_table(report: Report) -> Table:
     return table
 
 
-def print_report(report: Report, console: Console) -> None:
-    """Print the table and a one-line verdict."""
+def print_report(report: Report, console: Console, require_all: bool = False) -> None:
+    """Print the table and the one-line verdict (:meth:`Report.verdict`)."""
     console.print(report_table(report))
-    counts = report.counts()
-    verdict = "[bold green]PASSED[/]" if report.ok else "[bold red]FAILED[/]"
-    console.print(f"{verdict} {report.plugin}: {counts['passed']} passed, "
-                  f"{counts['failed']} failed, {counts['skipped']} skipped")
+    verdict = report.verdict(require_all)
+    word, _, rest = verdict.partition(" ")
+    console.print(Text(word, style=_VERDICT_STYLES[word]), Text(rest))

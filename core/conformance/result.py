@@ -1,5 +1,12 @@
 """What the conformance kit produces: one :class:`CheckResult` per :class:`Check`, in a
-:class:`Report`. Plain data, importable without torch."""
+:class:`Report`. Plain data, importable without torch.
+
+A check ends ``passed``, ``failed``, ``skipped`` (nothing to check: the plugin does not
+claim or register it) or ``not checked`` (there is something to check, but not on this
+machine: its device, a package or a device feature is absent, or the kit cannot judge it
+here). A report with nothing failed is ``ok``; it is ``complete`` when nothing was left
+unchecked, and :meth:`Report.exit_status` says both to a shell.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ from typing import Literal
 
 logger = logging.getLogger(__name__)
 
-Status = Literal["passed", "failed", "skipped"]
+Status = Literal["passed", "failed", "skipped", "not checked"]
+STATUSES: tuple[str, ...] = ("passed", "failed", "skipped", "not checked")
+#: Exit status of a report that passed what it checked but left checks unchecked.
+INCOMPLETE_EXIT_STATUS = 3
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,8 @@ class Check:
 
 @dataclass
 class Report:
-    """Every check's result for one plugin. ``ok`` is False as soon as one check failed."""
+    """Every check's result for one plugin. ``ok`` is False as soon as one check failed;
+    ``complete`` as soon as one was not checked here."""
 
     plugin: str
     results: list[CheckResult] = field(default_factory=list)
@@ -59,19 +70,48 @@ class Report:
         return [r for r in self.results if r.status == "failed"]
 
     @property
+    def not_checked(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "not checked"]
+
+    @property
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def complete(self) -> bool:
+        return not self.not_checked
+
     def counts(self) -> dict[str, int]:
-        """How many checks passed, failed and were skipped."""
-        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        """How many checks ended in each status."""
+        counts = dict.fromkeys(STATUSES, 0)
         for result in self.results:
             counts[result.status] += 1
         return counts
 
+    def exit_status(self, require_all: bool = False) -> int:
+        """0 when every check passed or was skipped; 1 when one failed (or, with
+        ``require_all``, was not checked here); else :data:`INCOMPLETE_EXIT_STATUS`."""
+        if self.failed or (require_all and not self.complete):
+            return 1
+        return 0 if self.complete else INCOMPLETE_EXIT_STATUS
+
+    def verdict(self, require_all: bool = False) -> str:
+        """``PASSED``, ``FAILED`` or ``INCOMPLETE``, the plugin and the counts, in one line."""
+        word = {0: "PASSED", 1: "FAILED", INCOMPLETE_EXIT_STATUS: "INCOMPLETE"}[
+            self.exit_status(require_all)]
+        counts = self.counts()
+        text = (f"{word} {self.plugin}: {counts['passed']} passed, {counts['failed']} failed, "
+                f"{counts['skipped']} skipped, {counts['not checked']} not checked here")
+        if word == "INCOMPLETE":
+            text += " (nothing failed, but not everything could be checked on this machine)"
+        elif require_all and not self.complete:
+            text += " (--require-all: every check must run here)"
+        return text
+
     def summary(self) -> str:
-        """One line of counts, then one line per failed check (for assertion messages)."""
-        counts = ", ".join(f"{n} {status}" for status, n in self.counts().items())
-        lines = [f"conformance of {self.plugin}: {counts}"]
+        """The verdict, then one line per check that failed or was not checked (for
+        assertion messages)."""
+        lines = [self.verdict()]
         lines += [f"FAILED {r.check}: {r.detail}" for r in self.failed]
+        lines += [f"NOT CHECKED {r.check}: {r.detail}" for r in self.not_checked]
         return "\n".join(lines)

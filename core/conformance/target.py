@@ -49,6 +49,15 @@ class Placement:
     platform: Platform | None = None
     simulating: str | None = None
 
+    def serving(self, platforms: tuple[str, ...], notes: list[str]) -> Placement:
+        """Where code declared for ``platforms`` (empty: any) is checked: here, unless this
+        is a present platform that ``platforms`` does not serve; then on CPU in their stead,
+        simulating them (Triton kernels in its interpreter, noted in ``notes``)."""
+        if self.platform is None or self.platform.matches(platforms):
+            return self
+        enable_triton_interpreter(notes)
+        return Placement("cpu", None, "/".join(platforms))
+
     def describe(self) -> str:
         """Short: ``"on cuda"`` or ``"on cpu, simulating cuda"``."""
         return f"on {self.device}" + (f", simulating {self.simulating}" if self.simulating

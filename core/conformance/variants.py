@@ -5,9 +5,15 @@ reference get identical, independent copies of the inputs; their outputs (and an
 the op writes in place) must agree within the op's tolerance for the dtypes involved.
 Inputs the variant declines (``supports`` returns a reason, or the leading dimension is
 outside its ``num_tokens`` range) are counted as declined, not failed. Only the variant's
-declared dtypes are drawn. When the kit simulates an absent platform on CPU, an error
-that says the device is missing skips the check (see
-:func:`hwplug.conformance.explore.guarded`); a wrong number is a failure either way.
+declared dtypes are drawn.
+
+A variant for the platform present runs on its device, in the dtypes its gates (device
+features, capability, toolkit, packages) admit here; what they exclude is "not checked
+here". A variant for a platform that is not present (a kernels-only plugin's, or another
+platform's) runs on CPU in its stead, like a simulated platform: a kernel that computes on
+CPU tensors is checked, and an error saying its device is missing makes it "not checked
+here" (see :func:`hwplug.conformance.explore.guarded`); a wrong number is a failure
+either way.
 """
 
 from __future__ import annotations
@@ -122,17 +128,18 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     op = kernels.op(variant.op)
     generator = GENERATORS.get(op.name)
     if generator is None:
-        return "skipped", f"the kit has no input generator for op {op.name}"
+        return "not checked", f"the kit has no input generator for op {op.name}"
     declared = list(variant.dtypes or op.tolerances)
     dtypes = [d for d in declared if d in op.tolerances]
     gates: list[str] = []
+    placement = placement.serving(variant.platforms, gates)
     dtypes = placement.judgeable(_gated_dtypes(variant, dtypes, placement, gates), gates)
     if not dtypes:
         why = "; ".join(gates) or f"op {op.name} states no tolerance for {', '.join(declared)}"
-        return "skipped", f"no dtype to test: {why}"
+        return "not checked", f"no dtype to test here: {why}"
     missing = missing_package(variant)
     if missing:
-        return "skipped", missing
+        return "not checked", missing
     try:
         variant.load()
     except Exception as exc:
@@ -145,8 +152,8 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     if judged:
         return judged
     if not tally.tested:
-        return "skipped", f"declined every generated input: {tally.summary()}"
-    gated = f"; not tested: {'; '.join(gates)}" if gates else ""
+        return "not checked", f"declined every generated input: {tally.summary()}"
+    gated = f"; not checked here: {'; '.join(gates)}" if gates else ""
     return "passed", f"{tally.summary()} {where}{gated}"
 
 

@@ -5,7 +5,9 @@ A plugin whose import fails, whose API range excludes :data:`API_VERSION`, whose
 not match the hookspecs (pluggy's own validation) or whose hook raises is skipped: what it
 registered is dropped and its traceback kept. Each hook implementation receives only
 the arguments it names, as pluggy does. Plugins of other platforms' distributions are not
-imported while ``HWPLUG_PLATFORM`` forces a platform; hwplug's own always are.
+imported while ``HWPLUG_PLATFORM`` forces a platform; hwplug's own always are. An import
+or hook still running after half of ``HWPLUG_PROBE_TIMEOUT`` is logged with how to skip the
+plugin (:mod:`.watchdog`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from hwplug.discovery.entry_points import (
     is_own,
     isolated,
 )
+from hwplug.discovery.watchdog import watchdog
 from hwplug.errors import PluginError
 from hwplug.registry import current_source
 
@@ -96,7 +99,8 @@ def import_plugins(platform_name: str, other_platform_dists: Iterable[str],
             record.reason = f"not imported: HWPLUG_PLATFORM forces {platform_name!r}"
             continue
         try:
-            module = ep.load()
+            with watchdog(f"importing plugin {ep.name}", ep.name):
+                module = ep.load()
         except BaseException as exc:
             if not isolated(exc):
                 raise
@@ -164,7 +168,8 @@ class PluginHost:
         caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
         token = current_source.set(record.name)
         try:
-            caller(**kwargs)
+            with watchdog(f"{hook_name} of plugin {record.name}", record.name):
+                caller(**kwargs)
         except BaseException as exc:
             if not isolated(exc):
                 raise

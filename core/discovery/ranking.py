@@ -1,11 +1,13 @@
 """Probing and ranking platforms: which one this process runs on, and why.
 
 Every allowed ``hwplug.platforms`` entry point is called with the probe root (when it takes
-a ``root`` parameter) and answers an :class:`~hwplug.platforms.sighting.Activation`, a
-``"module:Class"`` string, or None. Each active candidate gets its platform instance, made
-with the probe's sighting. Candidates are ranked by class (accelerators above CPUs,
-plugins above hwplug's own CPU platform, then ``priority``; ties by name) and the first
-whose :attr:`~hwplug.Platform.facts` say it is available in this process wins.
+a ``root`` parameter), in a thread under ``HWPLUG_PROBE_TIMEOUT`` (:mod:`.watchdog`), and
+answers an :class:`~hwplug.platforms.sighting.Activation`, a ``"module:Class"`` string, or
+None; a probe that raises (even ``SystemExit``) or runs out of time is a failed candidate.
+Each active candidate gets its platform instance, made with the probe's sighting.
+Candidates are ranked by class (accelerators above CPUs, plugins above hwplug's own CPU
+platform, then ``priority``; ties by name) and the first whose
+:attr:`~hwplug.Platform.facts` say it is available in this process wins.
 ``HWPLUG_PLATFORM`` forces one instead; a forced platform that is not installed or whose
 probe sees nothing is an error.
 """
@@ -22,6 +24,7 @@ import importlib_metadata
 
 from hwplug import envs
 from hwplug.discovery.entry_points import BUILTIN_PLATFORM, distribution, fail, isolated
+from hwplug.discovery.watchdog import ProbeTimeout, watchdog, within_time_limit
 from hwplug.errors import PlatformError, PluginError
 from hwplug.platforms.sighting import Activation, Sighting
 from hwplug.registry import import_object
@@ -73,11 +76,15 @@ def _platform_of(answer: Any) -> tuple[type, Sighting | None]:
 
 
 def probe(ep: importlib_metadata.EntryPoint, root: Path) -> Candidate:
-    """Ask entry point ``ep`` about the hardware under ``root``; never raises (but in
-    strict mode)."""
+    """Ask entry point ``ep`` about the hardware under ``root``, within
+    ``HWPLUG_PROBE_TIMEOUT`` (see :mod:`.watchdog`); never raises (but in strict mode)."""
     candidate = Candidate(ep.name, distribution(ep)[0] or "?", "inactive")
     try:
-        answer = call_activate(ep.load(), root)
+        answer = within_time_limit(lambda: call_activate(ep.load(), root),
+                                   f"the probe of platform {ep.name}", ep.name)
+    except ProbeTimeout as exc:
+        fail(candidate, str(exc), None)
+        return candidate
     except BaseException as exc:
         if not isolated(exc):
             raise
@@ -87,8 +94,9 @@ def probe(ep: importlib_metadata.EntryPoint, root: Path) -> Candidate:
         candidate.reason = "probe saw no hardware"
         return candidate
     try:
-        platform_cls, sighting = _platform_of(answer)
-        candidate.platform = platform_cls(sighting)
+        with watchdog(f"loading the class of platform {ep.name}", ep.name):
+            platform_cls, sighting = _platform_of(answer)
+            candidate.platform = platform_cls(sighting)
     except BaseException as exc:
         if not isolated(exc):
             raise

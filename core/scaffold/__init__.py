@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import string
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -103,13 +104,34 @@ class GeneratedPlugin:
 def create_plugin(name: str, target: Path | None = None) -> GeneratedPlugin:
     """Write plugin ``name`` into ``target`` (default ``./hwplug-<name>``).
 
-    Raises :class:`ConfigError` for an invalid name or an existing non-empty ``target``.
+    Raises :class:`ConfigError` for an invalid name, an existing non-empty ``target``, or a
+    file that cannot be written (then nothing written is left behind).
     """
     names = PluginNames.from_name(name)
     target = Path(target) if target is not None else Path.cwd() / names.distribution
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError(f"{target} already exists and is not an empty directory; choose "
                           "another --dir")
+    existed = target.exists()
+    try:
+        written = _write_template(names, target)
+    except OSError as exc:
+        if existed:
+            for child in target.iterdir():
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        else:
+            shutil.rmtree(target, ignore_errors=True)
+        raise ConfigError(f"cannot write the plugin into {exc.filename or target}: "
+                          f"{exc.strerror or exc}") from None
+    logger.info("wrote plugin %s to %s (%d files)", names.distribution, target, len(written))
+    return GeneratedPlugin(names, target, tuple(written))
+
+
+def _write_template(names: PluginNames, target: Path) -> list[Path]:
+    """Render every template file under ``target``; the paths written."""
     values = asdict(names)
     written = []
     for parts, source in _template_files(resources.files(__name__) / "template"):
@@ -120,5 +142,4 @@ def create_plugin(name: str, target: Path | None = None) -> GeneratedPlugin:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         written.append(path)
-    logger.info("wrote plugin %s to %s (%d files)", names.distribution, target, len(written))
-    return GeneratedPlugin(names, target, tuple(written))
+    return written

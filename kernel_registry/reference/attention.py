@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.reference.cache import dequantize
 
 #: Bytes of fp32 keys plus scores per tile: small enough that a tile's buffers stay in a
 #: server CPU's last-level cache, large enough that the per-tile Python overhead is small
@@ -42,6 +43,8 @@ def paged_attention(
     soft_cap: float | None = None,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of packed ``query [T, Hq, D]`` over ``kv_cache [2, num_blocks, block_size, Hkv, D]``.
 
@@ -52,7 +55,9 @@ def paged_attention(
     ``k < seq_lens[i]`` iff ``(not causal or k <= p)`` and ``(sliding_window is None or
     p - k < sliding_window)``. Scores are ``scale * q.k``, soft-capped as
     ``soft_cap * tanh(s / soft_cap)`` when ``soft_cap`` is set; softmax in fp32. Query
-    head ``h`` reads KV head ``h // (Hq // Hkv)``.
+    head ``h`` reads KV head ``h // (Hq // Hkv)``. Cached keys and values are read as
+    ``stored.float() * k_scale`` / ``* v_scale`` when the scales are given (float32,
+    ``[]`` per tensor or ``[Hkv]`` per KV head: an fp8 cache).
 
     Block-table entries past a sequence's last block are ignored; they may be any valid
     block id or negative (padding). Cache slots past a sequence's length must hold finite
@@ -90,10 +95,10 @@ def paged_attention(
 
     if decode_only or soft_cap is not None:
         out = _tiled_attention(padded.float() * scale, kv_cache, tables, first_visible,
-                               end_visible, soft_cap)
+                               end_visible, soft_cap, (k_scale, v_scale))
     else:
         out = _dense_attention(padded.float(), kv_cache, tables, first_visible, end_visible,
-                               scale)
+                               scale, (k_scale, v_scale))
     out = out.to(query.dtype)
     if decode_only:
         return out.squeeze(1)
@@ -168,14 +173,16 @@ def _dense_attention(
     first_visible: torch.Tensor,
     end_visible: torch.Tensor,
     scale: float,
+    kv_scales: tuple[torch.Tensor | None, torch.Tensor | None],
 ) -> torch.Tensor:
     """SDPA of fp32 ``queries [B, Qmax, Hq, D]`` over the blocks in ``tables [B, n]``;
     returns fp32 ``[B, Qmax, Hq, D]``."""
     num_seqs, num_blocks = tables.shape
     block_size, num_kv_heads, head_size = kv_cache.shape[2:]
     gathered = kv_cache.index_select(1, tables.flatten())  # [2, B * n, block_size, Hkv, D]
-    keys, values = gathered.view(2, num_seqs, num_blocks * block_size, num_kv_heads,
-                                 head_size).transpose(2, 3).float().unbind()  # [B, Hkv, L, D]
+    keys, values = (dequantize(part, part_scale) for part, part_scale in zip(
+        gathered.view(2, num_seqs, num_blocks * block_size, num_kv_heads,
+                      head_size).transpose(2, 3).unbind(), kv_scales, strict=True))
     key_positions = torch.arange(keys.shape[2], device=keys.device)
     visible = (key_positions >= first_visible) & (key_positions < end_visible)
     out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
@@ -191,6 +198,7 @@ def _tiled_attention(
     first_visible: torch.Tensor,
     end_visible: torch.Tensor,
     soft_cap: float | None,
+    kv_scales: tuple[torch.Tensor | None, torch.Tensor | None],
 ) -> torch.Tensor:
     """Online-softmax attention of pre-scaled fp32 ``queries [B, Qmax, Hq, D]`` over the
     blocks in ``tables [B, n]``; returns fp32 ``[B, Qmax, Hq, D]``."""
@@ -216,7 +224,7 @@ def _tiled_attention(
     acc = torch.zeros_like(rows)
     for first in range(0, tables.shape[1], tile):
         blocks = tables[:, first:first + tile].flatten()
-        keys = _gather_tile(kv_cache[0], blocks, staging, kv_tile)
+        keys = _gather_tile(kv_cache[0], blocks, staging, kv_tile, kv_scales[0])
         torch.matmul(rows, keys.transpose(-1, -2), out=scores)  # [B, Hkv, Qmax * G, l]
         if soft_cap is not None:
             scores.div_(soft_cap).tanh_().mul_(soft_cap)
@@ -229,7 +237,7 @@ def _tiled_attention(
         weights = scores.sub_(new_max).exp_()
         rescale = (running_max - new_max).exp_()
         denominator.mul_(rescale).add_(weights.sum(dim=-1, keepdim=True))
-        values = _gather_tile(kv_cache[1], blocks, staging, kv_tile)
+        values = _gather_tile(kv_cache[1], blocks, staging, kv_tile, kv_scales[1])
         acc.mul_(rescale).add_(torch.matmul(weights, values, out=weighted_values))
         running_max = new_max
     out = (acc / denominator).view(num_seqs, num_kv_heads, max_query_len, group, head_size)
@@ -248,9 +256,12 @@ def _tile_blocks(
 
 
 def _gather_tile(
-    cache: torch.Tensor, blocks: torch.Tensor, staging: torch.Tensor, out: torch.Tensor
+    cache: torch.Tensor, blocks: torch.Tensor, staging: torch.Tensor, out: torch.Tensor,
+    scale: torch.Tensor | None,
 ) -> torch.Tensor:
     """Copy ``cache [num_blocks, block_size, Hkv, D]`` at ``blocks [B * n]`` into fp32
-    ``out [B, Hkv, n * block_size, D]``, through ``staging [B * n, block_size, Hkv, D]``."""
+    ``out [B, Hkv, n * block_size, D]``, through ``staging [B * n, block_size, Hkv, D]``,
+    times ``scale`` when given."""
     torch.index_select(cache, 0, blocks, out=staging)
-    return out.copy_(staging.view(out.shape[0], -1, *cache.shape[2:]).transpose(1, 2))
+    out.copy_(staging.view(out.shape[0], -1, *cache.shape[2:]).transpose(1, 2))
+    return out if scale is None else out.mul_(scale.float().reshape(-1, 1, 1))

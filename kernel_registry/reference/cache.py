@@ -6,17 +6,38 @@ import torch
 
 
 def reshape_and_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store ``key``/``value [T, Hkv, D]`` into ``kv_cache [2, num_blocks, block_size, Hkv, D]``.
 
     Token ``t`` goes to slot ``s = slot_mapping[t]``: block ``s // block_size``, offset
-    ``s % block_size``; keys into ``kv_cache[0]``, values into ``kv_cache[1]``, cast to the
+    ``s % block_size``; keys into ``kv_cache[0]``, values into ``kv_cache[1]``, divided by
+    ``k_scale`` / ``v_scale`` when given (float32, ``[]`` or ``[Hkv]``) and cast to the
     cache dtype. A negative slot marks a padding token and is skipped. Writes in place;
     every other slot is left untouched. (Dropping the padding tokens syncs with the host.)
     """
     block_size = kv_cache.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    new_entries = torch.stack((key[keep], value[keep])).to(kv_cache.dtype)
+    new_entries = torch.stack((quantize(key[keep], k_scale, kv_cache.dtype),
+                               quantize(value[keep], v_scale, kv_cache.dtype)))
     kv_cache[:, slots // block_size, slots % block_size] = new_entries
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x [T, Hkv, D] / scale`` (per tensor or per KV head) in ``dtype``; fp8 saturates at
+    its largest finite value instead of overflowing to NaN."""
+    if scale is None:
+        return x.to(dtype)
+    scaled = x.float() / scale.float().reshape(-1, 1)
+    if dtype.itemsize == 1 and dtype.is_floating_point:
+        bound = torch.finfo(dtype).max
+        scaled = scaled.clamp(-bound, bound)
+    return scaled.to(dtype)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., Hkv, L, D]`` as float32 times ``scale`` (per tensor or per KV head)."""
+    x = x.float()
+    return x if scale is None else x * scale.float().reshape(-1, 1, 1)

@@ -1,46 +1,97 @@
 """``LLMEngine``: requests in, tokens and text out, one continuous-batching step at a time.
 
-:meth:`LLMEngine.add_request` validates a tokenized prompt against the model's context
-length and the KV cache and queues it; :meth:`LLMEngine.step` schedules one mixed batch,
-runs it, appends the sampled tokens, detokenizes them, finishes sequences that reached a
-stop string, and returns each advanced sequence with its newly streamable text.
+:meth:`LLMEngine.check_request` validates a tokenized prompt and its sampling parameters
+against the model (vocabulary, context length, KV cache) without touching the engine's
+state, so any thread may call it. :meth:`LLMEngine.add_request` queues a request as its
+``n`` sequences; :meth:`LLMEngine.step` schedules one mixed batch, runs it, appends the
+sampled tokens, detokenizes them, finishes sequences that reached a stop string, and
+returns a :class:`RequestUpdate` per request it advanced: its newly streamable text and,
+once every sequence of the request is done, its :class:`Output`.
+
+The engine is not thread-safe: one thread drives it (see
+:class:`~hwplug.model_zoo.engine.engine_loop.EngineLoop`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from hwplug.errors import ModelError
+from hwplug.errors import ConfigError, ModelError
+from hwplug.model_zoo.engine.logprobs import RowLogprobs
 from hwplug.model_zoo.engine.model_runner import ModelRunner
-from hwplug.model_zoo.engine.output import Detokenizer, Output
+from hwplug.model_zoo.engine.output import CompletionOutput, Detokenizer, Logprob, Output
 from hwplug.model_zoo.engine.scheduler import Scheduler
-from hwplug.model_zoo.engine.sequence import FinishReason, Sequence
+from hwplug.model_zoo.engine.sequence import ROOT_HASH, FinishReason, Sequence
 from hwplug.model_zoo.sampling import SamplingParams
 
 
-class LLMEngine:
-    """A :class:`Scheduler` and a :class:`ModelRunner` sharing one KV cache."""
+@dataclass
+class RequestUpdate:
+    """What one step did for one request: ``delta``, its new streamable text (requests of
+    one completion), and ``output`` once the request is finished."""
 
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Any) -> None:
+    request_id: str
+    delta: str = ""
+    output: Output | None = None
+    #: The error that ended the request (its KV blocks failed to load), if one did.
+    error: BaseException | None = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    seqs: list[Sequence] = field(default_factory=list)
+    detokenizers: list[Detokenizer] = field(default_factory=list)
+
+
+class LLMEngine:
+    """A :class:`Scheduler` and a :class:`ModelRunner` sharing one KV cache, serving a
+    model whose vocabulary holds ``vocab_size`` tokens."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Any,
+                 vocab_size: int, root_hash: str = ROOT_HASH) -> None:
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
-        self._detokenizers: dict[int, Detokenizer] = {}
+        self.vocab_size = vocab_size
+        #: The parent hash of every sequence's first KV block (names the model).
+        self.root_hash = root_hash
+        #: Steps run so far (each one batch over every request that could run).
+        self.num_steps = 0
+        self._requests: dict[str, _Request] = {}
 
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
 
-    def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams) -> Sequence:
-        """Queue a prompt. Raises :class:`ModelError` when it is empty, does not fit the
-        model's context, or could never fit the KV cache."""
+    def check_request(self, prompt_ids: Seq[int], sampling: SamplingParams) -> None:
+        """Raise a typed error unless the request can run: :class:`ModelError` for a prompt
+        that is empty, holds ids outside the vocabulary, does not fit the model's context
+        or could never fit the KV cache; :class:`ConfigError` for log-probability counts
+        or stop token ids beyond the vocabulary. Reads no mutable state."""
         if not prompt_ids:
             raise ModelError("the prompt is empty: it must hold at least one token")
+        vocab = self.vocab_size
+        bad = [t for t in prompt_ids
+               if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ModelError(f"token ids must be integers in [0, {vocab}) (the model's "
+                             f"vocabulary), got {bad[:5]!r}")
         if len(prompt_ids) >= self.max_model_len:
             raise ModelError(f"the prompt has {len(prompt_ids)} tokens but the model's context "
                              f"holds {self.max_model_len} (max_position_embeddings), and at "
                              "least one must be left to generate")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(sampling, name)
+            if k is not None and k > vocab:
+                raise ConfigError(f"{name}={k} exceeds the vocabulary of {vocab} tokens")
+        if any(t >= vocab for t in sampling.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be below the vocabulary size {vocab}, got "
+                              f"{list(sampling.stop_token_ids)}")
         blocks = self.scheduler.block_manager
         longest = min(len(prompt_ids) + sampling.max_tokens, self.max_model_len)
         if blocks.blocks_for(longest) > blocks.num_blocks:
@@ -48,41 +99,110 @@ class LLMEngine:
                              f"{blocks.blocks_for(longest)} KV blocks but the cache has "
                              f"{blocks.num_blocks} of {blocks.block_size} tokens; lower "
                              "max_tokens or give the LLM more num_kv_blocks")
-        generator = None
-        if sampling.seed is not None:
-            generator = torch.Generator(self.runner.device).manual_seed(sampling.seed)
-        seq = Sequence(list(prompt_ids), sampling, generator)
-        self._detokenizers[seq.seq_id] = Detokenizer(self.tokenizer, prompt_ids, sampling.stop)
-        self.scheduler.add(seq)
-        return seq
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], sampling: SamplingParams,
+                    prompt: str | None = None) -> list[Sequence]:
+        """Queue a checked request (see :meth:`check_request`) as its ``sampling.n``
+        sequences."""
+        request = _Request(request_id, prompt, list(prompt_ids))
+        for index in range(sampling.n):
+            params = sampling.for_sample(index)
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(self.runner.device).manual_seed(params.seed)
+            seq = Sequence(request.prompt_ids, params, generator, request_id=request_id,
+                           index=index, root_hash=self.root_hash)
+            request.seqs.append(seq)
+            request.detokenizers.append(Detokenizer(self.tokenizer, prompt_ids, params.stop))
+        self._requests[request_id] = request
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+        return request.seqs
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[tuple[Sequence, str]]:
-        """One step; each sequence that got a token, with its new streamable text."""
+    def step(self) -> list[RequestUpdate]:
+        """One step; an update for each request that got tokens."""
         batch = self.scheduler.schedule()
         if not batch:
             raise ModelError("no waiting request fits the free KV cache and nothing is "
                              "running to free it")
-        tokens = self.runner.step(batch)
-        advanced = self.scheduler.update(batch, tokens)
-        result = []
+        transfer = self.scheduler.kv_transfer
+        if transfer is None:
+            tokens, rewind = self.runner.step(batch), {}
+        else:
+            transfer.begin_step(batch)
+            try:
+                tokens = self.runner.step(batch)
+            finally:
+                rewind = transfer.end_step()
+        self.num_steps += 1
+        advanced = self.scheduler.update(batch, tokens, rewind)
+        errors = transfer.pop_errors() if transfer else {}
+        updates = {request_id: RequestUpdate(request_id, error=error)
+                   for request_id, error in errors.items()}
+        for request_id in errors:
+            self.abort(request_id)
         for seq in advanced:
-            detokenizer = self._detokenizers[seq.seq_id]
+            if seq.request_id in errors:
+                continue
+            request = self._requests[seq.request_id]
+            detokenizer = request.detokenizers[seq.index]
             if detokenizer.add_token(seq.token_ids[-1]) and not seq.is_finished:
+                seq.stop_reason = detokenizer.stop_reason
                 self.scheduler.finish(seq, FinishReason.STOP)
-            result.append((seq, detokenizer.stream(seq.is_finished)))
-        return result
+            update = updates.setdefault(seq.request_id, RequestUpdate(seq.request_id))
+            if len(request.seqs) == 1:
+                update.delta = detokenizer.stream(seq.is_finished)
+        for update in updates.values():
+            request = self._requests.get(update.request_id)
+            if request is not None and all(seq.is_finished for seq in request.seqs):
+                update.output = self._output(self._requests.pop(update.request_id))
+                self._release(update.request_id)
+        self.scheduler.block_manager.events.flush()
+        return list(updates.values())
 
-    def pop_output(self, seq: Sequence) -> Output:
-        """The finished ``seq``'s :class:`Output` (its detokenizer is released)."""
-        text = self._detokenizers.pop(seq.seq_id).text
-        return Output(text=text, token_ids=seq.output_token_ids,
-                      finish_reason=str(seq.finish_reason), num_prompt_tokens=seq.num_prompt_tokens)
+    def abort(self, request_id: str) -> None:
+        """Drop a request (e.g. a stream closed early) and free its blocks; unknown or
+        finished requests are ignored."""
+        request = self._requests.pop(request_id, None)
+        for seq in request.seqs if request else ():
+            if not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+        if request is not None:
+            self._release(request_id)
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop a request before it finishes (e.g. a stream closed early)."""
-        if not seq.is_finished:
-            self.scheduler.finish(seq, FinishReason.ABORT)
-        self._detokenizers.pop(seq.seq_id, None)
+    def _release(self, request_id: str) -> None:
+        if self.scheduler.kv_transfer is not None:
+            self.scheduler.kv_transfer.request_finished(request_id)
+
+    def abort_all(self) -> list[str]:
+        """Drop every request; returns their ids."""
+        ids = list(self._requests)
+        for request_id in ids:
+            self.abort(request_id)
+        return ids
+
+    def _output(self, request: _Request) -> Output:
+        completions = []
+        for seq, detokenizer in zip(request.seqs, request.detokenizers, strict=True):
+            logprobs = None if seq.logprobs is None else [self._logprobs(row)
+                                                          for row in seq.logprobs]
+            cumulative = None if seq.logprobs is None else sum(
+                row[token][0] for row, token in zip(seq.logprobs, seq.output_token_ids,
+                                                    strict=True))
+            completions.append(CompletionOutput(
+                index=seq.index, text=detokenizer.text, token_ids=seq.output_token_ids,
+                finish_reason=str(seq.finish_reason), cumulative_logprob=cumulative,
+                logprobs=logprobs, stop_reason=seq.stop_reason))
+        first = request.seqs[0].prompt_logprobs
+        prompt_logprobs = None if first is None else [
+            None if row is None else self._logprobs(row) for row in first]
+        return Output(request_id=request.request_id, prompt_token_ids=request.prompt_ids,
+                      outputs=completions, prompt=request.prompt,
+                      prompt_logprobs=prompt_logprobs)
+
+    def _logprobs(self, row: RowLogprobs) -> dict[int, Logprob]:
+        return {token: Logprob(value, rank, self.tokenizer.decode([token]))
+                for token, (value, rank) in row.items()}

@@ -19,6 +19,7 @@ from torch import nn
 from hwplug.attention import AttentionMetadata
 from hwplug.dtypes import torch_dtype
 from hwplug.model_zoo.context import ModelContext
+from hwplug.model_zoo.engine.logprobs import record_prompt_logprobs, top_logprobs
 from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.sampling import SamplingRow, sample
@@ -110,14 +111,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> list[int]:
-        """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``."""
+        """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``.
+
+        The log-probabilities sequences asked for are appended to their ``logprobs`` and
+        ``prompt_logprobs`` (taken from the logits before sampling changes them).
+        """
         inputs = self.prepare(batch.seqs, batch.num_new_tokens)
         hidden = self.forward(inputs)
+        record_prompt_logprobs(batch.seqs, batch.num_new_tokens, hidden,
+                               self.model.compute_logits)
         sampled = batch.sampled_seqs
         if not sampled:
             return []
         if inputs.sample_rows is not None:
             hidden = hidden[inputs.sample_rows]
         logits = self.model.compute_logits(hidden)
+        wanted = [i for i, seq in enumerate(sampled) if seq.logprobs is not None]
+        raw = logits[wanted] if wanted else None  # a copy: sample() edits logits in place
         rows = [SamplingRow(seq.sampling, seq.generator, seq.token_ids) for seq in sampled]
-        return sample(logits, rows, self.generator).tolist()
+        tokens = sample(logits, rows, self.generator).tolist()
+        if raw is not None:
+            found = top_logprobs(raw, [tokens[i] for i in wanted],
+                                 [sampled[i].sampling.logprobs for i in wanted])
+            for i, row in zip(wanted, found, strict=True):
+                sampled[i].logprobs.append(row)
+        return tokens

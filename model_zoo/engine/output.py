@@ -20,16 +20,84 @@ CONTEXT_TOKENS = 5
 _INCOMPLETE = "\ufffd"
 
 
-@dataclass
-class Output:
-    """A finished request: the generated ``text`` (stop string removed), its
-    ``token_ids``, ``finish_reason`` (``"stop"`` or ``"length"``) and the prompt length
-    in tokens."""
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability, its ``rank`` (1 = most likely) in the distribution it
+    was drawn from, and its text (vLLM's ``Logprob``)."""
 
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+#: One dict per generated token: the sampled token and the top-k, token id -> Logprob.
+SampleLogprobs = list[dict[int, Logprob]]
+#: One entry per prompt token; the first is None (nothing predicts it).
+PromptLogprobs = list["dict[int, Logprob] | None"]
+
+
+@dataclass
+class CompletionOutput:
+    """One of the ``n`` completions of a prompt (vLLM's ``CompletionOutput``).
+
+    ``text`` is the generated text (stop string removed), ``token_ids`` the generated
+    tokens, ``finish_reason`` ``"stop"``, ``"length"`` or ``"abort"``, and ``stop_reason``
+    the stop string or stop token id that ended it (None for an end-of-sequence token or
+    a length limit). With ``SamplingParams(logprobs=k)``, ``logprobs[i]`` maps the sampled
+    token i and the k most likely tokens at that step to their :class:`Logprob`, and
+    ``cumulative_logprob`` is the sum of the sampled tokens' log-probabilities; both are
+    None without it.
+    """
+
+    index: int
     text: str
     token_ids: list[int]
     finish_reason: str
-    num_prompt_tokens: int
+    cumulative_logprob: float | None = None
+    logprobs: SampleLogprobs | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class Output:
+    """A finished request (vLLM's ``RequestOutput``): the prompt, its ``n`` completions in
+    ``outputs`` and, with ``SamplingParams(prompt_logprobs=k)``, ``prompt_logprobs``:
+    ``None`` for the first prompt token, then for each prompt token a dict mapping it and
+    the k tokens the model found most likely at that position to their :class:`Logprob`.
+
+    ``text``, ``token_ids``, ``finish_reason``, ``logprobs`` and ``cumulative_logprob``
+    are those of the first completion (the only one when ``n == 1``).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    prompt: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> SampleLogprobs | None:
+        return self.outputs[0].logprobs
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return self.outputs[0].cumulative_logprob
 
 
 class Detokenizer:
@@ -45,6 +113,8 @@ class Detokenizer:
         self._holdback = max(map(len, self._stop), default=1) - 1
         self._streamed = 0
         self.text = ""
+        #: The stop string the text reached, once it has.
+        self.stop_reason: str | None = None
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
@@ -64,9 +134,11 @@ class Detokenizer:
         return self._cut_at_stop(start)
 
     def _cut_at_stop(self, start: int) -> bool:
-        found = [i for i in (self.text.find(stop, start) for stop in self._stop) if i >= 0]
+        found = [(index, stop) for stop in self._stop
+                 if (index := self.text.find(stop, start)) >= 0]
         if found:
-            self.text = self.text[:min(found)]
+            index, self.stop_reason = min(found)
+            self.text = self.text[:index]
         return bool(found)
 
     def stream(self, finished: bool) -> str:

@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hwplug.errors import ConfigError
 from hwplug.model_zoo.engine.block_manager import BlockManager
 from hwplug.model_zoo.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.engine.kv_transfer import KVTransfer
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: The connector's engine side, asked for the KV of sequences that start.
+        self.kv_transfer: KVTransfer | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -108,9 +115,16 @@ class Scheduler:
         while (self.num_preemptions == preemptions_before and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
             seq = self.waiting[0]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.allocate(seq, num_new):
+            prefix = self.block_manager.cached_prefix(seq)
+            computed = len(prefix) * self.block_manager.block_size
+            external = (self.kv_transfer.external_tokens(seq, computed)
+                        if self.kv_transfer is not None else 0)
+            num_new = min(seq.num_tokens - computed - external, budget)
+            if not self.block_manager.allocate(seq, external + num_new, prefix):
                 break
+            seq.num_computed_tokens = computed + external
+            if external:
+                self.kv_transfer.add_load(seq, len(prefix))
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -139,23 +153,42 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def update(self, batch: ScheduledBatch, tokens: Seq[int]) -> list[Sequence]:
+    def update(self, batch: ScheduledBatch, tokens: Seq[int],
+               rewind: Mapping[Sequence, int] | None = None) -> list[Sequence]:
         """Record a finished step: ``tokens[j]`` is the next token of
-        ``batch.sampled_seqs[j]``. Returns those sequences (some now finished)."""
+        ``batch.sampled_seqs[j]``; newly full blocks enter the prefix cache. Returns the
+        sequences that got a token (some now finished).
+
+        ``rewind`` maps sequences whose step is void (KV blocks that failed to load) to
+        how many leading tokens of theirs are still valid: they go back to that point,
+        drop this step's token, and recompute from there.
+        """
+        rewind = rewind or {}
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            if seq in rewind:
+                seq.num_computed_tokens = rewind[seq]
+                continue
             seq.num_computed_tokens += num_new
-        sampled = batch.sampled_seqs
-        for seq, token in zip(sampled, tokens, strict=True):
+            self.block_manager.cache_full_blocks(seq)
+        advanced = []
+        for seq, token in zip(batch.sampled_seqs, tokens, strict=True):
+            if seq in rewind:
+                if seq.logprobs:  # the runner recorded the dropped token's
+                    seq.logprobs.pop()
+                continue
             seq.token_ids.append(token)
+            advanced.append(seq)
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
-        return sampled
+        return advanced
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.sampling
-        if token in params.stop_token_ids or (not params.ignore_eos
-                                              and token in self.eos_token_ids):
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return FinishReason.STOP
+        if not params.ignore_eos and token in self.eos_token_ids:
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH

@@ -4,7 +4,9 @@ A sequence holds its prompt and output token ids, how many of them have their K/
 the cache (``num_computed_tokens``), the cache blocks that hold them (``block_table``,
 owned by the :class:`~hwplug.model_zoo.engine.block_manager.BlockManager`) and its
 status. Preemption frees its blocks and resets ``num_computed_tokens`` to 0: the prompt
-and the output so far are then recomputed as one longer prompt.
+and the output so far are then recomputed as one longer prompt. A request with ``n``
+completions is ``n`` sequences sharing its ``request_id``, told apart by ``index``; the
+log-probabilities it asked for are collected here as the steps produce them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hwplug.model_zoo.engine.block_hash import root_hash
+from hwplug.model_zoo.engine.logprobs import RowLogprobs
 from hwplug.model_zoo.sampling import SamplingParams
+
+#: The root hash of a sequence made without a model identity (tests, tools).
+ROOT_HASH = root_hash("")
 
 
 class SequenceStatus(enum.Enum):
@@ -54,10 +61,27 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
+    #: The stop token id or stop string that finished it, if one did.
+    stop_reason: int | str | None = None
+    #: The request this sequence belongs to, and which of its ``n`` completions it is.
+    request_id: str = ""
+    index: int = 0
+    #: Per output token (``sampling.logprobs`` set): its and the top-k tokens' logprobs.
+    logprobs: list[RowLogprobs] | None = field(init=False)
+    #: Per prompt token (``sampling.prompt_logprobs`` set; None for the first).
+    prompt_logprobs: list[RowLogprobs | None] | None = field(init=False)
+    #: The parent hash of the first block (the model's), and the chained hashes of the
+    #: full blocks of ``token_ids`` named so far.
+    root_hash: str = field(default=ROOT_HASH, repr=False)
+    block_hashes: list[str] = field(default_factory=list, repr=False)
+    #: Leading blocks already registered in the prefix cache (or found there).
+    num_cached_blocks: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
         self.num_prompt_tokens = len(self.token_ids)
+        self.logprobs = None if self.sampling.logprobs is None else []
+        self.prompt_logprobs = None if self.sampling.prompt_logprobs is None else [None]
 
     @property
     def num_tokens(self) -> int:

@@ -36,11 +36,14 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     """Load every ``(checkpoint name, tensor)`` of ``weights`` into ``model``.
 
     ``rename`` gives each name's target parameter and shard. Parameters of a module with
-    ``shard_names`` (a :class:`~.linear.FusedLinear`) are expected once per shard and
-    loaded through its ``load_weight(param_name, tensor, shard)``; any other parameter is
-    expected once and copied whole. Tensors are cast to the parameter's dtype and device.
+    ``shard_names`` (a :class:`~.linear.FusedLinear`) are expected once per shard; any
+    other parameter is expected once. A module with a ``load_weight(param_name, tensor,
+    shard)`` method loads its parameters itself; others are copied whole. Parameters a
+    module lists in ``optional_parameters`` may be absent (they keep their value). Tensors
+    are cast to the parameter's dtype and device, within one kind (:func:`check_dtype_kind`).
     Raises :class:`ModelError` naming every unexpected checkpoint name and every parameter
-    (or shard) the checkpoint did not provide, or the tensor whose shape does not fit.
+    (or shard) the checkpoint did not provide, or the tensor whose shape or dtype kind does
+    not fit.
     """
     params = dict(model.named_parameters())
     expected = {(name, shard) for name in params
@@ -55,19 +58,51 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
         if (name, shard) not in expected:
             unexpected.append(hf_name)
             continue
+        check_dtype_kind(hf_name, tensor, name, params[name])
         try:
-            if shard is None:
+            loader = getattr(_owner(model, name), "load_weight", None)
+            if loader is None:
                 copy_checked(params[name], tensor, name)
             else:
-                _owner(model, name).load_weight(name.rpartition(".")[2], tensor, shard)
+                loader(name.rpartition(".")[2], tensor, shard)
         except ModelError as exc:
             raise ModelError(f"checkpoint tensor {hf_name}: {exc}") from None
         loaded.add((name, shard))
-    missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
+    missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded
+                     if n.rpartition(".")[2] not in getattr(_owner(model, n),
+                                                            "optional_parameters", ()))
     if unexpected or missing:
         raise ModelError(f"checkpoint does not match {type(model).__name__}: "
                          f"unexpected tensors {sorted(unexpected) or 'none'}; "
                          f"missing parameters {missing or 'none'}")
+
+
+def dtype_kind(dtype: torch.dtype) -> str:
+    """``"float"`` (16 bits and wider), ``"fp8"`` (8 bits and narrower, e.g. float8_e4m3fn),
+    ``"int"`` (signed or unsigned), ``"bool"`` or ``"complex"``."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "fp8" if dtype.itemsize == 1 else "float"
+    return "bool" if dtype == torch.bool else "int"
+
+
+def check_dtype_kind(hf_name: str, tensor: torch.Tensor, param_name: str,
+                     param: torch.Tensor) -> None:
+    """Raise :class:`ModelError` unless checkpoint ``tensor`` is of the same
+    :func:`dtype_kind` as ``param``.
+
+    A cast within a kind (bfloat16 into float32, int8 into int32) is a load; across kinds it
+    reinterprets the checkpoint (integer bytes as float weights, a float weight into an fp8
+    parameter without its scale), so it is refused. Quant methods create integer or fp8
+    parameters for the integer or fp8 tensors their checkpoints store.
+    """
+    have, want = dtype_kind(tensor.dtype), dtype_kind(param.dtype)
+    if have != want:
+        stored, held = (str(t.dtype).removeprefix("torch.") for t in (tensor, param))
+        raise ModelError(f"checkpoint tensor {hf_name} is {stored} ({have}), but parameter "
+                         f"{param_name} holds {held} ({want}): a {have} tensor is not loaded "
+                         f"into a {want} parameter")
 
 
 def _owner(model: nn.Module, param_name: str) -> nn.Module:

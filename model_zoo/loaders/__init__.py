@@ -4,8 +4,8 @@
 :class:`Checkpoint`: the transformers config (``architectures`` set), a fast tokenizer, the
 end-of-sequence ids, and ``weights()`` in transformers naming. ``name`` is an alias
 (``smollm2``, the default; ``all-minilm-l6-v2``), a ``.gguf`` file or a Hugging Face
-directory with safetensors weights. GGUF files are dequantised once into
-``HWPLUG_CACHE_DIR/gguf``. A model that is missing or unreadable raises
+directory with safetensors weights. GGUF files are converted once into
+``HWPLUG_CACHE_DIR``, their weights kept in GGUF blocks (or dequantised, on request). A model that is missing or unreadable raises
 :class:`~hwplug.errors.ModelError`; an unwritable cache directory raises
 :class:`~hwplug.errors.ConfigError`.
 """

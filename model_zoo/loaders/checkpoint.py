@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -48,14 +48,22 @@ class Checkpoint:
 
         Names are the transformers names of ``config.architectures[0]`` for a GGUF (a tied
         ``lm_head.weight`` is absent) and the names stored in the file for a directory.
-        Tensors are memory-mapped copy-on-write, in their stored dtype (float32 for a
-        dequantised GGUF); the caller casts and copies them. Each call starts over.
-        Raises :class:`ModelError` when a file cannot be read.
+        Tensors are read in their stored dtype (float32 for a dequantised GGUF); the caller
+        casts and copies them. Each call starts over. Raises :class:`ModelError` naming the
+        file (and the tensor) when one cannot be read.
         """
         for path in self.weight_files:
             try:
-                with safe_open(path, framework="pt") as file:
-                    for name in file.keys():
-                        yield name, file.get_tensor(name)
-            except SafetensorError as exc:
+                file = safe_open(path, framework="pt")
+            except (SafetensorError, OSError) as exc:
                 raise ModelError(f"cannot read the weights in {path}: {exc}") from exc
+            with file:
+                for name in file.keys():
+                    yield name, _read_tensor(file, path, name)
+
+
+def _read_tensor(file: Any, path: Path, name: str) -> torch.Tensor:
+    try:
+        return file.get_tensor(name)
+    except Exception as exc:  # safetensors raises its own errors, TypeError, ValueError...
+        raise ModelError(f"cannot read tensor {name} from {path}: {exc!r}") from exc

@@ -1,8 +1,13 @@
 """Loading a GGUF file: validate it, convert it once into the cache, load the cache after.
 
-A conversion is a Hugging Face directory (``config.json``, the tokenizer files and one float32
-``model.safetensors``) under ``HWPLUG_CACHE_DIR/gguf/<key>`` (see :mod:`.cache`), loaded by
-:func:`~.hf_dir.load_hf_dir` on this and every later load.
+A conversion is a Hugging Face directory (``config.json``, the tokenizer files and one
+``model.safetensors``) under ``HWPLUG_CACHE_DIR/<kind>/<key>`` (see :mod:`.cache`), loaded
+by :func:`~.hf_dir.load_hf_dir` on this and every later load. By default (kind
+``gguf-blocks``) the weights stay as the file stores them: every matrix becomes
+``<name>.qweight`` (``uint8 [rows, row_bytes]``, its GGUF blocks) and
+``<name>.qweight_type`` (its ``GGMLQuantizationType``), vectors (norms, biases) float32, and
+``config.json`` names the ``gguf`` quant method (:mod:`hwplug.model_zoo.quant_methods.gguf`).
+With ``dequantize=True`` (kind ``gguf``) every tensor is dequantized to float32.
 
 Conversion reuses transformers' GGUF support: ``AutoConfig`` and ``AutoTokenizer`` with
 ``gguf_file`` build the config and the fast tokenizer, and transformers' per-architecture
@@ -10,7 +15,9 @@ tensor processors undo llama.cpp's layout changes (e.g. llama's Q/K row permutat
 tensors are dequantised here, with ``gguf.quants.dequantize``, and named with one gguf
 tensor-name map over the model's parameter names: transformers'
 ``load_gguf_checkpoint(return_tensors=True)`` does the same but rebuilds that map once per
-submodule and parses the file a second time: about 14 s against 4 s for SmolLM2-135M.
+submodule and parses the file a second time: about 14 s against 4 s for SmolLM2-135M. The
+processors only move whole rows of matrices (llama's permutation), so kept blocks go
+through them as ``[rows, row_bytes]`` arrays, unchanged within a row.
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES, GGUFReader, GGUFValueType, get_tensor_name_map
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -32,20 +40,31 @@ from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders import cache
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint
 from hwplug.model_zoo.loaders.hf_dir import WEIGHTS_NAME, from_pretrained, load_hf_dir
+from hwplug.model_zoo.loaders.validate import TensorInfo, check_sizes, check_tensors
 
 logger = logging.getLogger(__name__)
 
-CACHE_KIND = "gguf"
+#: Cache kinds: weights dequantized to float32, or kept in their GGUF blocks.
+CACHE_KIND, BLOCKS_CACHE_KIND = "gguf", "gguf-blocks"
+#: The GGUF metadata key (after ``<architecture>.``) of each size a config states.
+GGUF_SIZE_KEYS = {
+    "num_hidden_layers": "block_count", "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length", "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+    "max_position_embeddings": "context_length", "vocab_size": "vocab_size",
+}
+TOKENS_KEY = "tokenizer.ggml.tokens"
 
 
-def load_gguf(path: Path) -> Checkpoint:
-    """Load the GGUF file ``path``, converting it into the cache on first use.
+def load_gguf(path: Path, dequantize: bool = False) -> Checkpoint:
+    """Load the GGUF file ``path``, converting it into the cache on first use, its weights
+    kept in their GGUF blocks (the ``gguf`` quant method) or, with ``dequantize``, float32.
 
     A cache entry that cannot be read is discarded (with a warning) and rebuilt. The file is
     validated before anything is written, so a corrupt or truncated file leaves no entry.
     Raises :class:`ModelError` naming the file and the problem.
     """
-    entry = cache.entry_dir(path, CACHE_KIND)
+    entry = cache.entry_dir(path, CACHE_KIND if dequantize else BLOCKS_CACHE_KIND)
     if entry.is_dir():
         try:
             return load_hf_dir(entry, source=path, format="gguf")
@@ -54,9 +73,10 @@ def load_gguf(path: Path) -> Checkpoint:
                            path, exc)
             cache.discard(entry)
     reader = read_gguf(path)
+    check_gguf(path, reader)
     started = time.perf_counter()
     with cache.building(entry) as staging:
-        convert_gguf(path, reader, staging)
+        convert_gguf(path, reader, staging, dequantize)
     logger.info("converted %s in %.1f s into %s", path, time.perf_counter() - started, entry)
     return load_hf_dir(entry, source=path, format="gguf")
 
@@ -74,28 +94,78 @@ def read_gguf(path: Path) -> GGUFReader:
                          f"tensor data): {exc}") from exc
 
 
-def convert_gguf(path: Path, reader: GGUFReader, out: Path) -> None:
+def check_gguf(path: Path, reader: GGUFReader) -> None:
+    """Check ``path``'s metadata and tensor table before anything is converted or allocated.
+
+    The sizes the metadata states (``<architecture>.block_count``, ``.embedding_length``,
+    heads, context length, vocabulary: :data:`GGUF_SIZE_KEYS`; the vocabulary also as the
+    number of tokenizer tokens) go through :func:`~.validate.check_sizes`, and the tensors
+    (``blk.N.*``, ``token_embd``, ``attn_q``/``attn_k``) through
+    :func:`~.validate.check_tensors`: a ``block_count`` other than the number of layers
+    the tensors have, 10**7 layers, or a tokenizer of another size than the embedding fail
+    here. Raises :class:`ModelError` naming the file and the problem.
+    """
+    architecture = gguf_architecture(path, reader)
+    sizes = {name: value for name, key in GGUF_SIZE_KEYS.items()
+             if (value := _field(path, reader, f"{architecture}.{key}")) is not None}
+    tokens = reader.fields.get(TOKENS_KEY)
+    if tokens is not None:
+        count = len(tokens.data) if tokens.types[:1] == [GGUFValueType.ARRAY] else None
+        if count is None or sizes.setdefault("vocab_size", count) != count:
+            raise ModelError(f"{path}: {TOKENS_KEY} holds {count} tokens, but "
+                             f"{architecture}.vocab_size is {sizes['vocab_size']!r}")
+    tensors = {t.name: TensorInfo(tuple(int(n) for n in reversed(t.shape)), path)
+               for t in reader.tensors}
+    check_tensors(check_sizes(sizes, str(path)), tensors, str(path))
+
+
+def gguf_architecture(path: Path, reader: GGUFReader) -> str:
+    """The file's ``general.architecture`` (e.g. ``"llama"``); :class:`ModelError` if it has
+    none."""
+    architecture = _field(path, reader, "general.architecture")
+    if not isinstance(architecture, str) or not architecture:
+        raise ModelError(f"{path}: general.architecture is {architecture!r}, not the name of "
+                         "a GGUF architecture")
+    return architecture
+
+
+def _field(path: Path, reader: GGUFReader, key: str) -> Any:
+    """The value of metadata ``key`` (None when absent); :class:`ModelError` when it cannot
+    be decoded."""
+    field = reader.fields.get(key)
+    try:
+        return None if field is None else field.contents()
+    except (ValueError, IndexError) as exc:
+        raise ModelError(f"{path}: metadata {key} cannot be decoded: {exc}") from exc
+
+
+def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = True) -> None:
     """Write ``path`` (already parsed as ``reader``) into ``out`` as a Hugging Face directory:
-    ``config.json`` (with ``architectures`` set), the tokenizer files and the dequantised
-    float32 weights in transformers naming. Raises :class:`ModelError` for an architecture
-    or a quantisation type transformers or gguf cannot handle."""
+    ``config.json`` (with ``architectures`` set), the tokenizer files and the weights in
+    transformers naming, dequantised to float32 or kept in blocks (see the module
+    docstring). Raises :class:`ModelError` for an architecture or a quantisation type
+    transformers or gguf cannot handle."""
     config = from_pretrained(AutoConfig, "config", path.parent, gguf_file=path.name)
     tokenizer = from_pretrained(AutoTokenizer, "tokenizer", path.parent, gguf_file=path.name)
     model_class, parameter_names = _causal_lm_skeleton(config, path)
     config.architectures = config.architectures or [model_class]
-    tensors = dequantised_tensors(path, reader, config, parameter_names)
+    tensors = converted_tensors(path, reader, config, parameter_names, dequantize)
+    if not dequantize:
+        config.quantization_config = {"quant_method": "gguf"}
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     save_file(tensors, out / WEIGHTS_NAME, metadata={"format": "pt", "source": str(path)})
 
 
-def dequantised_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
-                        parameter_names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """Every tensor of ``reader`` that maps to one of ``parameter_names``, dequantised to
-    float32 and un-permuted by transformers' processor for the file's architecture, keyed by
-    its transformers name. Tensors with no parameter (e.g. precomputed rope factors) are
+def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
+                      parameter_names: Iterable[str], dequantize_all: bool
+                      ) -> dict[str, torch.Tensor]:
+    """Every tensor of ``reader`` that maps to one of ``parameter_names``, un-permuted by
+    transformers' processor for the file's architecture and keyed by its transformers
+    name: dequantised to float32, or, unless ``dequantize_all``, matrices kept in their
+    blocks (:func:`_blocks`). Tensors with no parameter (e.g. precomputed rope factors) are
     skipped."""
-    architecture = str(reader.fields["general.architecture"].contents())
+    architecture = gguf_architecture(path, reader)
     names = gguf_to_transformers_names(architecture, parameter_names, config.num_hidden_layers)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     # Processors that merge or split tensors (MoE experts) store them in parsed["tensors"].
@@ -103,21 +173,38 @@ def dequantised_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig
     skipped = []
     for tensor in reader.tensors:
         try:
-            weights = dequantize(tensor.data, tensor.tensor_type)
+            keep = not dequantize_all and len(tensor.shape) == 2
+            weights = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
+            result = processor.process(weights=weights, name=tensor.name,
+                                       tensor_key_mapping=names, parsed_parameters=parsed)
+            if result.name in names and keep:
+                parsed["tensors"].update(_blocks(names[result.name], result.weights,
+                                                 tensor.tensor_type))
+            elif result.name in names:
+                parsed["tensors"][names[result.name]] = torch.from_numpy(
+                    np.array(result.weights, dtype=np.float32))
+            elif result.name is not None:
+                skipped.append(tensor.name)
         except NotImplementedError as exc:
             raise ModelError(f"{path}: tensor {tensor.name} is stored as "
                              f"{tensor.tensor_type.name}, which gguf cannot dequantise") from exc
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                   parsed_parameters=parsed)
-        if result.name in names:
-            parsed["tensors"][names[result.name]] = torch.from_numpy(
-                np.array(result.weights, dtype=np.float32))
-        elif result.name is not None:
-            skipped.append(tensor.name)
+        except Exception as exc:  # gguf and the processors raise many types on bad data
+            raise ModelError(f"{path}: tensor {tensor.name} cannot be dequantised: "
+                             f"{exc!r}") from exc
     if skipped:
         logger.info("%s: %d tensors have no %s parameter and are skipped: %s", path,
                     len(skipped), config.architectures[0], ", ".join(skipped))
     return parsed["tensors"]
+
+
+def _blocks(name: str, rows: np.ndarray, kind: int) -> dict[str, torch.Tensor]:
+    """``{name.qweight: uint8 [rows, row_bytes], name.qweight_type: int32 [1]}`` for the
+    matrix parameter ``name`` (``*.weight``) whose GGUF rows are ``rows`` (blocks as bytes,
+    or float values for F32 / F16 / BF16 matrices, whose bytes are their blocks)."""
+    stem = name.removesuffix(".weight")
+    data = np.array(rows, order="C")  # a copy: the reader maps the file read-only
+    return {f"{stem}.qweight": torch.from_numpy(data.view(np.uint8).reshape(len(data), -1)),
+            f"{stem}.qweight_type": torch.tensor([int(kind)], dtype=torch.int32)}
 
 
 def gguf_to_transformers_names(architecture: str, parameter_names: Iterable[str],
@@ -143,7 +230,7 @@ def _causal_lm_skeleton(config: PretrainedConfig, path: Path) -> tuple[str, list
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except ValueError as exc:
+    except Exception as exc:  # an unknown model type, or sizes transformers rejects
         raise ModelError(f"{path}: transformers has no causal-LM class for model type "
                          f"{config.model_type!r}: {exc}") from exc
     return type(model).__name__, list(model.state_dict())

@@ -23,6 +23,7 @@ from transformers import (
 
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint, CheckpointFormat
+from hwplug.model_zoo.loaders.validate import TensorInfo, check_config, check_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +41,38 @@ def load_hf_dir(directory: Path, *, source: Path | None = None,
 
     ``source`` and ``format`` are what the checkpoint reports (default: the directory, and
     ``"safetensors"``); the GGUF loader passes the ``.gguf`` file it converted. The weight
-    files' headers are read now, so a truncated or corrupt file fails here rather than while
-    the model loads. Raises :class:`ModelError` naming the directory or file and the problem.
+    files' headers are read now and checked against the config (:mod:`.validate`: sizes
+    positive and bounded, layers, heads and vocabulary as the tensors have them, no
+    zero-sized tensor; end-of-sequence ids inside the vocabulary), so a truncated, corrupt
+    or inconsistent checkpoint fails here, before a model is allocated. Raises
+    :class:`ModelError` naming the directory or file and the problem.
     """
     weight_files = find_weight_files(directory)
+    tensors: dict[str, TensorInfo] = {}
     for path in weight_files:
-        check_safetensors(path)
+        for name, info in read_safetensors_header(path).items():
+            if name in tensors:
+                raise ModelError(f"tensor {name} is stored twice: in {tensors[name].file} "
+                                 f"and in {path}")
+            tensors[name] = info
     config = from_pretrained(AutoConfig, "config", directory)
+    where = str(source or directory)
+    check_tensors(check_config(config, where), tensors, where)
     tokenizer = from_pretrained(AutoTokenizer, "tokenizer", directory)
     generation_config = None
     if (directory / GENERATION_CONFIG_NAME).is_file():
         generation_config = from_pretrained(GenerationConfig, "generation config", directory)
+    eos = eos_token_ids(config, generation_config, tokenizer)
+    vocab_size = getattr(config, "vocab_size", None)
+    outside = [i for i in eos if vocab_size is not None and not 0 <= i < vocab_size]
+    if outside:
+        raise ModelError(f"{where}: end-of-sequence token ids {outside} are outside the "
+                         f"vocabulary (vocab_size {vocab_size})")
     logger.debug("loaded %s (%s) with %d weight files", directory, config.architectures,
                  len(weight_files))
     return Checkpoint(config=config, tokenizer=tokenizer, source=source or directory,
                       format=format, weight_files=weight_files,
-                      generation_config=generation_config,
-                      eos_token_ids=eos_token_ids(config, generation_config, tokenizer))
+                      generation_config=generation_config, eos_token_ids=eos)
 
 
 def find_weight_files(directory: Path) -> tuple[Path, ...]:
@@ -88,12 +104,16 @@ def find_weight_files(directory: Path) -> tuple[Path, ...]:
     return files
 
 
-def check_safetensors(path: Path) -> None:
-    """Read the header of ``path``; :class:`ModelError` if it is truncated or corrupt."""
+def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
+    """The shape of every tensor in ``path``, read from its header (no tensor data).
+
+    Raises :class:`ModelError` naming the file when it is truncated or corrupt.
+    """
     try:
-        with safe_open(path, framework="pt"):
-            pass
-    except SafetensorError as exc:
+        with safe_open(path, framework="pt") as file:
+            return {name: TensorInfo(tuple(file.get_slice(name).get_shape()), path)
+                    for name in file.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
         raise ModelError(f"{path} is not a readable safetensors file (truncated or "
                          f"corrupt?): {exc}") from exc
 

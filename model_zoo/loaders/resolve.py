@@ -63,13 +63,22 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> Path:
     else must be an existing ``.gguf`` file or directory, returned absolute with symlinks
     resolved.
 
-    Raises :class:`ModelError` naming the path and the accepted forms when it is neither.
+    Raises :class:`ModelError` naming the path and the accepted forms when it is neither,
+    or not a usable path at all (a NUL byte, a name longer than the OS allows).
     """
     name = DEFAULT_MODEL if model is None else os.fspath(model)
     if not isinstance(model, os.PathLike) and name.lower() in ALIASES:
         return ALIASES[name.lower()].locate()
-    path = Path(name).expanduser().resolve()
-    checkpoint_format(path)
+    try:
+        path = Path(name).expanduser().resolve()
+        checkpoint_format(path)
+    except ModelError:
+        raise
+    except (ValueError, OSError) as exc:  # a NUL byte, a name too long for the OS
+        shown = repr(name) if len(name) <= 200 else f"{name[:200]!r}... ({len(name)} characters)"
+        why = getattr(exc, "strerror", None) or exc
+        raise ModelError(f"model {shown} is not a usable path ({why}); give "
+                         f"{accepted_forms()}") from None
     return path
 
 

@@ -18,7 +18,7 @@ from transformers.activations import ACT2FN
 
 from hwplug.attention import AttentionMetadata
 from hwplug.config import EngineConfig
-from hwplug.errors import ModelError
+from hwplug.errors import ConfigError, ModelError
 from hwplug.model_zoo.context import ModelContext
 from hwplug.model_zoo.layers import (
     Attention,
@@ -97,6 +97,8 @@ class BertModel(nn.Module):
 
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
         super().__init__()
+        if ctx.parallel.size > 1:
+            raise ConfigError("BertModel runs on one rank: tensor parallelism is for decoders")
         embedding_type = getattr(hf_config, "position_embedding_type", "absolute")
         if embedding_type != "absolute":
             raise ModelError(f"BertModel supports absolute position embeddings, "

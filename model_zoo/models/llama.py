@@ -33,6 +33,7 @@ from hwplug.model_zoo.layers import (
     fused_target,
     load_named_weights,
 )
+from hwplug.model_zoo.layers.attention import kv_scale_target
 from hwplug.model_zoo.layers.weights import Target
 
 #: Checkpoint module names that load into a shard of a fused module.
@@ -75,16 +76,21 @@ class LlamaAttention(nn.Module):
     def __init__(self, hf_config: Any, ctx: ModelContext, layer_idx: int,
                  rotary: RotaryEmbedding) -> None:
         super().__init__()
-        hidden = hf_config.hidden_size
-        self.num_heads = hf_config.num_attention_heads
-        self.num_kv_heads = hf_config.num_key_value_heads
-        self.head_size = head_size(hf_config)
+        hidden, size = hf_config.hidden_size, head_size(hf_config)
+        total_heads, total_kv_heads = (hf_config.num_attention_heads,
+                                       hf_config.num_key_value_heads)
+        first_head, self.num_heads = ctx.parallel.share(total_heads, "attention heads")
+        first_kv_head, self.num_kv_heads = ctx.parallel.kv_heads(total_heads, total_kv_heads)
+        self.head_size = size
         attention_bias = getattr(hf_config, "attention_bias", False)
-        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        kv_rows = (first_kv_head * size, self.num_kv_heads * size, total_kv_heads * size)
         self.qkv_proj = FusedLinear(
-            hidden, {"q": q_size, "k": kv_size, "v": kv_size}, ctx,
-            bias=attention_bias or hf_config.model_type in QKV_BIAS_MODEL_TYPES)
-        self.o_proj = Linear(q_size, hidden, ctx, bias=attention_bias)
+            hidden, {"q": self.num_heads * size, "k": kv_rows[1], "v": kv_rows[1]}, ctx,
+            bias=attention_bias or hf_config.model_type in QKV_BIAS_MODEL_TYPES,
+            source_rows={"q": (first_head * size, self.num_heads * size, total_heads * size),
+                         "k": kv_rows, "v": kv_rows} if ctx.parallel.size > 1 else None)
+        self.o_proj = Linear(total_heads * size, hidden, ctx, bias=attention_bias,
+                             parallel="row")
         self.rotary_emb = rotary
         self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, self.head_size,
                               sliding_window=layer_sliding_window(hf_config, layer_idx))
@@ -114,10 +120,13 @@ class LlamaMLP(nn.Module):
                              f"not {hf_config.hidden_act!r}")
         bias = getattr(hf_config, "mlp_bias", False)
         hidden, intermediate = hf_config.hidden_size, hf_config.intermediate_size
-        self.gate_up_proj = FusedLinear(hidden, {"gate": intermediate, "up": intermediate},
-                                        ctx, bias=bias)
+        first, local = ctx.parallel.share(intermediate, "intermediate size")
+        rows = (first, local, intermediate)
+        self.gate_up_proj = FusedLinear(
+            hidden, {"gate": local, "up": local}, ctx, bias=bias,
+            source_rows={"gate": rows, "up": rows} if ctx.parallel.size > 1 else None)
         self.act = SiluAndMul()
-        self.down_proj = Linear(intermediate, hidden, ctx, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, ctx, bias=bias, parallel="row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -157,7 +166,8 @@ class LlamaModel(nn.Module):
     def __init__(self, hf_config: Any, ctx: ModelContext,
                  attention_cls: type[LlamaAttention]) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx.dtype)
+        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx.dtype,
+                                           ctx.parallel, ctx.quant_method)
         rotary = RotaryEmbedding.from_config(hf_config, head_size(hf_config))
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(hf_config, ctx, i, rotary, attention_cls)
@@ -190,7 +200,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(hf_config, ctx, self.attention_cls)
         self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, ctx.dtype,
                               tied_to=self.model.embed_tokens if self.tie_word_embeddings
-                              else None)
+                              else None, parallel=ctx.parallel, quant_method=ctx.quant_method)
 
     @staticmethod
     def engine_config(hf_config: Any, dtype: str) -> EngineConfig:
@@ -220,4 +230,4 @@ class LlamaForCausalLM(nn.Module):
             return None
         if self.tie_word_embeddings and name == "lm_head.weight":  # same tensor as the embedding
             return None
-        return fused_target(name, FUSED_MODULES)
+        return kv_scale_target(name) or fused_target(name, FUSED_MODULES)

@@ -8,6 +8,7 @@ every checkpoint without a ``quantization_config``.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from hwplug.kernel_registry import ops
 from hwplug.quantization import QuantMethod
@@ -29,6 +30,9 @@ class UnquantizedLinearMethod(QuantMethod):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, layer.weight, layer.bias)
+
+    def embed(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, layer.weight)
 
     def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
         return layer.weight.float()

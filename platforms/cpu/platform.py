@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import ClassVar
 
+from hwplug import envs
 from hwplug.platform_interface import DeviceFacts, MemoryInfo, Platform
+from hwplug.platforms._sysfs import read_text
+
+_MEMINFO = re.compile(r"^(MemTotal|MemAvailable):\s*(\d+)\s*kB", re.MULTILINE)
 
 
 class CpuPlatform(Platform):
@@ -21,8 +26,10 @@ class CpuPlatform(Platform):
     is_accelerator: ClassVar[bool] = False
     dist_backend: ClassVar[str] = "gloo"
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
-    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
+        "float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
+    supported_quant_methods: ClassVar[tuple[str, ...]] = (
+        "unquantized", "fp8", "int8", "int4", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = ("TORCH_PAGED",)
     #: OpenMP workers spin between parallel regions instead of sleeping: a decode step is
     #: hundreds of small ops between the matmuls, and waking sleeping workers for each
@@ -40,6 +47,13 @@ class CpuPlatform(Platform):
         return 1
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
+        """Total and available memory: ``MemTotal`` and ``MemAvailable`` of
+        ``<HWPLUG_PROBE_ROOT>/proc/meminfo`` (free memory plus the page cache the kernel
+        can reclaim); where that file is missing (macOS), the ``sysconf`` page counts."""
+        meminfo = read_text(envs.HWPLUG_PROBE_ROOT / "proc/meminfo") or ""
+        fields = {name: int(kb) * 1024 for name, kb in _MEMINFO.findall(meminfo)}
+        if "MemTotal" in fields and "MemAvailable" in fields:
+            return MemoryInfo(total=fields["MemTotal"], free=fields["MemAvailable"])
         pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         free = os.sysconf("SC_AVPHYS_PAGES") * page_size
         return MemoryInfo(total=pages * page_size, free=free)

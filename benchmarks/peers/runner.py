@@ -1,0 +1,86 @@
+"""The protocol between ``benchmarks/cpu_vs_llamacpp.py`` and its engine runners.
+
+Each engine (hwplug, transformers, llama.cpp, vLLM) runs in a process of its own, one at a
+time, so no engine's idle OpenMP workers (which spin for a while after their last call
+under ``OMP_WAIT_POLICY=ACTIVE``) share the cores with the next. This module uses the
+standard library only: the vLLM runner imports it from vLLM's own virtualenv.
+
+The main script writes one JSON request on the runner's stdin::
+
+    {"options": {...}, "threads": 2, "new_tokens": 128,
+     "calls": {"<batch>": [<call>, ...]},    # a call: <batch> prompts, each a token-id list
+     "check_prompt": [token ids]}            # a sentence, no longer than the prompts
+
+``options`` is the runner's own (model path, dtype, ...). The runner loads its engine
+(``load_s``), then, batch size by batch size, runs the first call as a warm-up (its time
+``warmup_s`` reported apart) and times each other call, one ``generate`` of the whole
+batch each: greedy, end-of-sequence ignored, ``new_tokens`` new tokens per prompt, prefill
+included. A completion of any other length is an error (its rate would be wrong). Last,
+untimed, it completes ``check_prompt`` alone (a natural sentence: the random-word prompts
+only show that engines agree, this shows the text is sane). It then prints one line,
+:data:`MARKER` and the JSON result, on stdout::
+
+    {"load_s": 1.2, "engine": {...}, "batches": {"<batch>": {"warmup_s": 3.1,
+     "seconds": [2.9, 3.0], "first_completion": [token ids]}},
+     "check_completion": [token ids]}
+
+``engine`` is what the engine says of itself (versions, settings); ``first_completion``
+is the first timed call's first completion, for the output checks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+#: Prefix of the result line (engines may log on stdout too).
+MARKER = "RUNNER-RESULT "
+
+
+class Engine(Protocol):
+    """A loaded model that completes batches of token-id prompts greedily."""
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        """Exactly ``new_tokens`` greedy tokens for each prompt (EOS ignored), in order."""
+
+    def describe(self) -> dict[str, Any]:
+        """Versions and settings worth reporting, as JSON values."""
+
+
+def serve(load: Callable[[dict[str, Any], int, int], Engine]) -> None:
+    """Answer the request on stdin with the engine ``load(options, threads, max_batch)``
+    returns, as the module docstring describes."""
+    request = json.load(sys.stdin)
+    new_tokens = int(request["new_tokens"])
+    calls: dict[str, list[list[list[int]]]] = request["calls"]
+    started = time.perf_counter()
+    engine = load(request["options"], int(request["threads"]), max(map(int, calls)))
+    result: dict[str, Any] = {"load_s": time.perf_counter() - started, "batches": {}}
+    for batch, batch_calls in calls.items():
+        warmup_s, _ = timed_call(engine, batch_calls[0], new_tokens)
+        seconds, completions = [], []
+        for prompts in batch_calls[1:]:
+            elapsed, completion = timed_call(engine, prompts, new_tokens)
+            seconds.append(elapsed)
+            completions.append(completion)
+        result["batches"][batch] = {"warmup_s": warmup_s, "seconds": seconds,
+                                    "first_completion": completions[0][0]}
+    result["check_completion"] = timed_call(engine, [request["check_prompt"]], new_tokens)[1][0]
+    result["engine"] = engine.describe()
+    print(MARKER + json.dumps(result), flush=True)
+
+
+def timed_call(engine: Engine, prompts: list[list[int]],
+               new_tokens: int) -> tuple[float, list[list[int]]]:
+    """Wall seconds of one ``engine.generate`` call and its completions, checked."""
+    started = time.perf_counter()
+    completions = engine.generate(prompts, new_tokens)
+    elapsed = time.perf_counter() - started
+    lengths = sorted({len(completion) for completion in completions})
+    if len(completions) != len(prompts) or lengths != [new_tokens]:
+        raise RuntimeError(f"{len(prompts)} prompts gave {len(completions)} completions of "
+                           f"{lengths} tokens, not {new_tokens} each")
+    return elapsed, completions

@@ -1,0 +1,52 @@
+"""The ops of GGUF (ggml) quantized weights, kept quantized: a linear layer and an embedding.
+
+The weight is ``qweight``, ``uint8 [N, row_bytes]``: each row the tensor's GGUF blocks of
+type ``ggml_type`` (a ``gguf.GGMLQuantizationType`` value) exactly as stored in the file;
+:mod:`hwplug.kernel_registry.reference.ggml` documents the layouts and dequantizes them
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and F32 / F16 / BF16 as they are). The
+type is a per-call argument: a variant's ``supports`` declines the types it does not serve.
+
+``ggml_linear`` dispatches on the activation ``x``. Its tolerances allow a variant to
+quantize the activations to int8 per block of 32 values (scale max|x| / 127, rounded to
+nearest) before integer dot products, as llama.cpp does: each activation then moves by up
+to half a step, max|x| / 254, which changes an output by about 0.55% of the outputs' rms
+(the K rounding errors add up as a random walk). For the inputs the conformance kit draws
+(unit-rms activations and weights of rms ``K ** -0.5``, so outputs of unit rms) the C
+kernel's worst error over 8192 outputs per type, K from 32 to 4096, was 0.035; atol 0.06
+leaves room for heavier tails. The 1% rtol covers large outputs (whose error grows with
+them); bf16 and fp16 outputs add their own rounding (2^-9, 2^-12 relative). The cpu
+platform's C variant quantizes to int16 by default (steps of max|x| / 32767, 258 times
+finer: worst errors ~1e-4 at K = 4096; SmolLM2-135M Q4_1's greedy 32 tokens then equal the
+dequantized fp32 model's on 20 of 20 prompts, 7 of 20 with int8), to int8 for Q5_K and
+where its tuning table says so; the tolerances stay int8's.
+``ggml_embedding`` dispatches on the ids; dequantizing is exact arithmetic on the stored
+scales, so a variant may differ from the reference only by fp32 rounding order.
+"""
+
+from __future__ import annotations
+
+from hwplug.kernel_registry import kernels
+
+__all__ = ["ggml_embedding", "ggml_linear"]
+
+_REF = "hwplug.kernel_registry.reference.ggml:"
+
+ggml_linear = kernels.define_op(
+    "ggml_linear", _REF + "ggml_linear",
+    tolerances={"float32": (6e-2, 1e-2), "float16": (6e-2, 1.2e-2), "bfloat16": (6e-2, 2e-2)},
+    doc="""
+ggml_linear(x [..., K] float, qweight uint8 [N, row_bytes], ggml_type: int,
+            bias [N] | None = None) -> [..., N] = x @ dequantize(qweight, ggml_type).T + bias
+    qweight: each row the GGUF blocks of one output row, as stored in the file
+    (K / block_size blocks). Computed in fp32, returned in x.dtype. A variant may quantize
+    x to int8 (or finer) per block of 32 (see the tolerances). Weights are read-only
+    between calls.
+""")
+
+ggml_embedding = kernels.define_op(
+    "ggml_embedding", _REF + "ggml_embedding",
+    tolerances={"int64": (1e-6, 1e-6), "int32": (1e-6, 1e-6)}, doc="""
+ggml_embedding(ids [T] int64 | int32, qweight uint8 [V, row_bytes], ggml_type: int)
+    -> [T, K] float32 = dequantize(qweight[ids], ggml_type)
+    Dequantizes only the rows it reads. An id outside [0, V) is an UnsupportedError.
+""")

@@ -1,0 +1,147 @@
+"""``GgufMethod`` (``"gguf"``): the weights of a GGUF file, kept as the file stores them.
+
+Every matrix of a GGUF checkpoint is ``qweight`` (``uint8 [N, row_bytes]``, each row the
+tensor's GGUF blocks) with ``qweight_type`` (its ``gguf.GGMLQuantizationType`` value), the
+layout of the registry's ``ggml_linear`` and ``ggml_embedding`` ops (see
+:mod:`hwplug.kernel_registry.ops_ggml`); the GGUF loader writes checkpoints in that form.
+Rows are independent, so a fused layer (q/k/v, gate/up) concatenates the rows of its
+shards; shards stored in different types (a Q4_K_M file keeps ``attn_v`` in Q6_K) become
+runs of equal type, one ``ggml_linear`` each. The embedding and LM head tables are stored
+the same way (:attr:`quantizes_vocab`): the embedding dequantizes only the rows it reads.
+
+After loading, a layer's ``qweight`` holds every run's bytes back to back (one flat
+``uint8`` parameter) and ``qweight_type`` the runs' types; ``layer.gguf_runs`` are
+``(type, uint8 [rows, row_bytes])`` views into it. Tensor parallelism is not supported
+(input columns would split GGUF blocks).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from hwplug.errors import ModelError, UnsupportedError
+from hwplug.kernel_registry import ops_ggml
+from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
+from hwplug.quantization import QuantMethod, ScaleDescriptor
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.parallel import TensorParallel
+
+#: A layer's loaded parts: first output row -> {"qweight": rows, "qweight_type": type}.
+Parts = dict[int, dict[str, Any]]
+
+
+class GgufMethod(QuantMethod):
+    """GGUF blocks as stored (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F32, F16 and
+    BF16 matrices too), multiplied by ``ops_ggml.ggml_linear``."""
+
+    gemm_op: ClassVar[str] = "ggml_linear"
+    quantizes_vocab: ClassVar[bool] = True
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "gguf"
+
+    def describe(self) -> str:
+        return "gguf (weights in the file's GGUF blocks)"
+
+    def activation_quantization(self) -> ScaleDescriptor | None:
+        """Variants of ``ggml_linear`` may round activations to int8 per 32 values, as
+        llama.cpp does (the op's tolerances allow it)."""
+        return ScaleDescriptor("int8", "group", dynamic=True, group_shape=(1, 32))
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
+                       params_dtype: torch.dtype, bias: bool) -> None:
+        parallel: TensorParallel | None = getattr(layer, "tp", None)
+        if parallel is not None and parallel.size > 1:
+            raise UnsupportedError("GGUF weights cannot be split for tensor parallelism; "
+                                   "load the GGUF dequantized (dequantize=True) to use it")
+        parts: Parts = {}
+        layer.gguf_parts, layer.gguf_shape = parts, (output_size, input_size)
+        for name, dtype in (("qweight", torch.uint8), ("qweight_type", torch.int32)):
+            param = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+            param.weight_loader = partial(_keep_part, parts, name)
+            layer.register_parameter(name, param)
+        layer.register_parameter("bias", nn.Parameter(
+            torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Check the loaded parts cover every output row with whole rows of
+        ``input_size`` values, then lay them out as runs of equal type."""
+        output_size, input_size = layer.gguf_shape
+        runs: list[tuple[int, torch.Tensor]] = []
+        expected = 0
+        for first, part in sorted(layer.gguf_parts.items()):
+            rows, kind = part.get("qweight"), part.get("qweight_type")
+            if first != expected or rows is None or kind is None:
+                raise ModelError(f"GGUF weights of a layer with {output_size} output rows "
+                                 f"are missing rows from {expected} (or their type)")
+            if row_values(kind, rows.shape[1]) != input_size:
+                raise ModelError(f"a {type_name(kind)} row of {rows.shape[1]} bytes holds "
+                                 f"{row_values(kind, rows.shape[1])} values; the layer has "
+                                 f"{input_size} inputs")
+            if runs and runs[-1][0] == kind and runs[-1][1].shape[1] == rows.shape[1]:
+                runs[-1] = (kind, torch.cat((runs[-1][1], rows)))
+            else:
+                runs.append((kind, rows))
+            expected = first + rows.shape[0]
+        if expected != output_size:
+            raise ModelError(f"GGUF weights cover {expected} of {output_size} output rows")
+        flat = torch.cat([rows.reshape(-1) for _, rows in runs])
+        layer.qweight.data = flat
+        layer.qweight_type.data = torch.tensor([kind for kind, _ in runs], dtype=torch.int32)
+        views, offset = [], 0
+        for kind, rows in runs:
+            views.append((kind, flat[offset:offset + rows.numel()].view(rows.shape)))
+            offset += rows.numel()
+        layer.gguf_runs = tuple(views)
+        del layer.gguf_parts
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        runs = layer.gguf_runs
+        if len(runs) == 1:
+            return ops_ggml.ggml_linear(x, runs[0][1], runs[0][0], layer.bias)
+        out = torch.cat([ops_ggml.ggml_linear(x, rows, kind) for kind, rows in runs], dim=-1)
+        return out if layer.bias is None else out + layer.bias.to(out.dtype)
+
+    def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        (kind, rows), = layer.gguf_runs  # one checkpoint tensor: one type
+        return ops_ggml.ggml_embedding(ids, rows, kind)
+
+    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+        return torch.cat([dequantize(rows, kind) for kind, rows in layer.gguf_runs])
+
+    def example_checkpoint(self, input_size: int, output_size: int,
+                           generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Random rows of a quantized type whose blocks fit ``input_size`` values (drawn
+        with ``generator``)."""
+        from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
+
+        fitting = [kind for kind in GGML_TYPES if input_size % ggml_block(kind) == 0]
+        if not fitting:
+            raise UnsupportedError(f"GGUF rows are whole blocks of 32 or 256 values; "
+                                   f"{input_size} inputs are not")
+        kind = fitting[int(torch.randint(len(fitting), (), generator=generator))]
+        return {"qweight": ggml_weight(generator, kind, output_size, input_size),
+                "qweight_type": torch.tensor([kind], dtype=torch.int32)}
+
+
+def _keep_part(parts: Parts, name: str, param: nn.Parameter, tensor: torch.Tensor,
+               rows: tuple[int, int]) -> None:
+    """The ``weight_loader`` of ``qweight`` / ``qweight_type``: keep ``tensor`` for output
+    rows ``rows`` until :meth:`GgufMethod.process_weights_after_loading`."""
+    first, count = rows
+    if name == "qweight":
+        if tensor.dtype != torch.uint8 or tensor.dim() != 2 or tensor.shape[0] != count:
+            raise ModelError(f"qweight must be uint8 [{count}, row_bytes] GGUF rows, got "
+                             f"{str(tensor.dtype).removeprefix('torch.')} "
+                             f"{list(tensor.shape)}")
+        parts.setdefault(first, {})[name] = tensor.contiguous()
+    else:
+        if tensor.numel() != 1:
+            raise ModelError(f"qweight_type must be one GGUF type, got {tensor.numel()} values")
+        parts.setdefault(first, {})[name] = int(tensor.reshape(-1)[0])

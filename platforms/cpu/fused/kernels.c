@@ -1,0 +1,254 @@
+/* The small ops of a CPU decode step, fused into one pass each, fp32 (see ops.py):
+ *
+ * hwplug_rms_norm: out = s * rsqrt(mean(s^2) + eps) * w per row, s = x (+ residual, also
+ *   written to sum) in the same pass.
+ * hwplug_silu_and_mul: out = silu(x[:d]) * x[d:] per row.
+ * hwplug_rotary: the neox or GPT-J rotation of each head's first rot_dim dims by its
+ *   token's cos/sin row, the rest copied.
+ * hwplug_paged_decode: attention of one query per sequence over its paged NHD cache,
+ *   walking its block table (no gather): online softmax over chunks of keys, the query
+ *   heads of one KV head together, sliding window and soft cap. OpenMP over
+ *   (sequence, KV head).
+ *
+ * Built like the ggml kernels (hwplug.platforms.cpu.ggml.build): avx2 and portable builds
+ * of the same GNU C vector code (8 fp32 lanes), which each build's flags lower to its SIMD.
+ * Return values: 0 on success, -1 for an index out of range (nothing else is checked here:
+ * the Python side checks shapes and dtypes).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=fast") /* a * b + c as one FMA where the CPU has it */
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+INLINE f32x8 load8(const float *p) { f32x8 v; memcpy(&v, p, sizeof v); return v; }
+INLINE void store8(float *p, f32x8 v) { memcpy(p, &v, sizeof v); }
+INLINE f32x8 splat(float x) { return (f32x8){0} + x; }
+INLINE float hsum(f32x8 v) {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+INLINE f32x8 select(i32x8 mask, f32x8 a, f32x8 b) { /* mask ? a : b, lane by lane */
+    return (f32x8)((mask & (i32x8)a) | (~mask & (i32x8)b));
+}
+
+/* exp(x) lane by lane, x clamped to [-87, 88]: 2^n p(r), Cephes' expf polynomial (relative
+ * error ~1e-7), so exp(-inf) is 1.6e-38, not 0 */
+INLINE f32x8 exp8(f32x8 x) {
+    x = select(x < -87.0f, splat(-87.0f), select(x > 88.0f, splat(88.0f), x));
+    const f32x8 t = x * 1.44269504088896341f + 0.5f;
+    i32x8 n = __builtin_convertvector(t, i32x8); /* truncates: floor for t < 0 is one less */
+    n += (i32x8)(__builtin_convertvector(n, f32x8) > t);
+    const f32x8 nf = __builtin_convertvector(n, f32x8);
+    const f32x8 r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+    f32x8 p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * (f32x8)((n + 127) << 23);
+}
+
+/* ---- rms_norm ---- */
+INLINE void rms_norm_row(const float *x, const float *res, float *out, float *sum,
+                         const float *w, int64_t H, float eps) {
+    f32x8 acc0 = {0}, acc1 = {0};
+    float tail = 0.0f;
+    int64_t i = 0;
+    for (; i + 16 <= H; i += 16) {
+        f32x8 a = load8(x + i), b = load8(x + i + 8);
+        if (res) {
+            a += load8(res + i);
+            b += load8(res + i + 8);
+            store8(sum + i, a);
+            store8(sum + i + 8, b);
+        }
+        acc0 += a * a;
+        acc1 += b * b;
+    }
+    for (; i < H; ++i) {
+        const float s = res ? (sum[i] = x[i] + res[i]) : x[i];
+        tail += s * s;
+    }
+    const float inv = 1.0f / sqrtf((hsum(acc0 + acc1) + tail) / (float)H + eps);
+    const float *s = res ? sum : x;
+    for (i = 0; i + 8 <= H; i += 8) store8(out + i, load8(s + i) * inv * load8(w + i));
+    for (; i < H; ++i) out[i] = s[i] * inv * w[i];
+}
+
+/* rows of H values: out = rms_norm(x (+ res)), sum = x + res when res is given */
+int hwplug_rms_norm(const float *x, const float *res, float *out, float *sum, const float *w,
+                    int64_t rows, int64_t H, float eps, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * H >= (1 << 16))
+    for (int64_t r = 0; r < rows; ++r)
+        rms_norm_row(x + r * H, res ? res + r * H : 0, out + r * H, sum ? sum + r * H : 0, w, H,
+                     eps);
+    return 0;
+}
+
+/* ---- silu_and_mul ---- */
+INLINE f32x8 silu_mul8(f32x8 g, f32x8 u) { return g / (1.0f + exp8(-g)) * u; }
+
+/* rows of 2d values -> rows of d: silu(first half) * second half */
+int hwplug_silu_and_mul(const float *x, float *out, int64_t rows, int64_t d, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * d >= (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = x + 2 * d * r, *u = g + d;
+        float *o = out + d * r;
+        int64_t i = 0;
+        for (; i + 8 <= d; i += 8) store8(o + i, silu_mul8(load8(g + i), load8(u + i)));
+        if (i < d) { /* the last d % 8 values, through a zero-padded vector */
+            f32x8 gt = {0}, ut = {0};
+            const size_t bytes = sizeof(float) * (size_t)(d - i);
+            memcpy(&gt, g + i, bytes);
+            memcpy(&ut, u + i, bytes);
+            const f32x8 ot = silu_mul8(gt, ut);
+            memcpy(o + i, &ot, bytes);
+        }
+    }
+    return 0;
+}
+
+/* ---- rotary_embedding ---- */
+/* heads [H, D] of one token (head h at x + h * D) rotated into out (same layout) */
+INLINE void rotate_heads(const float *x, float *out, int64_t H, int64_t D, int64_t rot,
+                         const float *cos, const float *sin, int neox) {
+    const int64_t half = rot / 2;
+    for (int64_t h = 0; h < H; ++h, x += D, out += D) {
+        if (neox) {
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = x[i], b = x[i + half];
+                out[i] = a * cos[i] - b * sin[i];
+                out[i + half] = b * cos[i] + a * sin[i];
+            }
+        } else {
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = x[2 * i], b = x[2 * i + 1];
+                out[2 * i] = a * cos[i] - b * sin[i];
+                out[2 * i + 1] = b * cos[i] + a * sin[i];
+            }
+        }
+        memcpy(out + rot, x + rot, sizeof(float) * (size_t)(D - rot));
+    }
+}
+
+/* query [T, Hq, D] (tokens q_stride values apart) and key [T, Hk, D] (k_stride apart)
+ * rotated into q_out and k_out [T, H, D] by cache [max_pos, rot] rows pos[t]; -1 when a
+ * position is not in [0, max_pos) */
+int hwplug_rotary(const int64_t *pos, const float *cache, int64_t max_pos, int64_t rot,
+                  const float *q, int64_t q_stride, int64_t Hq, float *q_out, const float *k,
+                  int64_t k_stride, int64_t Hk, float *k_out, int64_t T, int64_t D, int neox) {
+    for (int64_t t = 0; t < T; ++t)
+        if (pos[t] < 0 || pos[t] >= max_pos) return -1;
+    for (int64_t t = 0; t < T; ++t) {
+        const float *c = cache + pos[t] * rot;
+        rotate_heads(q + t * q_stride, q_out + t * Hq * D, Hq, D, rot, c, c + rot / 2, neox);
+        rotate_heads(k + t * k_stride, k_out + t * Hk * D, Hk, D, rot, c, c + rot / 2, neox);
+    }
+    return 0;
+}
+
+/* ---- paged_attention, decode ---- */
+enum { CHUNK = 16, MAX_GROUP = 16, MAX_HEAD = 256 };
+
+INLINE float dot(const float *a, const float *b, int64_t D) {
+    f32x8 acc = {0};
+    for (int64_t i = 0; i < D; i += 8) acc += load8(a + i) * load8(b + i);
+    return hsum(acc);
+}
+
+typedef struct {
+    const float *k, *v;      /* the KV head's first key / value: cache[0 or 1, 0, 0, kv head] */
+    int64_t block_stride;    /* values from one cache block to the next */
+    int64_t token_stride;    /* values from one slot to the next (Hkv * D) */
+    int64_t block_size, num_blocks, D;
+    float scale, cap;        /* cap 0: no soft cap */
+} kv_t;
+
+/* out [G, D] (heads D apart) = attention of the G query heads q [G, D] over keys
+ * [start, len) of the sequence whose blocks `table` lists; -1 for a block out of range */
+static int decode_heads(const float *q, int G, const kv_t *c, const int32_t *table,
+                        int64_t start, int64_t len, float *out) {
+    const int64_t D = c->D;
+    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP * CHUNK], acc[MAX_GROUP * MAX_HEAD];
+    for (int g = 0; g < G; ++g) { m[g] = -INFINITY; l[g] = 0.0f; }
+    memset(acc, 0, sizeof(float) * (size_t)(G * D));
+    memset(s, 0, sizeof s);
+    for (int64_t k0 = start; k0 < len;) {
+        const int64_t block = table[k0 / c->block_size], slot = k0 % c->block_size;
+        if (block < 0 || block >= c->num_blocks) return -1;
+        int64_t n = c->block_size - slot < CHUNK ? c->block_size - slot : CHUNK;
+        n = len - k0 < n ? len - k0 : n;
+        const int64_t first = block * c->block_stride + slot * c->token_stride;
+        const float *kp = c->k + first, *vp = c->v + first;
+        for (int64_t j = 0; j < n; ++j)
+            for (int g = 0; g < G; ++g)
+                s[g * CHUNK + j] = dot(q + g * D, kp + j * c->token_stride, D) * c->scale;
+        for (int g = 0; g < G; ++g) {
+            float *sg = s + g * CHUNK, *ag = acc + g * D, top = m[g];
+            for (int h = 0; h < CHUNK; h += 8) {
+                f32x8 v = load8(sg + h);
+                if (c->cap > 0.0f) /* cap tanh(v / cap) = cap (1 - 2 / (exp(2 v / cap) + 1)) */
+                    v = c->cap - 2.0f * c->cap / (exp8(v * (2.0f / c->cap)) + 1.0f);
+                store8(sg + h, v);
+            }
+            for (int64_t j = 0; j < n; ++j) top = sg[j] > top ? sg[j] : top;
+            const float correction = expf(m[g] - top); /* 0 on the first chunk */
+            for (int h = 0; h < CHUNK; h += 8) store8(sg + h, exp8(load8(sg + h) - top));
+            float total = 0.0f;
+            for (int64_t j = 0; j < n; ++j) total += sg[j];
+            l[g] = l[g] * correction + total;
+            for (int64_t i = 0; i < D; i += 8) {
+                f32x8 a = load8(ag + i) * correction;
+                for (int64_t j = 0; j < n; ++j) a += sg[j] * load8(vp + j * c->token_stride + i);
+                store8(ag + i, a);
+            }
+            m[g] = top;
+        }
+        k0 += n;
+    }
+    for (int g = 0; g < G; ++g) {
+        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f; /* no keys: zeros */
+        for (int64_t i = 0; i < D; i += 8) store8(out + g * D + i, load8(acc + g * D + i) * inv);
+    }
+    return 0;
+}
+
+/* out [B, Hq, D] = decode attention of query [B, Hq, D] (sequences q_stride values apart)
+ * over kv_cache [2, num_blocks, block_size, Hkv, D] (fp32, contiguous), block_tables [B,
+ * table_stride] int32, seq_lens [B] int32; window 0: none, cap 0: none. D % 8 == 0,
+ * D <= 256, Hq / Hkv <= 16 (the caller checks). -1 for a block index out of range. */
+int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_cache,
+                        int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D,
+                        const int32_t *block_tables, int64_t table_stride,
+                        const int32_t *seq_lens, int64_t B, int64_t Hq, float scale,
+                        int64_t window, float cap, float *out, int nthreads) {
+    const int G = (int)(Hq / Hkv);
+    const int64_t half = num_blocks * block_size * Hkv * D;
+    int64_t work = 0;
+    for (int64_t b = 0; b < B; ++b) work += seq_lens[b];
+    int status = 0;
+#pragma omp parallel for collapse(2) num_threads(nthreads) schedule(static) \
+    if (work * Hq * D >= (1 << 15) && B * Hkv > 1)
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t kh = 0; kh < Hkv; ++kh) {
+            const kv_t c = {kv_cache + kh * D, kv_cache + half + kh * D, block_size * Hkv * D,
+                            Hkv * D, block_size, num_blocks, D, scale, cap};
+            const int64_t len = seq_lens[b];
+            const int64_t start = window > 0 && len > window ? len - window : 0;
+            if (decode_heads(query + b * q_stride + kh * G * D, G, &c,
+                             block_tables + b * table_stride, start, len,
+                             out + (b * Hq + kh * G) * D)) {
+#pragma omp atomic write
+                status = -1;
+            }
+        }
+    return status;
+}

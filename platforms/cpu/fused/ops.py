@@ -1,0 +1,186 @@
+"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding`` and decode ``paged_attention``
+variants that call ``kernels.c`` through ctypes, fp32.
+
+:data:`AVX2` and :data:`PORTABLE` are the two builds, compiled and cached by
+:mod:`hwplug.platforms.cpu.ggml.build` the first time one of their ops is asked for, so a
+failed build is the variant's rejection reason. Each op checks nothing its ``*_supported``
+function checks (the registry asks that first) and allocates only its outputs: a call is
+one ctypes call (argtypes set once) plus the output tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from hwplug.errors import UnsupportedError
+from hwplug.platforms.cpu.ggml import build
+
+SOURCE = Path(__file__).with_name("kernels.c")
+#: Limits of the decode attention kernel's per-thread buffers (kernels.c).
+MAX_GROUP, MAX_HEAD = 16, 256
+_i64, _ptr, _int, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "hwplug_rms_norm": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int],
+    "hwplug_silu_and_mul": [_ptr, _ptr, _i64, _i64, _int],
+    "hwplug_rotary": [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
+                      _i64, _i64, _int],
+    "hwplug_paged_decode": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64,
+                            _i64, _f32, _i64, _f32, _ptr, _int],
+}
+
+
+class FusedKernels(build.Library):
+    """One build of ``kernels.c``; its attributes are the ops, with the ops' signatures
+    (asking for one builds the library first, see :class:`~hwplug.platforms.cpu.ggml.build.
+    BuiltOp`)."""
+
+    source = SOURCE
+    signatures = _SIGNATURES
+    rms_norm = build.BuiltOp()
+    silu_and_mul = build.BuiltOp()
+    rotary_embedding = build.BuiltOp()
+    paged_attention = build.BuiltOp()
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                  residual: torch.Tensor | None = None
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty_like(x)
+        summed = None if residual is None else torch.empty_like(x)
+        hidden = x.shape[-1]
+        self.library.hwplug_rms_norm(
+            x.data_ptr(), None if residual is None else residual.data_ptr(), out.data_ptr(),
+            None if summed is None else summed.data_ptr(), weight.data_ptr(),
+            x.numel() // max(hidden, 1), hidden, eps, torch.get_num_threads())
+        return out if summed is None else (out, summed)
+
+    def _silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        out = torch.empty((*x.shape[:-1], half), dtype=x.dtype)
+        self.library.hwplug_silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
+                                         half, torch.get_num_threads())
+        return out
+
+    def _rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                          cos_sin_cache: torch.Tensor, is_neox: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, heads, size = query.shape
+        q_out = torch.empty((tokens, heads, size), dtype=query.dtype)
+        k_out = torch.empty(key.shape, dtype=key.dtype)
+        if self.library.hwplug_rotary(
+                positions.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0],
+                cos_sin_cache.shape[1], query.data_ptr(), query.stride(0), heads,
+                q_out.data_ptr(), key.data_ptr(), key.stride(0), key.shape[1], k_out.data_ptr(),
+                tokens, size, int(is_neox)):
+            raise UnsupportedError(f"positions must lie in [0, {cos_sin_cache.shape[0]}) (the "
+                                   f"cos_sin_cache's rows), got {positions.min().item()} .. "
+                                   f"{positions.max().item()}")
+        return q_out, k_out
+
+    def _paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         query_start_loc: torch.Tensor, scale: float, causal: bool = True,
+                         sliding_window: int | None = None, soft_cap: float | None = None,
+                         max_query_len: int | None = None, max_seq_len: int | None = None,
+                         k_scale: torch.Tensor | None = None,
+                         v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        _, num_blocks, block_size, kv_heads, size = kv_cache.shape
+        out = torch.empty((query.shape[0], query.shape[1], size), dtype=query.dtype)
+        if self.library.hwplug_paged_decode(
+                query.data_ptr(), query.stride(0), kv_cache.data_ptr(), num_blocks, block_size,
+                kv_heads, size, block_tables.data_ptr(), block_tables.stride(0),
+                seq_lens.data_ptr(), seq_lens.shape[0], query.shape[1], scale,
+                sliding_window or 0, soft_cap or 0.0, out.data_ptr(), torch.get_num_threads()):
+            raise UnsupportedError(f"a block table entry read lies outside the cache's "
+                                   f"{num_blocks} blocks")
+        return out
+
+
+def _fp32_rows(name: str, tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` is not fp32 with contiguous rows, or None."""
+    if tensor.dtype != torch.float32:
+        return f"{name}: float32 only, got {tensor.dtype}"
+    return None if tensor.is_contiguous() else f"{name}: needs a contiguous tensor"
+
+
+def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                       residual: torch.Tensor | None = None) -> str | None:
+    """Why the C ``rms_norm`` declines a call, or None."""
+    tensors = {"x": x, "weight": weight, **({} if residual is None else {"residual": residual})}
+    for name, tensor in tensors.items():
+        if problem := _fp32_rows(name, tensor):
+            return problem
+    if weight.shape != x.shape[-1:] or (residual is not None and residual.shape != x.shape):
+        return (f"needs weight [{x.shape[-1]}] and residual of x's shape, got weight "
+                f"{list(weight.shape)}"
+                f"{'' if residual is None else f', residual {list(residual.shape)}'}")
+    return None
+
+
+def silu_and_mul_supported(x: torch.Tensor) -> str | None:
+    """Why the C ``silu_and_mul`` declines a call, or None."""
+    if x.dim() == 0 or x.shape[-1] % 2 or not x.shape[-1]:
+        return f"needs an even, nonzero last dimension, got {list(x.shape)}"
+    return _fp32_rows("x", x)
+
+
+def _heads(name: str, tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` is not fp32 ``[T, H, D]`` with contiguous heads, or None."""
+    if tensor.dtype != torch.float32 or tensor.dim() != 3:
+        return f"{name}: float32 [T, H, D] only, got {tensor.dtype} {list(tensor.shape)}"
+    if tensor.stride(2) != 1 or tensor.stride(1) != tensor.shape[2]:
+        return f"{name}: needs each token's heads contiguous, got strides {tensor.stride()}"
+    return None
+
+
+def rotary_supported(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, is_neox: bool) -> str | None:
+    """Why the C ``rotary_embedding`` declines a call, or None."""
+    for name, tensor in (("query", query), ("key", key)):
+        if problem := _heads(name, tensor):
+            return problem
+    if positions.dtype != torch.int64 or not positions.is_contiguous():
+        return f"positions: contiguous int64 only, got {positions.dtype}"
+    if problem := _fp32_rows("cos_sin_cache", cos_sin_cache):
+        return problem
+    rot = cos_sin_cache.shape[-1]
+    if rot % 2 or rot > query.shape[2] or key.shape[::2] != query.shape[::2]:
+        return (f"needs an even rot_dim <= head size and key [T, Hkv, D] beside query "
+                f"{list(query.shape)}, got rot_dim {rot}, key {list(key.shape)}")
+    return None
+
+
+def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                     causal: bool = True, sliding_window: int | None = None,
+                     soft_cap: float | None = None, max_query_len: int | None = None,
+                     max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> str | None:
+    """Why the C decode ``paged_attention`` declines a call, or None."""
+    if max_query_len != 1 or query.shape[0] != seq_lens.shape[0]:
+        return "serves decode-only batches (max_query_len=1, one query per sequence)"
+    if kv_cache.dtype != torch.float32 or k_scale is not None or v_scale is not None:
+        return f"needs an fp32 KV cache without k/v scales (fp8 not done), got {kv_cache.dtype}"
+    if problem := _heads("query", query):
+        return problem
+    if not kv_cache.is_contiguous():
+        return "needs a contiguous kv_cache"
+    size, kv_heads = kv_cache.shape[4], kv_cache.shape[3]
+    if size % 8 or size > MAX_HEAD or query.shape[2] != size:
+        return f"needs the head size a multiple of 8 up to {MAX_HEAD}, got {size}"
+    if query.shape[1] % kv_heads or query.shape[1] // kv_heads > MAX_GROUP:
+        return f"needs up to {MAX_GROUP} query heads per KV head, got {query.shape[1]}/{kv_heads}"
+    for name, tensor in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if tensor.dtype != torch.int32 or tensor.stride(-1) != 1:
+            return f"{name}: int32 with contiguous rows only, got {tensor.dtype}"
+    if soft_cap is not None and soft_cap <= 0:
+        return f"soft_cap must be positive, got {soft_cap}"
+    return None
+
+
+#: The build for x86-64 CPUs with AVX2 and FMA.
+AVX2 = FusedKernels("avx2")
+#: The build of plain C for every other CPU.
+PORTABLE = FusedKernels("portable")

@@ -1,0 +1,390 @@
+/* GGUF (ggml) quantized blocks, computed on the CPU without dequantizing the weight.
+ *
+ * hwplug_ggml_linear: out[M, N] = x[M, K] @ dequantize(w[N, row_bytes]).T (+ bias), fp32.
+ *   The activations are quantized per block of 32 to int16 (scale = max|x| / 32767) or,
+ *   as llama.cpp does, to int8 (scale = max|x| / 127), rounding to nearest even, and each
+ *   weight block is dotted with them in integer arithmetic (exact: the int32 bounds are
+ *   stated at the dot products), then scaled in fp32. Output rows are split over OpenMP
+ *   threads.
+ * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile).
+ *
+ * Types (gguf.GGMLQuantizationType values): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32);
+ * Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts are those of ggml-common.h.
+ * Built twice from this file and its SIMD layer (simd.h): with HWPLUG_GGML_AVX2 (AVX2 +
+ * FMA + F16C intrinsics) and without (portable: GNU C vector extensions, which GCC and
+ * clang lower to each CPU's SIMD). Both compute the same integer dots; they group a
+ * block's products into their 8 lanes differently, so their fp32 results may differ in
+ * the last bits.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef HWPLUG_GGML_AVX2
+#include <immintrin.h>
+#endif
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+enum { QK = 32, QK_K = 256, MT_MAX = 4 };
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* The quantized activations (int8 or int16, the `wide` flag the kernels pass along),
+ * block-major so that a block's rows lie side by side: for block b of row m, i = b * rows + m
+ * indexes the quants q[32 i ..], the scale d[i] and d[i] * sum(q) as sd[i]. */
+typedef struct {
+    void *q;
+    float *d, *sd;
+    int64_t nb, rows; /* blocks of 32 per row; rows */
+} act_t;
+
+#include "simd.h"
+
+/* ---- activations: int8 or int16 (wide) per block of 32 ---- */
+/* the quants of block i of the activations, and their dot products with a weight block */
+#define Q8(a, i) ((const int8_t *)(a)->q + QK * (i))
+#define Q16(a, i) ((const int16_t *)(a)->q + QK * (i))
+INLINE isum_t act_dot_centered_scaled(u8x32 u, int center, const act_t *a, int64_t i, int wide,
+                                      int sc0, int sc1) {
+    return wide ? dot16_centered_scaled(u, center, Q16(a, i), sc0, sc1)
+                : dot_centered_scaled(u, center, Q8(a, i), sc0, sc1);
+}
+/* the quants of a legacy block: 16 bytes of nibbles at qs, and with five the fifth bits at
+ * hbits; as u for int8 activations, as uw (widened once) for wide ones */
+INLINE void legacy_quants(const uint8_t *qs, const uint8_t *hbits, int five, int wide, u8x32 *u,
+                          wide_t *uw) {
+    if (wide && !five) {
+        *uw = nibbles16_wide(qs);
+        return;
+    }
+    *u = nibbles16(qs);
+    if (five) { uint32_t h; memcpy(&h, hbits, 4); *u = or_bits32(*u, h); }
+    if (wide) *uw = widen(*u);
+}
+INLINE isum_t act_dot_quants(const u8x32 *u, const wide_t *uw, const act_t *a, int64_t i,
+                             int wide) {
+    return wide ? dot16_wide(uw, Q16(a, i)) : dot_u8(*u, Q8(a, i));
+}
+INLINE isum_t act_dot_s8(const int8_t *w, const act_t *a, int64_t i, int wide) {
+    return wide ? dot16_s8(w, Q16(a, i)) : dot_s8(w, Q8(a, i));
+}
+
+/* row x of the activations into a (block-major, see act_t), m its index */
+INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int wide) {
+    const float qmax = wide ? 32767.0f : 127.0f;
+    for (int64_t b = 0; b < a->nb; ++b, x += QK) {
+        const int64_t i = b * a->rows + m;
+        const float amax = block_amax(x), id = amax > 0.0f ? qmax / amax : 0.0f;
+        int sum = 0;
+        for (int l = 0; l < QK; ++l) { /* + 1.5 * 2^23 rounds half to even */
+            const int v = (int)((x[l] * id + 0x1.8p23f) - 0x1.8p23f);
+            if (wide)
+                ((int16_t *)a->q)[QK * i + l] = (int16_t)v;
+            else
+                ((int8_t *)a->q)[QK * i + l] = (int8_t)v;
+            sum += v;
+        }
+        a->d[i] = amax / qmax;
+        a->sd[i] = a->d[i] * (float)sum;
+    }
+}
+
+/* ---- a tile of nr weight rows (ld bytes apart) by mt activation rows, nr * mt <= 4 ----
+ * Each kernel accumulates acc (the integer dots, scaled) and off (what the blocks' offsets
+ * or minimums contribute) per pair, and writes res[r * mt + m] = acc - off. `a` starts at
+ * the tile's first activation row. Four independent accumulators keep the FMA pipes busy
+ * even for one activation row. */
+#define TILE_BEGIN                                              \
+    facc acc[MT_MAX];                                           \
+    float off[MT_MAX];                                          \
+    _Pragma("GCC unroll 4") for (int t = 0; t < nr * mt; ++t) { \
+        acc[t] = acc_zero();                                    \
+        off[t] = 0.0f;                                          \
+    }
+#define TILE_END                                                \
+    _Pragma("GCC unroll 4") for (int t = 0; t < nr * mt; ++t)   \
+        res[t] = acc_total(acc[t]) - off[t];
+/* for each activation row m of the tile: t, the accumulator of the pair (r, m) */
+#define FOR_M _Pragma("GCC unroll 4") for (int m = 0, t = r * mt; m < mt; ++m, ++t)
+/* the index of block b of activation row m (see act_t) */
+#define I(b) ((b) * a->rows + m)
+
+/* Q4_0 (d, 16 bytes of nibbles): w = d (q - 8); Q5_0 adds a fifth bit: w = d (q - 16) */
+INLINE void tile_q4_0_q5_0(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                           float *res, int wide, int five) {
+    TILE_BEGIN
+    const int bytes = five ? 22 : 18, center = five ? 16 : 8;
+    for (int64_t b = 0; b < a->nb; ++b) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = w + r * ld + b * bytes;
+            const float dw = fp16_to_fp32(blk), dc = dw * (float)center;
+            const fscale dws = scale_of(dw);
+            u8x32 u;
+            wide_t uw;
+            legacy_quants(blk + (five ? 6 : 2), blk + 2, five, wide, &u, &uw);
+            FOR_M {
+                const int64_t i = I(b);
+                acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), dws, a->d + i);
+                off[t] += dc * a->sd[i];
+            }
+        }
+    }
+    TILE_END
+}
+
+/* Q4_1 (d, m, nibbles): w = d q + m; Q5_1 adds a fifth bit */
+INLINE void tile_q4_1_q5_1(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                           float *res, int wide, int five) {
+    TILE_BEGIN
+    const int bytes = five ? 24 : 20;
+    for (int64_t b = 0; b < a->nb; ++b) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = w + r * ld + b * bytes;
+            const float mw = fp16_to_fp32(blk + 2);
+            const fscale dws = scale_of(fp16_to_fp32(blk));
+            u8x32 u;
+            wide_t uw;
+            legacy_quants(blk + (five ? 8 : 4), blk + 4, five, wide, &u, &uw);
+            FOR_M {
+                const int64_t i = I(b);
+                acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), dws, a->d + i);
+                off[t] -= mw * a->sd[i];
+            }
+        }
+    }
+    TILE_END
+}
+
+/* Q8_0 (d, 32 int8): w = d q */
+INLINE void tile_q8_0(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                      float *res, int wide) {
+    TILE_BEGIN
+    for (int64_t b = 0; b < a->nb; ++b) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = w + r * ld + b * 34;
+            const fscale dws = scale_of(fp16_to_fp32(blk));
+            FOR_M acc[t] = acc_add(acc[t], act_dot_s8((const int8_t *)(blk + 2), a, I(b), wide),
+                                   dws, a->d + I(b));
+        }
+    }
+    TILE_END
+}
+
+/* the 6-bit scales and mins of Q4_K / Q5_K's eight sub-blocks */
+INLINE void k_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
+        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
+/* Q4_K (d, dmin, scales[12], qs[128]); Q5_K adds qh[32] before qs: w = d sc q - dmin mn */
+INLINE void tile_q4_k_q5_k(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                           float *res, int wide, int five) {
+    TILE_BEGIN
+    const int bytes = five ? 176 : 144;
+    for (int64_t sb = 0; sb < a->nb / 8; ++sb) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = w + r * ld + sb * bytes, *qs = blk + (five ? 48 : 16);
+            const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+            uint8_t sc[8], mn[8];
+            float dsc[8], dmn[8];
+            k_scales(blk + 4, sc, mn);
+            for (int j = 0; j < 8; ++j) { dsc[j] = d * (float)sc[j]; dmn[j] = dmin * (float)mn[j]; }
+            for (int j = 0; j < 8; ++j) {
+                u8x32 u;
+                wide_t uw;
+                if (wide && !five) {
+                    uw = nibbles32_wide(qs + 32 * (j >> 1), j & 1);
+                } else {
+                    u = (j & 1) ? hi4(qs + 32 * (j >> 1)) : lo4(qs + 32 * (j >> 1));
+                    if (five) u = or_bits(u, blk + 16, j, 1);
+                    if (wide) uw = widen(u);
+                }
+                const float ms = dmn[j];
+                const fscale ds = scale_of(dsc[j]);
+                FOR_M {
+                    const int64_t i = I(8 * sb + j);
+                    acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), ds, a->d + i);
+                    off[t] += ms * a->sd[i];
+                }
+            }
+        }
+    }
+    TILE_END
+}
+
+/* Q6_K (ql[128], qh[64], int8 scales[16], d): w = d sc (q - 32), a scale per 16 */
+INLINE void tile_q6_k(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                      float *res, int wide) {
+    TILE_BEGIN
+    for (int64_t sb = 0; sb < a->nb / 8; ++sb) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = w + r * ld + sb * 210;
+            const fscale ds = scale_of(fp16_to_fp32(blk + 208));
+            const int8_t *scales = (const int8_t *)(blk + 192);
+            for (int j = 0; j < 8; ++j) {
+                const int h = j >> 2, s = j & 3, sc0 = scales[2 * j], sc1 = scales[2 * j + 1];
+                const uint8_t *ql = blk + 64 * h + 32 * (s & 1);
+                u8x32 u = or_bits((s & 2) ? hi4(ql) : lo4(ql), blk + 128 + 32 * h, 2 * s, 3);
+                FOR_M {
+                    const int64_t i = I(8 * sb + j);
+                    acc[t] = acc_add(acc[t], act_dot_centered_scaled(u, 32, a, i, wide, sc0, sc1),
+                                     ds, a->d + i);
+                }
+            }
+        }
+    }
+    TILE_END
+}
+
+/* one tile; nr and mt are compile-time constants after inlining into tile() */
+INLINE void tile_of_type(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
+                         int mt, float *res, int wide) {
+    switch (type) {
+    case T_Q4_0: tile_q4_0_q5_0(w, ld, nr, a, mt, res, wide, 0); break;
+    case T_Q5_0: tile_q4_0_q5_0(w, ld, nr, a, mt, res, wide, 1); break;
+    case T_Q4_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 0); break;
+    case T_Q5_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 1); break;
+    case T_Q8_0: tile_q8_0(w, ld, nr, a, mt, res, wide); break;
+    case T_Q4_K: tile_q4_k_q5_k(w, ld, nr, a, mt, res, wide, 0); break;
+    case T_Q5_K: tile_q4_k_q5_k(w, ld, nr, a, mt, res, wide, 1); break;
+    case T_Q6_K: tile_q6_k(w, ld, nr, a, mt, res, wide); break;
+    }
+}
+
+/* tile shapes (nr, mt): (4, 1), (2, 2), and (1, mt) for the rest */
+INLINE void tile_of_shape(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
+                          int mt, float *res, int wide) {
+    switch (mt * 8 + nr) {
+    case 9: tile_of_type(type, w, ld, 1, a, 1, res, wide); break;
+    case 12: tile_of_type(type, w, ld, 4, a, 1, res, wide); break;
+    case 17: tile_of_type(type, w, ld, 1, a, 2, res, wide); break;
+    case 18: tile_of_type(type, w, ld, 2, a, 2, res, wide); break;
+    case 25: tile_of_type(type, w, ld, 1, a, 3, res, wide); break;
+    default: tile_of_type(type, w, ld, 1, a, 4, res, wide); break;
+    }
+}
+
+/* one tile; wide, nr and mt are compile-time constants in each instance */
+static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                 float *res, int wide) {
+    if (wide)
+        tile_of_shape(type, w, ld, nr, a, mt, res, 1);
+    else
+        tile_of_shape(type, w, ld, nr, a, mt, res, 0);
+}
+
+static int linear_type(int type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 ||
+           type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+}
+
+/* out[M, N] = x[M, K] @ W.T (+ bias), the activations quantized to act_bits (8 or 16) bits;
+ * 0 on success, -1 for a type or act_bits it does not serve, -2 when out of memory. K is a
+ * multiple of the type's block (the caller checks). */
+int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                       const float *x, int64_t M, float *out, const float *bias, int act_bits,
+                       int nthreads) {
+    if (!linear_type(type) || (act_bits != 8 && act_bits != 16)) return -1;
+    const int64_t nb = K / QK, width = act_bits / 8;
+    act_t act = {malloc((size_t)(M * K * width)), malloc(sizeof(float) * (size_t)(M * nb)),
+                 malloc(sizeof(float) * (size_t)(M * nb)), nb, M};
+    int status = (act.q && act.d && act.sd) ? 0 : -2;
+    if (status == 0) {
+#pragma omp parallel for num_threads(nthreads) if (M >= 8)
+        for (int64_t m = 0; m < M; ++m) {
+            if (width == 2)
+                quantize_row(x + m * K, &act, m, 1);
+            else
+                quantize_row(x + m * K, &act, m, 0);
+        }
+/* groups of 4 weight rows; each group against the activations in tiles of mt rows */
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
+        for (int64_t n0 = 0; n0 < N; n0 += MT_MAX) {
+            const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
+            for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {
+                const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+                const act_t part = {(char *)act.q + QK * m0 * width, act.d + m0, act.sd + m0,
+                                    nb, M};
+                for (int r0 = 0; r0 < rows;) {
+                    const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
+                    float res[MT_MAX];
+                    tile(type, w + (n0 + r0) * row_bytes, row_bytes, nr, &part, mt, res,
+                         width == 2);
+                    for (int r = 0; r < nr; ++r)
+                        for (int m = 0; m < mt; ++m)
+                            out[(m0 + m) * N + n0 + r0 + r] =
+                                res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
+                    r0 += nr;
+                }
+            }
+        }
+    }
+    free(act.q); free(act.d); free(act.sd);
+    return status;
+}
+
+/* ---- dequantization of whole rows ---- */
+static void dequantize_row(int type, const uint8_t *w, int64_t K, float *o) {
+    switch (type) {
+    case T_F32: memcpy(o, w, sizeof(float) * (size_t)K); return;
+    case T_F16: for (int64_t k = 0; k < K; ++k) o[k] = fp16_to_fp32(w + 2 * k); return;
+    default: break;
+    }
+    if (type == T_Q4_0 || type == T_Q5_0 || type == T_Q4_1 || type == T_Q5_1) {
+        const int five = type == T_Q5_0 || type == T_Q5_1, min = type == T_Q4_1 || type == T_Q5_1;
+        const int bytes = 18 + 2 * min + 4 * five;
+        for (int64_t b = 0; b < K / QK; ++b, w += bytes, o += QK) {
+            u8x32 u = nibbles16(w + bytes - 16);
+            if (five) { uint32_t h; memcpy(&h, w + 2 + 2 * min, 4); u = or_bits32(u, h); }
+            const float d = fp16_to_fp32(w);
+            store_f32(u, d, d, min ? 0 : (five ? 16 : 8), min ? fp16_to_fp32(w + 2) : 0.0f, o);
+        }
+    } else if (type == T_Q8_0) {
+        for (int64_t b = 0; b < K / QK; ++b, w += 34) {
+            const float d = fp16_to_fp32(w);
+            for (int l = 0; l < QK; ++l) *o++ = d * (float)((const int8_t *)(w + 2))[l];
+        }
+    } else if (type == T_Q4_K || type == T_Q5_K) {
+        const int five = type == T_Q5_K;
+        for (int64_t sb = 0; sb < K / QK_K; ++sb, w += five ? 176 : 144) {
+            const float d = fp16_to_fp32(w), dmin = fp16_to_fp32(w + 2);
+            const uint8_t *qs = w + (five ? 48 : 16);
+            uint8_t sc[8], mn[8];
+            k_scales(w + 4, sc, mn);
+            for (int j = 0; j < 8; ++j, o += QK) {
+                u8x32 u = (j & 1) ? hi4(qs + 32 * (j >> 1)) : lo4(qs + 32 * (j >> 1));
+                if (five) u = or_bits(u, w + 16, j, 1);
+                const float ds = d * (float)sc[j];
+                store_f32(u, ds, ds, 0, -(dmin * (float)mn[j]), o);
+            }
+        }
+    } else if (type == T_Q6_K) {
+        for (int64_t sb = 0; sb < K / QK_K; ++sb, w += 210) {
+            const float d = fp16_to_fp32(w + 208);
+            const int8_t *scales = (const int8_t *)(w + 192);
+            for (int j = 0; j < 8; ++j, o += QK) {
+                const int h = j >> 2, s = j & 3;
+                const uint8_t *ql = w + 64 * h + 32 * (s & 1);
+                u8x32 u = or_bits((s & 2) ? hi4(ql) : lo4(ql), w + 128 + 32 * h, 2 * s, 3);
+                store_f32(u, d * (float)scales[2 * j], d * (float)scales[2 * j + 1], 32, 0.0f, o);
+            }
+        }
+    }
+}
+
+/* rows[r] (or r when rows is NULL) of w [*, row_bytes] dequantized to out[r, K]; 0 on
+ * success, -1 for a type it does not serve. F32 and F16 rows are converted. */
+int hwplug_ggml_dequantize(int type, const uint8_t *w, int64_t row_bytes, const int64_t *rows,
+                           int64_t nrows, int64_t K, float *out, int nthreads) {
+    if (!linear_type(type) && type != T_F32 && type != T_F16) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nrows * K >= 65536)
+    for (int64_t r = 0; r < nrows; ++r)
+        dequantize_row(type, w + (rows ? rows[r] : r) * row_bytes, K, out + r * K);
+    return 0;
+}

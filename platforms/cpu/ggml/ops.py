@@ -1,0 +1,212 @@
+"""The ``ggml_linear`` and ``ggml_embedding`` variants that call ``kernels.c`` through ctypes.
+
+:data:`AVX2` and :data:`PORTABLE` are the two builds (see :mod:`.build`); each builds its
+library the first time one of its functions is asked for, so the registry's lazy
+``"hwplug.platforms.cpu.ggml.ops:AVX2.linear"`` builds when the variant is first
+considered, and a failed build is the variant's rejection reason.
+
+``linear`` computes ``x @ W.T`` two ways, chosen by the number of activation rows ``M``:
+:meth:`GgmlKernels.linear_blocks`, the C kernel's integer dot products straight from the
+GGUF blocks (the weight read once for every 4 rows) with the activations quantized per
+block of 32 to int16 or int8, and :meth:`GgmlKernels.linear_tiled`, the weight dequantized
+by the C kernel a tile of at most :data:`TILE_VALUES` values at a time, each tile
+multiplied by torch's GEMM, whose register blocking wins once enough rows share each
+weight value. Both choices are data, from the ``ggml_linear`` tuning table
+(``tuning.json``, measured with benchmarks/ggml_linear.py): :func:`tiled_from`, the rows
+from which the tiles serve, and :func:`activations_of`, the activations' integer type.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from hwplug.errors import ConfigError, UnsupportedError
+from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, check_ids, type_name
+from hwplug.kernel_registry.tuning import TuningTable, read_layer
+from hwplug.platforms.cpu.ggml import build
+
+#: Most weight values :meth:`GgmlKernels.linear_tiled` dequantizes at once (4 MiB of fp32).
+TILE_VALUES = 1 << 20
+#: hwplug's layer of the ``ggml_linear`` tuning table: ``{device: {threads: {type name:
+#: activation rows from which it takes the tiles, "activations": {type name: "int16" |
+#: "int8"}}}}``. Its one entry, ``default`` at one thread, serves every CPU and thread
+#: count until a table says otherwise; measured on a 2-core AVX2 EPYC with
+#: benchmarks/ggml_linear.py: the integer kernel is faster up to 16-18 rows for the
+#: 32-value types and up to about 10 for the K-quants (Q5_0, Q5_1 and Q5_K take their Q4
+#: sibling's value, not measured apart). The activations are int16 (max|x| / 32767 steps:
+#: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of fp32) where
+#: that costs at most ~15% over int8 at one row (measured: 0-5% for the 32-value types and
+#: Q6_K, 15-19% for Q4_K); int8 (llama.cpp's, max|x| / 127 steps, ~2% errors) for Q5_K,
+#: where int16 cost 30-60%, and wherever a user's table trades precision for speed.
+TUNING = Path(__file__).with_name("tuning.json")
+#: The activations' integer types and their bits, as the C kernel takes them.
+ACTIVATIONS = {"int8": 8, "int16": 16}
+_SERVED = ", ".join(type_name(t) for t in QUANTIZED_TYPES)
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+def _config(threads: int) -> dict:
+    """The ``ggml_linear`` tuning table's entry on this CPU with ``threads`` threads
+    (:data:`TUNING` < ``$HWPLUG_TUNING_DIR/ggml_linear.json``), keyed by the platform's
+    canonical device name (else ``default``) and bucketed by thread count. A type the
+    user's entry leaves out keeps hwplug's values."""
+    from hwplug.discovery import current_platform
+
+    device = current_platform().canonical_device_name()
+    layer = read_layer(TUNING)
+    own = TuningTable("ggml_linear", layer, user_dir=TUNING.parent)  # no user file there
+    user = TuningTable("ggml_linear", layer).lookup(device, threads)
+    own = own.lookup(device, threads)
+    return {**own, **user, "activations": {**own["activations"], **user.get("activations", {})}}
+
+
+@functools.cache
+def tiled_from(threads: int) -> dict[int, int]:
+    """GGUF type -> activation rows from which ``linear`` takes the tiles, on this CPU with
+    ``threads`` threads (the tuning table, see :func:`_config`)."""
+    config = _config(threads)
+    return {int(GGMLQuantizationType[name]): rows for name, rows in config.items()
+            if name != "activations"}
+
+
+@functools.cache
+def activations_of(threads: int) -> dict[int, str]:
+    """GGUF type -> the activations' integer type (``"int16"`` or ``"int8"``) with which
+    ``linear`` computes below :func:`tiled_from`'s rows (the tuning table, see
+    :func:`_config`). Raises :class:`ConfigError` for another value."""
+    chosen = _config(threads)["activations"]
+    for name, value in chosen.items():
+        if value not in ACTIVATIONS:
+            raise ConfigError(f"ggml_linear tuning table: activations {value!r} for {name} is "
+                              f"not one of {', '.join(ACTIVATIONS)}")
+    return {int(GGMLQuantizationType[name]): value for name, value in chosen.items()}
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class GgmlKernels(build.Library):
+    """One build of ``kernels.c``: its ``linear`` and ``embedding`` have the ops' signatures
+    (asking for one builds the library first, see :class:`~.build.BuiltOp`)."""
+
+    signatures = {
+        "hwplug_ggml_linear": [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr,
+                               ctypes.c_int, ctypes.c_int],
+        "hwplug_ggml_dequantize": [ctypes.c_int, _ptr, _i64, _ptr, _i64, _i64, _ptr,
+                                   ctypes.c_int],
+    }
+    linear = build.BuiltOp()
+    embedding = build.BuiltOp()
+
+    def _linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows, threads = x.reshape(-1, x.shape[-1]), torch.get_num_threads()
+        if rows.shape[0] >= tiled_from(threads)[ggml_type]:
+            out = self.linear_tiled(rows, qweight, ggml_type, bias)
+        else:
+            out = self.linear_blocks(rows, qweight, ggml_type, bias,
+                                     activations_of(threads)[ggml_type])
+        return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
+
+    def linear_blocks(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                      bias: torch.Tensor | None = None, activations: str = "int16"
+                      ) -> torch.Tensor:
+        """fp32 ``x [M, K] @ W.T + bias`` by the C kernel's integer dots on the blocks, ``x``
+        quantized per block of 32 to ``activations`` (a key of :data:`ACTIVATIONS`)."""
+        rows, fp32_bias = _fp32(x), _fp32(bias)
+        out = torch.empty((rows.shape[0], qweight.shape[0]), dtype=torch.float32)
+        if rows.shape[0]:
+            self._check(self.library.hwplug_ggml_linear(
+                ggml_type, qweight.data_ptr(), qweight.shape[1], qweight.shape[0],
+                rows.shape[1], rows.data_ptr(), rows.shape[0], out.data_ptr(),
+                _pointer(fp32_bias), ACTIVATIONS[activations], torch.get_num_threads()))
+        return out
+
+    def linear_tiled(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 ``x [M, K] @ W.T + bias`` with W dequantized a tile of whole rows at a time."""
+        rows, fp32_bias = _fp32(x), _fp32(bias)
+        n, k = qweight.shape[0], rows.shape[1]
+        step = max(1, TILE_VALUES // k)
+        if step >= n:  # one tile: no copy of the product
+            tile = torch.empty((n, k), dtype=torch.float32)
+            self._dequantize(qweight, ggml_type, None, tile)
+            return F.linear(rows, tile, fp32_bias)
+        out = torch.empty((rows.shape[0], n), dtype=torch.float32)
+        tile = torch.empty((step, k), dtype=torch.float32)
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            self._dequantize(qweight[start:stop], ggml_type, None, tile[:stop - start])
+            out[:, start:stop] = F.linear(rows, tile[:stop - start],
+                                          None if fp32_bias is None else fp32_bias[start:stop])
+        return out
+
+    def _embedding(self, ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
+                   ) -> torch.Tensor:
+        check_ids(ids, qweight.shape[0])
+        index = ids.to(torch.int64).contiguous()
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        out = torch.empty((index.shape[0], qweight.shape[1] // size * block))
+        self._dequantize(qweight, ggml_type, index, out)
+        return out
+
+    def _dequantize(self, qweight: torch.Tensor, ggml_type: int, index: torch.Tensor | None,
+                    out: torch.Tensor) -> None:
+        """Rows ``index`` (None: all) of ``qweight`` into ``out`` (fp32, contiguous)."""
+        self._check(self.library.hwplug_ggml_dequantize(
+            ggml_type, qweight.data_ptr(), qweight.shape[1], _pointer(index), out.shape[0],
+            out.shape[1], out.data_ptr(), torch.get_num_threads()))
+
+    def _check(self, status: int) -> None:
+        if status == -2:
+            raise MemoryError(f"the ggml CPU kernels ({self.name}) ran out of memory")
+        if status:
+            raise UnsupportedError(f"the ggml CPU kernels ({self.name}) returned {status}")
+
+
+def _fp32(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor`` as contiguous fp32 (no copy when it is already)."""
+    return None if tensor is None else tensor.to(torch.float32).contiguous()
+
+
+def _weight_problem(qweight: torch.Tensor, ggml_type: int, k: int) -> str | None:
+    if ggml_type not in QUANTIZED_TYPES:
+        return f"GGUF type {type_name(ggml_type)} not served (serves {_SERVED})"
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2 or not qweight.is_contiguous():
+        return (f"needs qweight as contiguous uint8 [N, row_bytes], got {qweight.dtype} "
+                f"{list(qweight.shape)}{'' if qweight.is_contiguous() else ' non-contiguous'}")
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    if k % block or qweight.shape[1] != k // block * size:
+        return (f"rows of {qweight.shape[1]} bytes are not {k} {type_name(ggml_type)} values "
+                f"({size}-byte blocks of {block})")
+    return None
+
+
+def linear_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                     bias: torch.Tensor | None = None) -> str | None:
+    """Why the C ``ggml_linear`` declines a call, or None."""
+    problem = _weight_problem(qweight, ggml_type, x.shape[-1])
+    if problem is None and bias is not None and tuple(bias.shape) != (qweight.shape[0],):
+        return f"bias of shape {list(bias.shape)} is not [{qweight.shape[0]}]"
+    return problem
+
+
+def embedding_supported(ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int) -> str | None:
+    """Why the C ``ggml_embedding`` declines a call, or None."""
+    if ggml_type not in QUANTIZED_TYPES or qweight.dtype != torch.uint8:
+        return _weight_problem(qweight, ggml_type, 0)
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return _weight_problem(qweight, ggml_type, qweight.shape[-1] // size * block)
+
+
+#: The build for x86-64 CPUs with AVX2, FMA and F16C.
+AVX2 = GgmlKernels("avx2")
+#: The build of plain C for every other CPU.
+PORTABLE = GgmlKernels("portable")

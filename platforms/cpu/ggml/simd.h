@@ -1,0 +1,271 @@
+/* The SIMD layer of kernels.c (included by it, after its types): 32 weight quants (unsigned
+ * bytes, or signed for Q8_0), their integer dots with 32 int8 or int16 activations as 8 int32
+ * lane sums, fp32 accumulation, dequantized stores. Two implementations: AVX2 intrinsics
+ * (HWPLUG_GGML_AVX2) and GNU C vector extensions with the same 8 lanes. */
+#ifndef HWPLUG_GGML_SIMD_H
+#define HWPLUG_GGML_SIMD_H
+
+/* the fp16 scale at p (unaligned) as fp32 */
+INLINE float fp16_to_fp32(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef HWPLUG_GGML_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+    uint32_t bits;
+    float f;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else { /* zero or subnormal: mant * 2^-24 is exact */
+        f = (float)mant * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* ---- the SIMD layer: 32 weight quants, their dot with 32 int8 or int16 activations ---- */
+#ifdef HWPLUG_GGML_AVX2
+typedef __m256i u8x32;
+typedef __m256i isum_t; /* 8 int32 partial sums */
+typedef __m256 facc;    /* 8 fp32 partial sums */
+
+INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+/* 16 bytes -> their 16 low nibbles, then their 16 high nibbles (legacy block order) */
+INLINE u8x32 nibbles16(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+INLINE u8x32 lo4(const uint8_t *p) { return _mm256_and_si256(load32(p), _mm256_set1_epi8(0x0F)); }
+INLINE u8x32 hi4(const uint8_t *p) {
+    return _mm256_and_si256(_mm256_srli_epi16(load32(p), 4), _mm256_set1_epi8(0x0F));
+}
+/* v | (((p[l] >> shift) & mask) << 4) for l < 32 */
+INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask) {
+    __m256i h = _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), _mm256_set1_epi8(mask));
+    return _mm256_or_si256(v, _mm256_slli_epi16(h, 4));
+}
+/* v | (bit l of bits) << 4 for l < 32 */
+INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                             0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE));
+    __m256i set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+INLINE isum_t dot_u8(u8x32 u, const int8_t *x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x)), _mm256_set1_epi16(1));
+}
+/* w = u - center: sc0 * (w . x over elements 0..15) + sc1 * (w . x over 16..31) */
+INLINE isum_t dot_centered_scaled(u8x32 u, int center, const int8_t *x, int sc0, int sc1) {
+    __m256i w = _mm256_sub_epi8(u, _mm256_set1_epi8((char)center));
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load32(x), w));
+    __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)sc1), _mm_set1_epi16((short)sc0));
+    return _mm256_madd_epi16(p, scales);
+}
+INLINE isum_t dot_s8(const int8_t *w, const int8_t *x) {
+    __m256i a = load32(w), b = load32(x);
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+/* int16 activations: the weights widened to int16, _mm256_madd_epi16 pairs, 8 int32 lanes
+ * of 4 products each. Largest lane: Q6_K, |(q - 32) sc| <= 32 * 128 = 4096 folded into the
+ * weight, 4 * 4096 * 32767 < 2^29; Q8_0: 4 * 128 * 32767; 5-bit quants: 4 * 31 * 32767. */
+INLINE __m256i widen_lo(u8x32 u) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)); }
+INLINE __m256i widen_hi(u8x32 u) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)); }
+/* lo . x[0..15] + hi . x[16..31] */
+INLINE isum_t dot16_pair(__m256i lo, __m256i hi, const int16_t *x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, load32(x)),
+                            _mm256_madd_epi16(hi, load32(x + 16)));
+}
+typedef struct { __m256i lo, hi; } wide_t; /* 32 weight quants as int16: 0..15, 16..31 */
+INLINE wide_t widen(u8x32 u) { return (wide_t){widen_lo(u), widen_hi(u)}; }
+/* nibbles16, widened: one widening of the 16 bytes, then their low and high nibbles */
+INLINE wide_t nibbles16_wide(const uint8_t *p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return (wide_t){_mm256_and_si256(b, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16(b, 4)};
+}
+/* lo4 (high: hi4), widened: the 32 bytes widened, then their low (high) nibbles */
+INLINE wide_t nibbles32_wide(const uint8_t *p, int high) {
+    const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)),
+                  b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+    if (high) return (wide_t){_mm256_srli_epi16(a, 4), _mm256_srli_epi16(b, 4)};
+    const __m256i m = _mm256_set1_epi16(0x0F);
+    return (wide_t){_mm256_and_si256(a, m), _mm256_and_si256(b, m)};
+}
+INLINE isum_t dot16_wide(const wide_t *w, const int16_t *x) { return dot16_pair(w->lo, w->hi, x); }
+INLINE isum_t dot16_centered_scaled(u8x32 u, int center, const int16_t *x, int sc0, int sc1) {
+    const __m256i c = _mm256_set1_epi16((short)center);
+    return dot16_pair(
+        _mm256_mullo_epi16(_mm256_sub_epi16(widen_lo(u), c), _mm256_set1_epi16((short)sc0)),
+        _mm256_mullo_epi16(_mm256_sub_epi16(widen_hi(u), c), _mm256_set1_epi16((short)sc1)), x);
+}
+INLINE isum_t dot16_s8(const int8_t *w, const int16_t *x) {
+    return dot16_pair(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)),
+                      _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16))), x);
+}
+typedef __m256 fscale; /* a weight scale, broadcast */
+INLINE fscale scale_of(float d) { return _mm256_set1_ps(d); }
+INLINE facc acc_zero(void) { return _mm256_setzero_ps(); }
+/* a + s * (dw * dx[0]) */
+INLINE facc acc_add(facc a, isum_t s, fscale dw, const float *dx) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_broadcast_ss(dx)), a);
+}
+INLINE float acc_total(facc a) {
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v);
+}
+/* o[l] = d * (u[l] - offset) + add, with d = d0 for l < 16 and d1 after */
+INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add, float *o) {
+    const __m256 va = _mm256_set1_ps(add);
+    const __m256i off = _mm256_set1_epi32(offset);
+    __m128i halves[2] = {_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)};
+    for (int h = 0; h < 2; ++h) {
+        const __m256 vd = _mm256_set1_ps(h ? d1 : d0);
+        __m256i lo = _mm256_sub_epi32(_mm256_cvtepu8_epi32(halves[h]), off);
+        __m256i hi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(halves[h], 8)), off);
+        _mm256_storeu_ps(o + 16 * h, _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(lo), va));
+        _mm256_storeu_ps(o + 16 * h + 8, _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(hi), va));
+    }
+}
+/* max |x[l]| for l < 32 */
+INLINE float block_amax(const float *x) {
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v = _mm256_and_ps(_mm256_loadu_ps(x), abs);
+    for (int k = 8; k < 32; k += 8)
+        v = _mm256_max_ps(v, _mm256_and_ps(_mm256_loadu_ps(x + k), abs));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+#else /* GNU C vector extensions (GCC >= 9, clang): the same 8 lanes as the AVX2 layer */
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef int16_t i16x32 __attribute__((vector_size(64)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef i32x8 isum_t;
+typedef f32x8 facc;
+typedef f32x8 fscale;
+
+INLINE u8x32 load_u8(const void *p) { u8x32 v; memcpy(&v, p, 32); return v; }
+/* the halves (values 0..15, 16..31) of a vector of 32 lanes */
+#define HALVES(half_type, v, lo, hi)     \
+    half_type lo, hi;                    \
+    memcpy(&lo, &(v), sizeof lo);        \
+    memcpy(&hi, (const char *)&(v) + sizeof lo, sizeof hi)
+INLINE u8x32 nibbles16(const uint8_t *p) {
+    u8x16 t, lo, hi;
+    memcpy(&t, p, 16);
+    lo = t & 15;
+    hi = t >> 4;
+    u8x32 r;
+    memcpy(&r, &lo, 16);
+    memcpy((char *)&r + 16, &hi, 16);
+    return r;
+}
+INLINE u8x32 lo4(const uint8_t *p) { return load_u8(p) & 15; }
+INLINE u8x32 hi4(const uint8_t *p) { return load_u8(p) >> 4; }
+INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask) {
+    return v | (((load_u8(p) >> shift) & (uint8_t)mask) << 4);
+}
+INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
+    for (int l = 0; l < 32; ++l) v[l] |= (uint8_t)(((bits >> l) & 1) << 4);
+    return v;
+}
+/* products of 32 lanes -> 8 sums of 4, as maddubs + madd order them (|products| <= 16256) */
+INLINE isum_t sum_products(const i16x32 *p, int sc0, int sc1) {
+    HALVES(i16x16, *p, lo, hi);
+    i32x16 wide_lo = __builtin_convertvector(lo, i32x16) * sc0,
+           wide_hi = __builtin_convertvector(hi, i32x16) * sc1;
+    i32x16 both = wide_lo + wide_hi; /* lane k: products k and 16 + k */
+    HALVES(i32x8, both, a, b);
+    return a + b;
+}
+INLINE isum_t dot_u8(u8x32 u, const int8_t *x) {
+    i8x32 xs;
+    memcpy(&xs, x, 32);
+    const i16x32 p = __builtin_convertvector(u, i16x32) * __builtin_convertvector(xs, i16x32);
+    return sum_products(&p, 1, 1);
+}
+INLINE isum_t dot_centered_scaled(u8x32 u, int center, const int8_t *x, int sc0, int sc1) {
+    i8x32 xs;
+    memcpy(&xs, x, 32);
+    const i16x32 p = (__builtin_convertvector(u, i16x32) - (int16_t)center) *
+                     __builtin_convertvector(xs, i16x32);
+    return sum_products(&p, sc0, sc1);
+}
+INLINE isum_t dot_s8(const int8_t *w, const int8_t *x) {
+    i8x32 ws, xs;
+    memcpy(&ws, w, 32);
+    memcpy(&xs, x, 32);
+    const i16x32 p = __builtin_convertvector(ws, i16x32) * __builtin_convertvector(xs, i16x32);
+    return sum_products(&p, 1, 1);
+}
+/* int16 activations: w . x as 8 sums of 4 (lane k: products k, 8 + k, 16 + k, 24 + k; the
+ * int32 bounds of the AVX2 layer hold) */
+INLINE isum_t dot16(const i16x32 *w, const int16_t *x) {
+    i16x32 xs;
+    memcpy(&xs, x, sizeof xs);
+    HALVES(i16x16, *w, wl, wh);
+    HALVES(i16x16, xs, xl, xh);
+    const i32x16 p = __builtin_convertvector(wl, i32x16) * __builtin_convertvector(xl, i32x16) +
+                     __builtin_convertvector(wh, i32x16) * __builtin_convertvector(xh, i32x16);
+    HALVES(i32x8, p, a, b);
+    return a + b;
+}
+typedef i16x32 wide_t;
+INLINE wide_t widen(u8x32 u) { return __builtin_convertvector(u, i16x32); }
+INLINE wide_t nibbles16_wide(const uint8_t *p) { return widen(nibbles16(p)); }
+INLINE wide_t nibbles32_wide(const uint8_t *p, int high) { return widen(high ? hi4(p) : lo4(p)); }
+INLINE isum_t dot16_wide(const wide_t *w, const int16_t *x) { return dot16(w, x); }
+INLINE isum_t dot16_centered_scaled(u8x32 u, int center, const int16_t *x, int sc0, int sc1) {
+    i16x32 w = __builtin_convertvector(u, i16x32) - (int16_t)center;
+    HALVES(i16x16, w, lo, hi);
+    lo *= (int16_t)sc0;
+    hi *= (int16_t)sc1;
+    memcpy(&w, &lo, sizeof lo);
+    memcpy((char *)&w + sizeof lo, &hi, sizeof hi);
+    return dot16(&w, x);
+}
+INLINE isum_t dot16_s8(const int8_t *w, const int16_t *x) {
+    i8x32 ws;
+    memcpy(&ws, w, 32);
+    const i16x32 w16 = __builtin_convertvector(ws, i16x32);
+    return dot16(&w16, x);
+}
+INLINE fscale scale_of(float d) { return (fscale){0} + d; }
+INLINE facc acc_zero(void) { return (facc){0}; }
+INLINE facc acc_add(facc a, isum_t s, fscale dw, const float *dx) {
+    return a + __builtin_convertvector(s, f32x8) * (dw * dx[0]);
+}
+INLINE float acc_total(facc a) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+INLINE float block_amax(const float *x) {
+    float amax = 0.0f;
+    for (int l = 0; l < 32; ++l) amax = fabsf(x[l]) > amax ? fabsf(x[l]) : amax;
+    return amax;
+}
+INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add, float *o) {
+    HALVES(u8x16, u, lo, hi);
+    f32x16 a = (__builtin_convertvector(lo, f32x16) - (float)offset) * d0 + add,
+           b = (__builtin_convertvector(hi, f32x16) - (float)offset) * d1 + add;
+    memcpy(o, &a, sizeof a);
+    memcpy(o + 16, &b, sizeof b);
+}
+#endif
+
+#endif /* HWPLUG_GGML_SIMD_H */

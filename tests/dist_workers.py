@@ -1,0 +1,150 @@
+"""Worker functions for tests that run several processes over torch.distributed (gloo).
+
+:func:`run` spawns ``world_size`` processes that join an ``env://`` rendezvous on a free
+local port, each calling ``fn(rank, world_size, *args)``; it returns their results in
+rank order. Functions must be importable (module level) for the spawn start method.
+:func:`child_pids`, :func:`running` and :func:`no_new_shared_memory` check that workers leave
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def child_pids(parent: int | None = None) -> set[int]:
+    """Pids of the processes whose parent is ``parent`` (default: this one), zombies too,
+    but multiprocessing's resource tracker (one per parent, started with the first spawned
+    process and exiting with its parent)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[1]) == parent and b"multiprocessing.resource_tracker" not in command:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def shared_memory() -> set[str]:
+    """The names in /dev/shm (POSIX shared memory and semaphores)."""
+    return set(os.listdir("/dev/shm"))
+
+
+def no_new_shared_memory(before: set[str], settle: float = 15.0) -> bool:
+    """Whether /dev/shm holds nothing that is not in ``before``, waiting up to ``settle``
+    seconds for what other processes on a shared machine create meanwhile to go."""
+    deadline = time.monotonic() + settle
+    while not shared_memory() <= before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple,
+           results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        buffer = io.BytesIO()  # bytes, not tensors: a child's shared memory dies with it
+        torch.save(fn(rank, world_size, *args), buffer)
+        results.put((rank, buffer.getvalue()))
+    finally:
+        dist.destroy_process_group()
+
+
+def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
+    """``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; results by rank."""
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    mp.start_processes(_entry, args=(world_size, free_port(), fn, args, results),
+                       nprocs=world_size, start_method="spawn")
+    collected = dict(results.get() for _ in range(world_size))
+    return [torch.load(io.BytesIO(collected[rank])) for rank in range(world_size)]
+
+
+def rows(rank: int, count: int, width: int = 3) -> torch.Tensor:
+    """Rank ``rank``'s deterministic ``[count, width]`` tensor."""
+    return torch.arange(count * width, dtype=torch.float32).view(count, width) + 100 * rank
+
+
+def collectives(rank: int, world_size: int, communicator_path: str) -> dict[str, Any]:
+    """Every collective of the communicator class at ``communicator_path`` on this rank."""
+    from hwplug.registry import import_object
+
+    comm = import_object(communicator_path)()
+    sizes = [rank_ + 1 for rank_ in range(world_size)]  # uneven: 1, 2, 3, ...
+    mine = rows(rank, sizes[rank])
+    equal = rows(rank, 2 * world_size)
+    send = [(rank + dest) % 3 for dest in range(world_size)]  # rows for each destination
+    routed = rows(rank, sum(send))
+    received = comm.dispatch(routed, send)
+    return {"all_reduce": comm.all_reduce(equal), "all_gather": comm.all_gather(equal, 1),
+            "reduce_scatter": comm.reduce_scatter(equal), "all_gatherv": comm.all_gatherv(
+                mine, sizes), "reduce_scatterv": comm.reduce_scatterv(rows(rank, sum(sizes)),
+                                                                       sizes),
+            "dispatch": received, "combine": comm.combine(received * 2, send),
+            "backend": comm.all2all_backend}
+
+
+def expected_collectives(world_size: int) -> list[dict[str, torch.Tensor]]:
+    """What :func:`collectives` must return on each rank, computed in one process."""
+    sizes = list(range(1, world_size + 1))
+    equal = [rows(r, 2 * world_size) for r in range(world_size)]
+    total_v = sum(rows(r, sum(sizes)) for r in range(world_size))
+    send = [[(r + d) % 3 for d in range(world_size)] for r in range(world_size)]
+    routed = [rows(r, sum(send[r])) for r in range(world_size)]
+    result = []
+    for rank in range(world_size):
+        pieces = [routed[src][sum(send[src][:rank]):sum(send[src][:rank + 1])]
+                  for src in range(world_size)]
+        start = sum(sizes[:rank])
+        result.append({
+            "all_reduce": sum(equal), "all_gather": torch.cat(equal, 1),
+            "reduce_scatter": sum(equal)[2 * rank:2 * rank + 2],
+            "all_gatherv": torch.cat([rows(r, sizes[r]) for r in range(world_size)]),
+            "reduce_scatterv": total_v[start:start + sizes[rank]],
+            "dispatch": torch.cat(pieces), "combine": routed[rank] * 2})
+    return result
+
+
+def tensor_parallel_logits(rank: int, world_size: int, config_name: str, steps: int
+                           ) -> torch.Tensor:
+    """Greedy-decode logits of a tiny random model (``tiny_models.CONFIGS``) with this
+    rank's tensor-parallel share; every rank returns the full logits."""
+    from tiny_models import greedy_logits
+
+    from hwplug.communicator import DeviceCommunicator
+    from hwplug.model_zoo.parallel import TensorParallel
+
+    parallel = TensorParallel(world_size, rank, DeviceCommunicator())
+    return greedy_logits(config_name, steps, parallel)

@@ -1,0 +1,154 @@
+"""The fused C variants of the cpu platform (rms_norm, silu_and_mul, rotary_embedding,
+decode paged_attention) against the pure-torch references, both builds, what they
+decline, which a CPU gets, and the conformance kit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from plugin_checks import discovered
+
+from hwplug import current_platform, kernels, ops
+from hwplug.conformance import check_variant
+from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step
+from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry import ops as op_defs
+
+VARIANTS = ("fused_avx2", "fused_c")
+OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention")
+
+
+def variant(op: str, name: str):
+    """The variant ``op/name`` the cpu plugin registers, loaded (built on first use)."""
+    current_platform()  # discovery loads the plugins
+    found = kernels.get(f"{op}/{name}")
+    found.load()
+    return found
+
+
+def check(op: str, name: str, *args, **kwargs) -> None:
+    """The variant serves the call and matches the reference within the op's tolerance."""
+    impl = variant(op, name)
+    assert impl.supports(*args, **kwargs) is None
+    got, want = impl.impl(*args, **kwargs), getattr(op_defs, op).reference(*args, **kwargs)
+    atol, rtol = getattr(op_defs, op).tolerances["float32"]
+    for g, w in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,))), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_rms_norm_with_and_without_the_residual(fresh_discovery, name):
+    generator = torch.Generator().manual_seed(0)
+    for rows, hidden in ((1, 576), (5, 576), (3, 37), (300, 256)):  # 300 x 256: threads
+        x, residual = (torch.randn(rows, hidden, generator=generator) * 3 for _ in range(2))
+        weight = torch.randn(hidden, generator=generator)
+        check("rms_norm", name, x, weight, 1e-5)
+        check("rms_norm", name, x.view(rows, 1, hidden), weight, 1e-6, residual.view(rows, 1, -1))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_silu_and_mul_on_every_lane_and_the_tail(fresh_discovery, name):
+    generator = torch.Generator().manual_seed(1)
+    for shape in ((1, 3072), (4, 26), (2, 3, 6)):  # 13 and 3 values: tails past 8 lanes
+        x = torch.randn(shape, generator=generator) * 6
+        x.view(-1)[:4] = torch.tensor([-100.0, 100.0, 0.0, -87.5])  # exp's clamps
+        check("silu_and_mul", name, x)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_rotary_embedding_full_and_partial_on_strided_heads(fresh_discovery, name, is_neox):
+    generator = torch.Generator().manual_seed(2)
+    for rot_dim in (64, 32):
+        cache = ops.build_cos_sin_cache(rot_dim, 200, 10000.0)
+        qkv = torch.randn(6, 15, 64, generator=generator)  # 9 query, 3 key, 3 value heads
+        query, key = qkv[:, :9], qkv[:, 9:12]  # views: tokens 15 heads apart
+        positions = torch.randint(0, 200, (6,), generator=generator)
+        check("rotary_embedding", name, positions, query, key, cache, is_neox)
+
+
+def decode_batch(seed: int, seq_lens: list[int], block_size: int, kv_heads: int, group: int,
+                 head_size: int = 64, pad: int = 0):
+    """A decode batch (one new token per sequence) over shuffled blocks, and its kwargs."""
+    generator = torch.Generator().manual_seed(seed)
+    layout = BlockLayout.shuffled(generator, seq_lens, block_size)
+    batch = PagedBatch.build(layout, [Step(n - 1, 1) for n in seq_lens], pad=pad)
+    query = torch.randn(len(seq_lens), kv_heads * group, head_size, generator=generator)
+    kv_cache = torch.randn(2, layout.num_blocks, block_size, kv_heads, head_size,
+                           generator=generator)
+    args = (query, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            head_size ** -0.5)
+    return args, {"max_query_len": 1, "max_seq_len": batch.max_seq_len}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("heads", [(9, 3), (4, 1), (2, 2)], ids=["9/3", "4/1", "2/2"])
+def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
+    hq, hkv = heads
+    args, kwargs = decode_batch(hq, [37, 5, 64, 100, 1], 16, hkv, hq // hkv, pad=-1)
+    for window, cap in ((None, None), (20, None), (None, 5.0), (7, 30.0), (1, None)):
+        check("paged_attention", name, *args, **kwargs, sliding_window=window, soft_cap=cap)
+    args, kwargs = decode_batch(5, [3000, 700], 32, hkv, hq // hkv, head_size=128)  # threads
+    check("paged_attention", name, *args, **kwargs, causal=False)
+
+
+def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):
+    args, kwargs = decode_batch(0, [20, 9], 8, 2, 2)
+    query, kv_cache = args[:2]
+    attention = variant("paged_attention", "fused_avx2")
+    assert "decode-only" in attention.supports(*args, **{**kwargs, "max_query_len": 2})
+    fp8 = kv_cache.to(torch.float8_e4m3fn)
+    assert "fp8 not done" in attention.supports(query, fp8, *args[2:], **kwargs)
+    assert "fp8 not done" in attention.supports(*args, **kwargs, k_scale=torch.tensor(1.0))
+    odd = decode_batch(0, [20, 9], 8, 2, 2, head_size=12)
+    assert "multiple of 8 up to 256, got 12" in attention.supports(*odd[0], **odd[1])
+    wide = decode_batch(0, [20], 8, 1, 32)
+    assert "up to 16 query heads per KV head, got 32/1" in attention.supports(*wide[0], **wide[1])
+    norm = variant("rms_norm", "fused_c")
+    x = torch.randn(2, 8)
+    assert "float32 only, got torch.bfloat16" in norm.supports(x.bfloat16(), torch.ones(8), 1e-6)
+    assert "contiguous" in norm.supports(x.t(), torch.ones(2), 1e-6)
+    assert "residual [2, 4]" in norm.supports(x, torch.ones(8), 1e-6, torch.ones(2, 4))
+    assert "even, nonzero" in variant("silu_and_mul", "fused_c").supports(torch.randn(2, 7))
+    rotary = variant("rotary_embedding", "fused_avx2")
+    cache = ops.build_cos_sin_cache(16, 10, 10000.0)
+    q, k = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
+    assert "contiguous" in rotary.supports(torch.tensor([1, 2]), q.transpose(0, 1), k, cache, True)
+    assert "int64" in rotary.supports(torch.tensor([1, 2], dtype=torch.int32), q, k, cache, True)
+
+
+def test_indices_out_of_range_are_typed_errors_not_reads(fresh_discovery):
+    rotary = variant("rotary_embedding", "fused_avx2")
+    cache = ops.build_cos_sin_cache(16, 10, 10000.0)
+    q, k = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
+    with pytest.raises(UnsupportedError, match=r"positions must lie in \[0, 10\).* 3 \.\. 10"):
+        rotary.impl(torch.tensor([3, 10]), q, k, cache, True)
+    args, kwargs = decode_batch(0, [20, 9], 8, 2, 2)
+    args[2][1, 0] = args[1].shape[1]  # one past the cache's blocks
+    with pytest.raises(UnsupportedError, match="outside the cache's 7 blocks"):
+        variant("paged_attention", "fused_c").impl(*args, **kwargs)
+
+
+def test_an_avx2_cpu_gets_the_avx2_build_and_others_the_portable(tmp_path, monkeypatch,
+                                                                  fresh_discovery):
+    from fake_hw import arm_cpuinfo, x86_cpuinfo
+
+    x86_cpuinfo(tmp_path, "fpu sse sse2 avx avx2 fma f16c")
+    platform = discovered(monkeypatch, tmp_path, "cpu")
+    for op in OPS:
+        chain = [v.name for v in kernels.explain(op, platform, "cpu", "float32").chain]
+        assert chain[:2] == list(VARIANTS) and chain[-1] == "reference", chain
+    arm = tmp_path / "arm"
+    arm_cpuinfo(arm)
+    platform = discovered(monkeypatch, arm, "cpu")
+    why = kernels.explain("rms_norm", platform, "cpu", "float32")
+    assert why.chosen.name == "fused_c"
+    assert why.rejected["fused_avx2"].startswith("needs device feature ")
+
+
+@pytest.mark.parametrize("key", [f"{op}/{name}" for op in OPS for name in VARIANTS])
+def test_the_conformance_kit_checks_the_variants(fresh_discovery, key):
+    fresh_discovery.current_platform()
+    result = check_variant(key, examples=30)
+    assert result.status == "passed", result.detail

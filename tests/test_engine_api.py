@@ -1,0 +1,205 @@
+"""``hwplug.LLM``'s API on the tiny random Llama: validated inputs, logprobs, ``n`` samples.
+
+Log-probabilities are compared with transformers' ``LlamaForCausalLM`` loaded from the same
+directory (fp32 on both sides, same weights): prompt log-probabilities with
+``log_softmax`` of its logits over the prompt, sample log-probabilities with the scores
+of its greedy ``generate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_llama import SEP, VOCAB_SIZE, tiny_model_dir  # noqa: F401 (fixture)
+from transformers import LlamaForCausalLM
+
+import hwplug
+from hwplug.errors import ConfigError, ModelError
+
+#: Max abs difference of a log-probability from transformers' (fp32, values O(10)).
+LOGPROB_ATOL = 1e-4
+PROMPT = [2023, 2003, 1037, 3231, 1997, 1996, 3793, 2003, 2307, 1012, 2009]
+GREEDY = hwplug.SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path) -> hwplug.LLM:
+    return hwplug.LLM(model_dir, num_kv_blocks=64)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> LlamaForCausalLM:
+    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+# --- validation ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(max_tokens=2.0), "max_tokens must be an integer >= 1, got 2.0"),
+    (dict(max_tokens=True), "max_tokens must be an integer >= 1, got True"),
+    (dict(max_tokens="8"), "max_tokens must be an integer >= 1, got '8'"),
+    (dict(seed=-1), r"seed must be None or an integer in \[0, 2\*\*64 - n\]"),
+    (dict(seed=2**64), r"seed must be None or an integer in \[0, 2\*\*64 - n\]"),
+    (dict(seed=2**64 - 1, n=2), r"seed must be None or an integer in \[0, 2\*\*64 - n\]"),
+    (dict(seed=1.5), r"seed must be None or an integer"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(temperature="hot"), "temperature must be a finite number >= 0"),
+    (dict(top_k=2.5), "top_k must be an integer >= 0"),
+    (dict(top_p=float("inf")), r"top_p must be a number in \(0, 1\]"),
+    (dict(n=0), "n must be an integer >= 1"),
+    (dict(logprobs=-1), "logprobs must be None or an integer >= 0"),
+    (dict(prompt_logprobs=1.0), "prompt_logprobs must be None or an integer >= 0"),
+    (dict(stop=[""]), "stop must be a string or a list of non-empty strings"),
+    (dict(stop=5), "stop must be a string or a list of non-empty strings"),
+    (dict(stop_token_ids=[-3]), "stop_token_ids must be a list of integers >= 0"),
+    (dict(ignore_eos="yes"), "ignore_eos must be True or False"),
+])
+def test_sampling_params_check_types_and_ranges(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        hwplug.SamplingParams(**kwargs)
+
+
+def test_largest_seed_is_accepted(llm):
+    params = hwplug.SamplingParams(max_tokens=2, temperature=1.0, seed=2**64 - 2, n=2)
+    assert len(llm.generate([PROMPT], params)[0].outputs) == 2
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(block_size=0), "block_size must be None .* or an integer >= 1, got 0"),
+    (dict(block_size="16"), "block_size must be None .* or an integer >= 1, got '16'"),
+    (dict(block_size=7), "block_size 7 is not accepted by the TORCH_PAGED attention "
+                         "backend; it accepts 1, 8, 16"),
+    (dict(seed=-1), r"seed must be None or an integer in \[0, 2\*\*64\)"),
+    (dict(seed=2**64), r"seed must be None or an integer in \[0, 2\*\*64\)"),
+    (dict(num_kv_blocks=True), "num_kv_blocks must be None, a block count or a fraction"),
+    (dict(num_kv_blocks="all"), "num_kv_blocks must be None, a block count or a fraction"),
+    (dict(num_kv_blocks=1.5), r"fraction of free memory must be in \(0, 1\)"),
+    (dict(max_num_seqs=2.0), "max_num_seqs must be an integer >= 1"),
+])
+def test_llm_options_are_checked(model_dir, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        hwplug.LLM(model_dir, **kwargs)
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ([5, -1], r"token ids must be integers in \[0, 30522\)"),
+    ([5, VOCAB_SIZE], r"token ids must be integers in \[0, 30522\).*30522"),
+    ([5, 1.5], "a prompt must be a string or a list of integer token ids, got list"),
+    ([5, True], "a prompt must be a string or a list of integer token ids"),
+    ([[5, 6], None], "a prompt must be a string or a list of integer token ids, got NoneType"),
+    ([[]], "the prompt is empty"),
+])
+def test_bad_prompts_are_refused_before_anything_runs(llm, prompt, message):
+    steps = llm.engine.num_steps
+    with pytest.raises(ModelError, match=message):
+        llm.generate(prompt, GREEDY)
+    assert llm.engine.num_steps == steps and not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(logprobs=VOCAB_SIZE + 1), "logprobs=30523 exceeds the vocabulary of 30522"),
+    (dict(prompt_logprobs=VOCAB_SIZE + 1), "prompt_logprobs=30523 exceeds the vocabulary"),
+    (dict(stop_token_ids=[VOCAB_SIZE]), "stop_token_ids must be below the vocabulary size"),
+])
+def test_sampling_values_beyond_the_vocabulary(llm, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        llm.generate([PROMPT], hwplug.SamplingParams(**kwargs))
+
+
+def test_wrong_sampling_list_and_streams_of_several_samples(llm):
+    with pytest.raises(ConfigError, match="got 1 sampling values for 2 prompts"):
+        llm.generate([PROMPT, PROMPT], [GREEDY])
+    with pytest.raises(ConfigError, match="stream\\(\\) yields one completion, got n=2"):
+        llm.stream(PROMPT, hwplug.SamplingParams(n=2))
+
+
+# --- log-probabilities --------------------------------------------------------------------
+
+def test_prompt_logprobs_match_transformers(llm, reference):
+    output = llm.generate([PROMPT], hwplug.SamplingParams(max_tokens=1, prompt_logprobs=3))[0]
+    with torch.inference_mode():
+        expected = reference(torch.tensor([PROMPT])).logits[0].log_softmax(-1)
+    entries = output.prompt_logprobs
+    assert len(entries) == len(PROMPT) and entries[0] is None
+    for position, entry in enumerate(entries[1:]):
+        row = expected[position]
+        token = PROMPT[position + 1]
+        assert next(iter(entry)) == token  # the prompt token first, then the top 3
+        assert entry[token].logprob == pytest.approx(row[token].item(), abs=LOGPROB_ATOL)
+        assert entry[token].rank == int((row > row[token]).sum()) + 1
+        top = row.topk(3)
+        for rank, (value, index) in enumerate(zip(top.values, top.indices, strict=True), 1):
+            assert entry[int(index)].rank == rank
+            assert entry[int(index)].logprob == pytest.approx(value.item(), abs=LOGPROB_ATOL)
+        assert len(entry) in (3, 4)  # 3 when the prompt token is itself in the top 3
+        assert entry[token].decoded_token == llm.tokenizer.decode([token])
+
+
+def test_prompt_logprobs_are_the_same_when_the_prompt_is_prefilled_in_chunks(model_dir, llm):
+    params = hwplug.SamplingParams(max_tokens=2, prompt_logprobs=2)
+    whole = llm.generate([PROMPT], params)[0]
+    chunked_llm = hwplug.LLM(model_dir, num_kv_blocks=64, max_num_batched_tokens=4)
+    chunked = chunked_llm.generate([PROMPT], params)[0]
+    assert [None if e is None else {t: round(p.logprob, 4) for t, p in e.items()}
+            for e in chunked.prompt_logprobs] == [
+        None if e is None else {t: round(p.logprob, 4) for t, p in e.items()}
+        for e in whole.prompt_logprobs]
+
+
+def test_sample_logprobs_match_transformers_greedy_scores(llm, reference):
+    output = llm.generate([PROMPT], hwplug.SamplingParams(max_tokens=5, ignore_eos=True,
+                                                          logprobs=2))[0]
+    with torch.inference_mode():
+        ids = torch.tensor([PROMPT])
+        theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=5, min_new_tokens=5, output_logits=True,
+                                    return_dict_in_generate=True, pad_token_id=SEP)
+    assert output.token_ids == theirs.sequences[0, len(PROMPT):].tolist()
+    assert len(output.logprobs) == 5
+    for token, entry, logits in zip(output.token_ids, output.logprobs, theirs.logits,
+                                    strict=True):
+        row = logits[0].float().log_softmax(-1)
+        assert entry[token].rank == 1  # greedy: the sampled token is the most likely
+        assert entry[token].logprob == pytest.approx(row[token].item(), abs=LOGPROB_ATOL)
+        second = int(row.topk(2).indices[1])
+        assert entry[second].rank == 2
+    assert output.cumulative_logprob == pytest.approx(
+        sum(entry[token].logprob for token, entry in zip(output.token_ids, output.logprobs,
+                                                         strict=True)))
+
+
+def test_no_logprobs_unless_asked(llm):
+    output = llm.generate([PROMPT], GREEDY)[0]
+    assert output.logprobs is None and output.prompt_logprobs is None
+    assert output.cumulative_logprob is None
+
+
+# --- n samples, stop reasons -------------------------------------------------------------
+
+def test_n_seeded_samples_are_the_seeds_of_single_requests(llm):
+    params = hwplug.SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.5, seed=40,
+                                   n=3, logprobs=0)
+    output = llm.generate([PROMPT], params)[0]
+    assert [c.index for c in output.outputs] == [0, 1, 2]
+    singles = [llm.generate([PROMPT], hwplug.SamplingParams(
+        max_tokens=6, ignore_eos=True, temperature=1.5, seed=40 + i))[0].token_ids
+        for i in range(3)]
+    assert [c.token_ids for c in output.outputs] == singles
+    assert len({tuple(ids) for ids in singles}) == 3  # different seeds, different samples
+    assert all(len(c.logprobs) == 6 and all(len(e) == 1 for e in c.logprobs)
+               for c in output.outputs)
+    assert output.text == output.outputs[0].text
+
+
+def test_stop_reason_names_the_stop_token_or_string(llm):
+    free = llm.generate([PROMPT], GREEDY)[0]
+    token = free.token_ids[2]
+    by_token = llm.generate([PROMPT], hwplug.SamplingParams(max_tokens=6,
+                                                            stop_token_ids=[token]))[0]
+    assert by_token.finish_reason == "stop" and by_token.outputs[0].stop_reason == token
+    word = free.text.split()[1]
+    by_text = llm.generate([PROMPT], hwplug.SamplingParams(max_tokens=6, stop=[word]))[0]
+    assert by_text.outputs[0].stop_reason == word
+    assert free.outputs[0].stop_reason is None and free.finish_reason == "length"

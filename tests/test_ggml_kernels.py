@@ -1,0 +1,237 @@
+"""The C ``ggml_linear`` / ``ggml_embedding`` variants of the cpu platform against the
+pure-torch references: every type, 1 to 33 activation rows, both builds, which build a CPU
+gets, and the conformance kit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from plugin_checks import discovered
+
+from hwplug import current_platform, kernels
+from hwplug.conformance import check_variant
+from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
+from hwplug.errors import ConfigError, UnsupportedError
+from hwplug.kernel_registry import ops_ggml
+from hwplug.kernel_registry.tuning import read_layer
+from hwplug.platforms.cpu.ggml import ops as c_ops
+
+VARIANTS = ("ggml_avx2", "ggml_c")
+BUILDS = {"ggml_avx2": c_ops.AVX2, "ggml_c": c_ops.PORTABLE}
+Q = GGMLQuantizationType
+
+
+def variant(op: str, name: str):
+    """The variant ``op/name`` the cpu plugin registers, loaded (its library built on first
+    use)."""
+    current_platform()  # discovery loads the plugins
+    found = kernels.get(f"{op}/{name}")
+    found.load()
+    return found
+
+
+def weight_for(kind: int, rows: int, seed: int) -> tuple[torch.Tensor, int]:
+    """Random GGUF rows of ``kind`` and their number of inputs (two or three blocks)."""
+    cols = 3 * ggml_block(kind) if ggml_block(kind) == 32 else 2 * ggml_block(kind)
+    return ggml_weight(torch.Generator().manual_seed(seed), kind, rows, cols), cols
+
+
+def assert_within_tolerance(got: torch.Tensor, want: torch.Tensor) -> None:
+    atol, rtol = ops_ggml.ggml_linear.tolerances[str(want.dtype).removeprefix("torch.")]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
+def test_linear_matches_the_reference_for_every_type_and_row_count(fresh_discovery, name, kind):
+    linear = variant("ggml_linear", name)
+    qweight, cols = weight_for(kind, 40, seed=kind)
+    generator = torch.Generator().manual_seed(0)
+    bias = torch.randn(40, generator=generator)
+    for rows in (1, 3, 8, 33):  # 33: past the tuned switch, the dequantized tiles
+        x = torch.randn(rows, cols, generator=generator)
+        assert linear.supports(x, qweight, kind, bias) is None
+        want = ops_ggml.ggml_linear.reference(x, qweight, kind, bias)
+        assert_within_tolerance(linear.impl(x, qweight, kind, bias), want)
+        assert_within_tolerance(linear.impl(x, qweight, kind), want - bias)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_linear_keeps_leading_dimensions_and_the_activation_dtype(fresh_discovery, name):
+    linear = variant("ggml_linear", name)
+    qweight, cols = weight_for(Q.Q4_1, 24, seed=3)
+    x = torch.randn(2, 5, cols, generator=torch.Generator().manual_seed(1))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        out = linear.impl(x.to(dtype), qweight, Q.Q4_1)
+        assert_within_tolerance(out, ops_ggml.ggml_linear.reference(x.to(dtype), qweight, Q.Q4_1))
+    assert linear.impl(x[:0], qweight, Q.Q4_1).shape == (0, 5, 24)
+
+
+def test_the_result_does_not_depend_on_the_thread_count(fresh_discovery):
+    linear, threads = variant("ggml_linear", "ggml_avx2"), torch.get_num_threads()
+    qweight, cols = weight_for(Q.Q4_K, 256, seed=4)  # large enough to run in parallel
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(2))
+    try:
+        torch.set_num_threads(1)
+        one = linear.impl(x, qweight, Q.Q4_K)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(linear.impl(x, qweight, Q.Q4_K), one)  # each row: one thread
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
+def test_embedding_dequantizes_the_rows_it_reads_exactly(fresh_discovery, name, kind):
+    embedding = variant("ggml_embedding", name)
+    qweight, cols = weight_for(kind, 50, seed=kind + 1)
+    for ids in (torch.tensor([49, 0, 7, 7]), torch.tensor([3], dtype=torch.int32),
+                torch.tensor([], dtype=torch.int64)):
+        rows = embedding.impl(ids, qweight, kind)
+        assert rows.shape == (len(ids), cols)
+        torch.testing.assert_close(rows, ops_ggml.ggml_embedding.reference(ids, qweight, kind),
+                                   atol=1e-6, rtol=1e-6)
+    with pytest.raises(UnsupportedError, match=r"token ids must lie in \[0, 50\)"):
+        embedding.impl(torch.tensor([50]), qweight, kind)
+
+
+def test_calls_the_c_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):
+    linear, embedding = variant("ggml_linear", "ggml_avx2"), variant("ggml_embedding", "ggml_c")
+    qweight, cols = weight_for(Q.Q8_0, 8, seed=5)
+    x = torch.randn(2, cols)
+    f16 = torch.zeros(8, 2 * cols, dtype=torch.uint8)
+    assert "type F16 not served (serves Q4_0" in linear.supports(x, f16, Q.F16)
+    assert "type F16 not served" in embedding.supports(torch.tensor([0]), f16, Q.F16)
+    assert "non-contiguous" in linear.supports(x, qweight.t().contiguous().t(), Q.Q8_0)
+    assert "not 64 Q8_0 values" in linear.supports(x[:, :64], qweight, Q.Q8_0)
+    assert "bias of shape [7]" in linear.supports(x, qweight, Q.Q8_0, torch.zeros(7))
+    # through the op, a declined call falls back to the reference
+    assert torch.equal(ops_ggml.ggml_linear(x, f16, Q.F16), torch.zeros(2, 8))
+
+
+def test_an_avx2_cpu_gets_the_avx2_build(tmp_path, monkeypatch, fresh_discovery):
+    from fake_hw import x86_cpuinfo
+
+    x86_cpuinfo(tmp_path, "fpu sse sse2 avx avx2 fma f16c")
+    platform = discovered(monkeypatch, tmp_path, "cpu")
+    for op in ("ggml_linear", "ggml_embedding"):
+        why = kernels.explain(op, platform, "cpu", "float32" if op == "ggml_linear" else "int64")
+        assert [v.name for v in why.chain] == ["ggml_avx2", "ggml_c", "reference"]
+
+
+@pytest.mark.parametrize("cpu", ["x86 without avx2", "arm"])
+def test_other_cpus_get_the_portable_build(tmp_path, monkeypatch, fresh_discovery, cpu):
+    from fake_hw import arm_cpuinfo, x86_cpuinfo
+
+    if cpu == "arm":
+        arm_cpuinfo(tmp_path)
+    else:
+        x86_cpuinfo(tmp_path, "fpu sse sse2 avx")
+    platform = discovered(monkeypatch, tmp_path, "cpu")
+    why = kernels.explain("ggml_linear", platform, "cpu", "float32")
+    assert why.chosen.name == "ggml_c"
+    assert why.rejected["ggml_avx2"].startswith("needs device feature ")
+    qweight, cols = weight_for(Q.Q4_0, 16, seed=6)
+    x = torch.randn(3, cols)
+    assert_within_tolerance(ops_ggml.ggml_linear(x, qweight, Q.Q4_0),
+                            ops_ggml.ggml_linear.reference(x, qweight, Q.Q4_0))
+    assert ops_ggml.ggml_linear.variants_used() == {"ggml_c"}
+
+
+@pytest.mark.parametrize("key", [f"{op}/{name}" for op in ("ggml_linear", "ggml_embedding")
+                                 for name in VARIANTS])
+def test_the_conformance_kit_checks_the_variants(fresh_discovery, key):
+    fresh_discovery.current_platform()
+    result = check_variant(key, examples=30)
+    assert result.status == "passed", result.detail
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
+def test_int16_activations_keep_the_outputs_far_closer_than_int8(fresh_discovery, name, kind):
+    """int16 steps are 258 times finer than int8's: measured worst errors over these calls
+    (every type, both builds) 9.7e-5 for int16, 6e-3 to 2.8e-2 per type for int8."""
+    build = BUILDS[name]
+    qweight, cols = weight_for(kind, 40, seed=kind + 2)
+    generator = torch.Generator().manual_seed(4)
+    bias = torch.randn(40, generator=generator)
+    for rows in (1, 3, 8, 33):
+        x = torch.randn(rows, cols, generator=generator)
+        want = ops_ggml.ggml_linear.reference(x, qweight, kind, bias)
+        wide = build.linear_blocks(x, qweight, kind, bias, "int16")
+        torch.testing.assert_close(wide, want, atol=2e-4, rtol=1e-5)
+        narrow = build.linear_blocks(x, qweight, kind, bias, "int8")
+        assert_within_tolerance(narrow, want)
+        assert (narrow - want).abs().max() > 10 * (wide - want).abs().max()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_int16_dots_hold_the_largest_weights_and_activations_exactly(fresh_discovery, name):
+    """The int32 lanes' worst cases: Q8_0 quants of -128 and Q6_K's (0 - 32) * -128 = 4096
+    against activations that all round to 32767; every output is exact in fp32."""
+    build = BUILDS[name]
+    one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    q8 = torch.cat([one, torch.full((32,), 0x80, dtype=torch.uint8)]).repeat(2, 16)
+    q6 = torch.cat([torch.zeros(192, dtype=torch.uint8), torch.full((16,), 0x80, dtype=torch.uint8),
+                    one]).repeat(2, 2)
+    x = torch.ones(1, 512)
+    for qweight, kind, value in ((q8, Q.Q8_0, -128.0), (q6, Q.Q6_K, 4096.0)):
+        want = ops_ggml.ggml_linear.reference(x, qweight, kind)
+        assert torch.equal(want, torch.full((1, 2), 512 * value))
+        for activations in c_ops.ACTIVATIONS:
+            assert torch.equal(build.linear_blocks(x, qweight, kind, None, activations), want)
+        assert torch.equal(build.linear_blocks(-x, qweight, kind, None, "int16"), -want)
+
+
+def user_table(tmp_path, monkeypatch, entry: dict) -> None:
+    """``entry`` as the user's ``ggml_linear`` table at every thread bucket hwplug's has."""
+    buckets = read_layer(c_ops.TUNING)["default"]
+    (tmp_path / "ggml_linear.json").write_text(
+        json.dumps({"default": dict.fromkeys(buckets, entry)}))
+    monkeypatch.setenv("HWPLUG_TUNING_DIR", str(tmp_path))
+    c_ops.tiled_from.cache_clear()
+    c_ops.activations_of.cache_clear()
+
+
+@pytest.fixture
+def shipped_tables():
+    """hwplug's own tuning, cached afresh before and after the test."""
+    c_ops.tiled_from.cache_clear()
+    c_ops.activations_of.cache_clear()
+    yield torch.get_num_threads()
+    c_ops.tiled_from.cache_clear()
+    c_ops.activations_of.cache_clear()
+
+
+def test_a_user_tuning_table_moves_the_switch_to_the_tiles(fresh_discovery, tmp_path,
+                                                           monkeypatch, shipped_tables):
+    linear, build = variant("ggml_linear", "ggml_avx2"), c_ops.AVX2
+    qweight, cols = weight_for(Q.Q4_1, 64, seed=7)
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3))
+    shipped = c_ops.tiled_from(shipped_tables)
+    assert torch.equal(linear.impl(x, qweight, Q.Q4_1),
+                       build.linear_blocks(x, qweight, Q.Q4_1, None, "int16"))
+    user_table(tmp_path, monkeypatch, {"Q4_1": 1})
+    assert c_ops.tiled_from(shipped_tables) == {**shipped, int(Q.Q4_1): 1}  # the rest: shipped
+    assert torch.equal(linear.impl(x, qweight, Q.Q4_1), build.linear_tiled(x, qweight, Q.Q4_1))
+
+
+def test_a_user_tuning_table_chooses_int8_activations(fresh_discovery, tmp_path, monkeypatch,
+                                                      shipped_tables):
+    linear, build = variant("ggml_linear", "ggml_avx2"), c_ops.AVX2
+    qweight, cols = weight_for(Q.Q6_K, 64, seed=8)
+    x = torch.randn(2, cols, generator=torch.Generator().manual_seed(5))
+    shipped, rows = c_ops.activations_of(shipped_tables), c_ops.tiled_from(shipped_tables)
+    assert shipped == {**dict.fromkeys(GGML_TYPES, "int16"), int(Q.Q5_K): "int8"}
+    user_table(tmp_path, monkeypatch, {"activations": {"Q6_K": "int8"}})
+    assert c_ops.activations_of(shipped_tables) == {**shipped, int(Q.Q6_K): "int8"}
+    assert c_ops.tiled_from(shipped_tables) == rows
+    assert torch.equal(linear.impl(x, qweight, Q.Q6_K),
+                       build.linear_blocks(x, qweight, Q.Q6_K, None, "int8"))
+    user_table(tmp_path, monkeypatch, {"activations": {"Q6_K": "int4"}})
+    with pytest.raises(ConfigError, match="activations 'int4' for Q6_K is not one of int8, int16"):
+        linear.impl(x, qweight, Q.Q6_K)
