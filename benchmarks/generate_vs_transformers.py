@@ -16,7 +16,7 @@ alike.
 
 Both sides run on the resolved platform's device (transformers' model is moved there),
 in one process with the platform's process environment (``Platform.process_env``, e.g.
-``OMP_WAIT_POLICY=ACTIVE`` on CPUs), applied as ``hwplug generate`` does before torch loads.
+``GOMP_SPINCOUNT`` on CPUs), applied as ``hwplug generate`` does before torch loads.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def main() -> None:
     vocab = llm.hf_config.vocab_size
     generator = torch.Generator().manual_seed(0)
     print(f"model {llm.architecture}, dtype {args.dtype}, platform {llm.platform}, attention "
-          f"{llm.attention_backend}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, {args.new_tokens} new "
+          f"{llm.attention_backend}, {torch.get_num_threads()} threads, GOMP_SPINCOUNT="
+          f"{os.environ.get('GOMP_SPINCOUNT', 'unset')}, {args.new_tokens} new "
           f"tokens after {args.prompt_tokens}-token prompts; decode tokens/s (median of "
           f"{args.repeats})")
     print(f"{'batch':>5} {'hwplug':>10} {'transformers':>13} {'ratio':>7}")

@@ -20,8 +20,7 @@ the model's shapes imply: ``hidden_size * 4 bytes * (2 per layer + 1 for the emb
 all-reduced and ``vocab_size * 4 bytes`` of logits gathered.
 
 Each side runs in a fresh process, one after the other, so no side's idle OpenMP workers
-(they spin for a while after their last call under ``OMP_WAIT_POLICY=ACTIVE``) share the
-cores with the other; this script prints both side by side with their ratio.
+(they spin for a while after their last call) share the cores with the other; this script prints both side by side with their ratio.
 
     python benchmarks/tensor_parallel.py                # TP 1 vs 2 (8-head variant), batch 1, 8
     python benchmarks/tensor_parallel.py --ranks 3      # the real SmolLM2 weights

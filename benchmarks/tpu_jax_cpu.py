@@ -92,7 +92,8 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
 
 def run_side(side: str, args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY")}
+           if k not in ("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY",
+                         "GOMP_SPINCOUNT")}
     command = [sys.executable, __file__, "--child", "--new-tokens", str(args.new_tokens),
                "--prompt-tokens", str(args.prompt_tokens), "--batch-sizes",
                *map(str, args.batch_sizes), *(["--model", args.model] if args.model else [])]

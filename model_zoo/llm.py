@@ -137,8 +137,8 @@ class LLM:
         self.parallelism = Parallelism(tensor_parallel_size, data_parallel_size, closers,
                                        dict(options, model=str(path), dequantize=dequantize))
         # Loading and building run on the engine's thread, where every step runs: torch's
-        # OpenMP workers of a second thread would spin (OMP_WAIT_POLICY=ACTIVE) on the cores
-        # the engine's need, for up to a minute after that thread's last torch call.
+        # OpenMP workers of a second thread would spin (GOMP_SPINCOUNT) on the cores the
+        # engine's need, for a while after that thread's last torch call.
         try:
             self._loop.call(lambda: self._build(
                 lambda: load_checkpoint(path, dequantize=dequantize), closers, **options))

@@ -117,18 +117,19 @@ import os, hwplug
 platform = hwplug.current_platform()
 first = platform.apply_process_env()
 import torch
-print(first, platform.apply_process_env(), os.environ.get("OMP_WAIT_POLICY"))
+print(first, platform.apply_process_env(), os.environ.get("GOMP_SPINCOUNT"))
 """
 
 
 @pytest.mark.parametrize(("preset", "expected"), [
-    (None, "{'OMP_WAIT_POLICY': 'ACTIVE'} {} ACTIVE"),
-    ("PASSIVE", "{} {} PASSIVE"),  # the user's choice stands
-], ids=["unset", "user-set"])
+    (None, "{'GOMP_SPINCOUNT': '10000000'} {} 10000000"),
+    ({"GOMP_SPINCOUNT": "500"}, "{} {} 500"),  # the user's choice stands
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, "{} {} None"),  # and so does their wait policy
+], ids=["unset", "user-set", "user-policy"])
 def test_cpu_process_env_is_applied_before_torch_loads(preset, expected):
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if preset:
-        env["OMP_WAIT_POLICY"] = preset
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(preset or {})
     out = subprocess.run([sys.executable, "-c", PROCESS_ENV_PROBE], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

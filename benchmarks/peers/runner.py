@@ -1,8 +1,8 @@
 """The protocol between ``benchmarks/cpu_vs_llamacpp.py`` and its engine runners.
 
 Each engine (hwplug, transformers, llama.cpp, vLLM) runs in a process of its own, one at a
-time, so no engine's idle OpenMP workers (which spin for a while after their last call
-under ``OMP_WAIT_POLICY=ACTIVE``) share the cores with the next. This module uses the
+time, so no engine's idle OpenMP workers (which spin for a while after their last call)
+share the cores with the next. This module uses the
 standard library only: the vLLM runner imports it from vLLM's own virtualenv.
 
 The main script writes one JSON request on the runner's stdin::

@@ -31,10 +31,15 @@ class CpuPlatform(Platform):
     supported_quant_methods: ClassVar[tuple[str, ...]] = (
         "unquantized", "fp8", "int8", "int4", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = ("TORCH_PAGED",)
-    #: OpenMP workers spin between parallel regions instead of sleeping: a decode step is
-    #: hundreds of small ops between the matmuls, and waking sleeping workers for each
-    #: costs more than the ops (SmolLM2 fp32 batch 1 on 2 cores: 43-50 -> 55 tokens/s).
-    process_env: ClassVar[dict[str, str]] = {"OMP_WAIT_POLICY": "ACTIVE"}
+    #: libgomp's workers spin up to 10M iterations (milliseconds) between parallel regions,
+    #: then sleep. A decode step is hundreds of small ops whose gaps are microseconds, so
+    #: they never sleep mid-step (PASSIVE, no spin, halves batch-1 decode), while an idle
+    #: LLM stops burning its cores (OMP_WAIT_POLICY=ACTIVE spins for tens of seconds: one
+    #: core per worker). Measured by benchmarks/omp_policy.py (2-core AVX2 EPYC, SmolLM2):
+    #: GGUF 48.0 tok/s vs 47.4 ACTIVE, 49.4 libgomp default, 23.3 PASSIVE; fp32 24.5 vs
+    #: 25.1 ACTIVE, 23.7 default; idle 0.16 cores busy in the first 2 s vs 1.00 ACTIVE.
+    #: Under oversubscription libgomp lowers the spin by itself.
+    process_env: ClassVar[dict[str, str]] = {"GOMP_SPINCOUNT": "10000000"}
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
         if "bf16" in facts.features and "bfloat16" in facts.supported_dtypes:
@@ -42,6 +47,11 @@ class CpuPlatform(Platform):
             return facts.narrowed("the CPU has bf16 arithmetic: bfloat16 ranks first",
                                   supported_dtypes=best)
         return facts
+
+    def apply_process_env(self) -> dict[str, str]:
+        """As :meth:`Platform.apply_process_env`, but nothing where the user chose an OpenMP
+        wait policy (``OMP_WAIT_POLICY``), whose spin the spin count would override."""
+        return {} if "OMP_WAIT_POLICY" in os.environ else super().apply_process_env()
 
     def device_count(self) -> int:
         return 1

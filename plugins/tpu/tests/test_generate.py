@@ -30,7 +30,8 @@ MAX_TOKENS = "12"
 
 def generate(platform: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY"))}
+           if not k.startswith(("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY",
+                                  "GOMP_SPINCOUNT"))}
     env["HWPLUG_PLATFORM"] = platform
     if platform == "tpu":
         env["JAX_PLATFORMS"] = "cpu"
