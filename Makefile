@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/hwplug generate "What is the capital of France? Answer in one sentence." --chat --max-tokens 48
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 lint: setup
 	$(BIN)/ruff check core platforms kernel_registry model_zoo plugins tests benchmarks conftest.py

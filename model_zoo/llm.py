@@ -135,10 +135,10 @@ class LLM:
                        kv_events_endpoint=kv_events_endpoint)
         #: Tensor/data parallelism of this LLM (``is_worker`` on torchrun ranks > 0).
         self.parallelism = Parallelism(tensor_parallel_size, data_parallel_size, closers,
-                                       dict(options, model=str(path), dequantize=dequantize))
-        # Loading and building run on the engine's thread, where every step runs: torch's
-        # OpenMP workers of a second thread would spin (GOMP_SPINCOUNT) on the cores the
-        # engine's need, for a while after that thread's last torch call.
+                                       dict(options, model=str(path), dequantize=dequantize),
+                                       self._shutdown)
+        # Loading and building run on the engine's thread, where every step runs: a second
+        # thread's OpenMP workers would spin on the engine's cores after its last torch call.
         try:
             self._loop.call(lambda: self._build(
                 lambda: load_checkpoint(path, dequantize=dequantize), closers, **options))

@@ -17,6 +17,7 @@ would see rank 0's cache only) and, with data parallelism, a KV events endpoint.
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,11 +44,14 @@ logger = logging.getLogger(__name__)
 class Parallelism:
     """The parallelism of one ``LLM`` in this process. ``options`` are the keyword
     arguments the ``LLM`` was made with but the two sizes (``model`` resolved to a path):
-    spawned ranks and replicas are built from them. Spawned processes start here, on the caller's thread;
-    their stop is appended to ``closers``."""
+    spawned ranks and replicas are built from them. Spawned processes start here, on the
+    caller's thread; their stop is appended to ``closers``. While they run, ``shutdown``
+    (the ``LLM``'s) is an exit handler that runs before multiprocessing's, which would
+    terminate the workers under a step still running (as after Ctrl-C)."""
 
     def __init__(self, tensor_parallel_size: Any, data_parallel_size: Any,
-                 closers: list[Callable[[], None]], options: dict[str, Any]) -> None:
+                 closers: list[Callable[[], None]], options: dict[str, Any],
+                 shutdown: Callable[[], Any]) -> None:
         for name, size in (("tensor_parallel_size", tensor_parallel_size),
                            ("data_parallel_size", data_parallel_size)):
             if not is_integer(size) or size < 1:
@@ -71,6 +75,9 @@ class Parallelism:
         self.cpus = plan[rank] if plan else None
         self.tensor: TensorParallelGroup | None = None
         self.replicas: Replicas | None = None
+        if rendezvous is not None or data_parallel_size > 1:
+            atexit.register(shutdown)  # after multiprocessing's: called before it
+            closers.append(lambda: atexit.unregister(shutdown))
         if rendezvous is not None:
             from hwplug.model_zoo.engine.parallel.tensor import TensorParallelGroup
 
