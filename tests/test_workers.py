@@ -36,8 +36,11 @@ LONG = hwplug.SamplingParams(max_tokens=400, ignore_eos=True)
 #: fp32 log-probabilities of 2 ranks vs one process (the all-reduce sums in another order)
 LOGPROB_ATOL = 1e-4
 #: A driver that generates until it is interrupted; prints its workers' pids first.
+# Ctrl-C raises KeyboardInterrupt as in a terminal: a shell's background job (a CI runner)
+# starts with SIGINT ignored, and Python then installs no handler of its own.
 DRIVER_SCRIPT = """
-import json, multiprocessing, sys
+import json, multiprocessing, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import hwplug
 llm = hwplug.LLM(sys.argv[1], num_kv_blocks=64, tensor_parallel_size=2)
 print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
@@ -179,7 +182,11 @@ def test_ctrl_c_stops_the_driver_and_its_workers(llama_dir, tmp_path):
     assert len(workers) == 1 and running(workers[0])
     time.sleep(1.0)  # generating
     os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
-    _, stderr = driver.communicate(timeout=120)
+    try:
+        _, stderr = driver.communicate(timeout=120)
+    finally:  # nothing outlives a failure either
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
     assert "KeyboardInterrupt" in stderr
     assert not running(workers[0]) and no_new_shared_memory(shm)
 
