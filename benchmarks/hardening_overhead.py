@@ -14,11 +14,10 @@ Side by side in one process, best of ``--repeat``:
 from __future__ import annotations
 
 import argparse
-import platform as host
 import time
 from collections.abc import Callable
 
-from hwplug import envs
+from hwplug import current_platform, envs
 from hwplug.discovery import PLATFORM_GROUP, entry_points
 from hwplug.discovery.ranking import call_activate
 from hwplug.discovery.watchdog import within_time_limit
@@ -32,15 +31,6 @@ def best_seconds(fn: Callable[[], object], repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as file:
-            return next(line.split(":", 1)[1].strip() for line in file
-                        if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return host.processor() or "unknown CPU"
 
 
 def probes(repeat: int) -> None:
@@ -84,7 +74,7 @@ def main() -> None:
     parser.add_argument("--model", help="path or alias (default: the default model)")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    print(f"CPU: {cpu_name()}")
+    print(f"CPU: {current_platform().facts.device_name}")
     probes(args.repeat * 20)
     memory_estimate(args.model, args.repeat)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import subprocess
@@ -57,17 +56,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (lscpu), and how many CPUs this process may use."""
+    """The CPU's model name (the platform's probe), and how many CPUs this process may use."""
     import os
 
-    name = platform.processor() or "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines()
-                    if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        pass
-    return f"{name}, {len(os.sched_getaffinity(0))} CPUs"
+    from hwplug import current_platform
+
+    return f"{current_platform().facts.device_name}, {len(os.sched_getaffinity(0))} CPUs"
 
 
 class CollectiveBytes:
