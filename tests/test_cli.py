@@ -43,6 +43,7 @@ def test_info_table_and_forced_missing_platform():
     assert "probe failed" in bad.stderr
 
 
+@pytest.mark.slow
 def test_kernels_explains_rejections():
     out = run("kernels", "--json", "--op", "rms_norm", "--dtype", "float32")
     assert out.returncode == 0, out.stderr

@@ -15,6 +15,7 @@ from hwplug.platforms.cpu.platform import CpuPlatform
 DEFAULT = "hwplug.communicator:DeviceCommunicator"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_collective_matches_the_single_process_result(world_size):
     got = run(collectives, world_size, DEFAULT)

@@ -72,6 +72,7 @@ def run_cli(*args: str, pythonpath: Path | None = None, cwd: Path | None = None,
                           text=True, env=env, cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow
 def test_builtins_pass(fresh_discovery):
     report = run_conformance("hwplug")
     assert report.ok, report.summary()
@@ -99,6 +100,7 @@ def test_a_distribution_name_selects_all_its_entry_points(fresh_discovery):
         c.name for c in plan(resolve_target("cuda"))]
 
 
+@pytest.mark.slow
 def test_cuda_plugin_passes_in_interpret_mode():
     proc = run_cli("conformance", "cuda", "--json")
     data = json.loads(proc.stdout)
@@ -148,6 +150,7 @@ def test_a_kernels_only_plugin_is_checked_on_cpu_not_passed(wonky):
     assert report.exit_status() == 1 and report.verdict().startswith("FAILED wonky-kernels")
 
 
+@pytest.mark.slow
 def test_a_kernel_needing_absent_hardware_is_not_checked_and_the_exit_status_says_so(wonky):
     site, reports = wonky
     report = reports["wonky-vendor"]
@@ -294,6 +297,7 @@ def test_simulated_errors_are_inconclusive_only_when_the_device_is_missing(call,
         guarded(call, "the label", simulating=False)
 
 
+@pytest.mark.slow
 def test_a_probe_that_hangs_fails_the_probe_check(site, monkeypatch):
     from hwplug.conformance import probe
 
@@ -317,6 +321,7 @@ def test_check_variant_refuses_the_oracle(fresh_discovery):
         check_variant("rms_norm/reference")
 
 
+@pytest.mark.slow
 def test_pytest_plugin_makes_one_item_per_check(tmp_path, wonky_results):
     site, _ = wonky_results
     proc = run_cli("-p", "no:cacheprovider", "--hwplug-conformance=wonky", "-k",
@@ -328,6 +333,7 @@ def test_pytest_plugin_makes_one_item_per_check(tmp_path, wonky_results):
     assert "max abs error" in proc.stdout
 
 
+@pytest.mark.slow
 def test_pytest_plugin_skips_what_is_not_checked_here_unless_all_are_required(tmp_path, wonky):
     site, _ = wonky
     args = ("-p", "no:cacheprovider", "--hwplug-conformance=wonky-vendor", "-k", "silu_and_mul",
@@ -350,6 +356,7 @@ def test_pytest_plugin_costs_nothing_without_the_option():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_cli_exits_non_zero_on_failure(wonky_results):
     site, _ = wonky_results
     proc = run_cli("conformance", "wonky", "--kernel-examples", "5",

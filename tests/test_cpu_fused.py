@@ -1,5 +1,5 @@
 """The fused C variants of the cpu platform (rms_norm, silu_and_mul, rotary_embedding,
-decode paged_attention) against the pure-torch references, both builds, what they
+decode paged_attention, reshape_and_cache) against the pure-torch references, both builds, what they
 decline, which a CPU gets, and the conformance kit."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import ops as op_defs
 
 VARIANTS = ("fused_avx2", "fused_c")
-OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention")
+OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention", "reshape_and_cache")
 
 
 def variant(op: str, name: str):
@@ -93,6 +93,23 @@ def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
     check("paged_attention", name, *args, **kwargs, causal=False)
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_reshape_and_cache_writes_strided_rows_into_their_slots(fresh_discovery, name):
+    """Key and value split from one fused projection (token stride 2 * Hkv * D), a padding
+    slot (-1) skipped, the rest of the cache untouched: the reference's cache exactly."""
+    generator = torch.Generator().manual_seed(5)
+    fused = torch.randn(5, 2, 3, 8, generator=generator)
+    key, value = fused[:, 0], fused[:, 1]
+    slots = torch.tensor([7, -1, 0, 12, 3])
+    want = torch.randn(2, 2, 8, 3, 8, generator=generator)  # [2, blocks, block, Hkv, D]
+    got = want.clone()
+    impl = variant("reshape_and_cache", name)
+    assert impl.supports(key, value, got, slots) is None
+    impl.impl(key, value, got, slots)
+    op_defs.reshape_and_cache.reference(key, value, want, slots)
+    assert torch.equal(got, want)
+
+
 def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):
     args, kwargs = decode_batch(0, [20, 9], 8, 2, 2)
     query, kv_cache = args[:2]
@@ -116,6 +133,12 @@ def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh
     q, k = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
     assert "contiguous" in rotary.supports(torch.tensor([1, 2]), q.transpose(0, 1), k, cache, True)
     assert "int64" in rotary.supports(torch.tensor([1, 2], dtype=torch.int32), q, k, cache, True)
+    write = variant("reshape_and_cache", "fused_c")
+    kv = torch.zeros(2, 2, 4, 2, 16)
+    slots = torch.tensor([1, 2])
+    assert "fp32 KV cache" in write.supports(k, k, kv.to(torch.float8_e4m3fn), slots)
+    assert "does not match" in write.supports(q, q, kv, slots)
+    assert "int64" in write.supports(k, k, kv, slots.int())
 
 
 def test_indices_out_of_range_are_typed_errors_not_reads(fresh_discovery):
@@ -128,6 +151,10 @@ def test_indices_out_of_range_are_typed_errors_not_reads(fresh_discovery):
     args[2][1, 0] = args[1].shape[1]  # one past the cache's blocks
     with pytest.raises(UnsupportedError, match="outside the cache's 7 blocks"):
         variant("paged_attention", "fused_c").impl(*args, **kwargs)
+    kv = torch.zeros(2, 2, 4, 2, 16)
+    with pytest.raises(UnsupportedError, match="past the cache's 8 slots"):
+        variant("reshape_and_cache", "fused_c").impl(k, k, kv, torch.tensor([1, 8]))
+    assert not kv.any()  # checked before anything was written
 
 
 def test_an_avx2_cpu_gets_the_avx2_build_and_others_the_portable(tmp_path, monkeypatch,

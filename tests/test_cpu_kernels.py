@@ -8,6 +8,8 @@ import torch
 
 from hwplug.discovery import current_platform
 from hwplug.kernel_registry import kernels, ops, reference
+from hwplug.platforms.cpu import bf16, tiles
+from hwplug.platforms.cpu.tiles import TILE_VALUES
 
 
 def explain_linear(dtype: str):
@@ -25,8 +27,8 @@ def test_linear_on_cpu_chooses_onednn_by_dtype_and_the_cpus_features(fresh_disco
     bf16 = explain_linear("bfloat16")
     if "bf16" in current_platform().facts.features:
         assert bf16.chosen.name == "onednn_packed_bf16"
-    else:  # no bf16 arithmetic: oneDNN's bf16 path is not offered
-        assert bf16.chosen.name == "reference"
+    else:  # no bf16 arithmetic: bf16 weights, fp32 arithmetic
+        assert bf16.chosen.name == "bf16_storage"
         assert bf16.rejected["onednn_packed_bf16"].startswith("needs device feature bf16")
     assert "dtype float16" in explain_linear("float16").rejected["onednn_packed"]
 
@@ -51,6 +53,21 @@ def test_bf16_linear_matches_reference(fresh_discovery):
     x, weight = (torch.randn(4, 64, generator=gen).bfloat16(),
                  (torch.randn(48, 64, generator=gen) / 8).bfloat16())
     assert_matches_reference(x, weight)
+
+
+@pytest.mark.parametrize("rows", [1, bf16.UPCAST_FROM_ROWS - 1, bf16.UPCAST_FROM_ROWS, 40])
+@pytest.mark.parametrize("tile_values", [TILE_VALUES, 64 * 7], ids=["one-tile", "tiles-of-7"])
+def test_bf16_storage_computes_in_fp32(monkeypatch, rows, tile_values):
+    """Below the switch torch's bf16 GEMM, from it fp32 tiles of the weight (several tiles
+    when a tile holds 7 rows): either way the bf16-rounded fp32 product, bias included."""
+    monkeypatch.setattr(tiles, "TILE_VALUES", tile_values)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(2, rows, 64, generator=gen).bfloat16()
+    weight, bias = (torch.randn(48, 64, generator=gen) / 8).bfloat16(), torch.randn(48).bfloat16()
+    want = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    got = bf16.linear(x, weight, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=8e-3)  # bf16 output steps
 
 
 @pytest.mark.parametrize("leading", [(1,), (7,), (2, 5)], ids=str)

@@ -130,6 +130,7 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
 def test_repeated_generate_does_not_grow_memory(llm):
     batch = prompts(7, 2)

@@ -45,6 +45,7 @@ def quick_build() -> str:
     return "avx2" if {"x86_64", "avx2", "fma", "f16c"} <= features else "portable"
 
 
+@pytest.mark.slow
 def test_the_library_is_built_once_then_loaded_from_the_cache(cache, compiles):
     name = quick_build()
     path = build.build(name)
@@ -80,6 +81,7 @@ def wrapper(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
+@pytest.mark.slow
 def test_flags_the_compiler_rejects_are_dropped(cache, compiles, monkeypatch, tmp_path):
     cc, _ = build.compiler()
     monkeypatch.setenv("CC", wrapper(tmp_path, 'case "$*" in *-march=native*) echo "no such '
@@ -127,6 +129,7 @@ def test_unknown_builds_are_named_with_the_known_ones():
         build.build("sse9")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_the_kernels_share_torchs_openmp_runtime(fresh_discovery):
     """One OpenMP thread pool: a second libgomp would spin its own threads beside torch's."""

@@ -52,7 +52,10 @@ def test_linear_matches_the_reference_for_every_type_and_row_count(fresh_discove
     qweight, cols = weight_for(kind, 40, seed=kind)
     generator = torch.Generator().manual_seed(0)
     bias = torch.randn(40, generator=generator)
-    for rows in (1, 3, 8, 33):  # 33: past the tuned switch, the dequantized tiles
+    switch = c_ops.tiled_from(torch.get_num_threads())[kind]
+    # 8 and 19: the AVX2 build's eight-row tiles, alone and with four-row ones after them;
+    # past the tuned switch: the dequantized tiles
+    for rows in (1, 3, 8, 19, switch + 1):
         x = torch.randn(rows, cols, generator=generator)
         assert linear.supports(x, qweight, kind, bias) is None
         want = ops_ggml.ggml_linear.reference(x, qweight, kind, bias)

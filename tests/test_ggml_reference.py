@@ -107,6 +107,7 @@ def smollm2_gguf() -> Path:
     return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
 
 
+@pytest.mark.slow
 def test_dequantize_matches_gguf_on_the_smollm2_q4_1_file():
     reader = gguf.GGUFReader(smollm2_gguf())
     by_type: dict[str, list] = {}

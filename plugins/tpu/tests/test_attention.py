@@ -71,6 +71,7 @@ def test_the_torch_xla_path_is_a_tombstone(stand_in, name):
     assert name not in registries.attention_backends.names()
 
 
+@pytest.mark.slow
 def test_conformance_on_jax_cpu(stand_in):
     """The kit against hwplug-tpu on JAX's CPU backend (fewer examples than the CLI's
     default, which the README shows green, to keep the test quick)."""

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # generates with JAX-compiled models
+
 HWPLUG = [sys.executable, "-m", "hwplug"]
 PROMPTS = [
     "What is the capital of France?",

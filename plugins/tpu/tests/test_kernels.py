@@ -56,6 +56,7 @@ def _cases(generator, cache_arg: int, causal: bool):
         lambda d: generator(d, st.integers(1, 9))).map(lambda c: served(c, cache_arg, causal))
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(case=_cases(inputs.paged_attention, 1, causal=True))
 def test_attention_matches_the_reference(case):

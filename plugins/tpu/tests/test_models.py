@@ -26,6 +26,7 @@ def assert_served_by_jax() -> None:
         assert kernels.op(op).variants_used() == {"jax"}, op
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(on_any_platform.CONFIGS))
 def test_prefill_and_decode_match_transformers(stand_in, name):
     on_any_platform.test_prefill_and_decode_match_transformers(name)

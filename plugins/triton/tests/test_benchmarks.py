@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # each test runs a benchmark script in a fresh interpreter
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quant.py"
 
 

@@ -88,6 +88,7 @@ def test_a_user_table_is_layered_over_the_shipped_ones(fresh_tables, tmp_path) -
 @pytest.mark.skipif(torch.cuda.is_available() or (hasattr(torch, "xpu") and
                                                  torch.xpu.is_available()),
                     reason="a GPU is present: the tuner would tune it")
+@pytest.mark.slow
 def test_the_tuner_refuses_to_run_without_a_gpu() -> None:
     """benchmarks/tune_triton.py measures only on the device it writes a table for."""
     script = Path(__file__).resolve().parents[3] / "benchmarks" / "tune_triton.py"

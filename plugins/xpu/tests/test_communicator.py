@@ -14,6 +14,7 @@ from hwplug_xpu.platform import XpuPlatform
 XPU = "hwplug_xpu.communicator:XpuCommunicator"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_allgather_reducescatter_all_to_all_matches_the_single_process_result(world_size):
     got = run(collectives, world_size, XPU)
