@@ -26,21 +26,22 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from gguf import MODEL_ARCH_NAMES, GGUFReader, GGUFValueType, get_tensor_name_map
 from gguf.quants import dequantize
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
-from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders import cache
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint
 from hwplug.model_zoo.loaders.hf_dir import WEIGHTS_NAME, from_pretrained, load_hf_dir
 from hwplug.model_zoo.loaders.validate import TensorInfo, check_sizes, check_tensors
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,8 @@ def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = T
     transformers naming, dequantised to float32 or kept in blocks (see the module
     docstring). Raises :class:`ModelError` for an architecture or a quantisation type
     transformers or gguf cannot handle."""
+    from transformers import AutoConfig, AutoTokenizer  # conversion only: a cached load skips
+
     config = from_pretrained(AutoConfig, "config", path.parent, gguf_file=path.name)
     tokenizer = from_pretrained(AutoTokenizer, "tokenizer", path.parent, gguf_file=path.name)
     model_class, parameter_names = _causal_lm_skeleton(config, path)
@@ -167,6 +170,8 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
     skipped."""
     architecture = gguf_architecture(path, reader)
     names = gguf_to_transformers_names(architecture, parameter_names, config.num_hidden_layers)
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     # Processors that merge or split tensors (MoE experts) store them in parsed["tensors"].
     parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}
@@ -227,6 +232,8 @@ def gguf_to_transformers_names(architecture: str, parameter_names: Iterable[str]
 def _causal_lm_skeleton(config: PretrainedConfig, path: Path) -> tuple[str, list[str]]:
     """The name and parameter names of ``config``'s transformers causal-LM class, built on
     the meta device (no memory used)."""
+    from transformers import AutoModelForCausalLM
+
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)

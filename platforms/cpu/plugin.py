@@ -41,6 +41,8 @@ _FUSED_OPS = {
     "paged_attention": ("paged_attention", "decode_supported",
                         "decode: walks the block tables (no gather), online softmax, "
                         "a KV head's query heads together, OpenMP over (sequence, KV head)"),
+    "reshape_and_cache": ("reshape_and_cache", "cache_write_supported",
+                          "every slot checked, then one memcpy per key and value row"),
 }
 #: The variants hwplug adds over the references on CPUs (register_variant arguments).
 CPU_VARIANTS: list[dict[str, Any]] = [
@@ -48,6 +50,10 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          features=("x86_64",), description=_ONEDNN),
     dict(op="linear", name="onednn_packed_bf16", impl=_LINEAR, dtypes=("bfloat16",),
          features=("x86_64", "bf16"), description=_ONEDNN + " (bf16 arithmetic)"),
+    dict(op="linear", name="bf16_storage", impl="hwplug.platforms.cpu.bf16:linear",
+         dtypes=("bfloat16",), priority=-10,
+         description="bf16 weights, fp32 arithmetic: torch's GEMV below 8 rows, then fp32 "
+                     "tiles of the weight through torch's fp32 GEMM"),
     dict(op="rms_norm", name="torch_fused", impl=_KERNELS + "rms_norm", dtypes=FLOAT_DTYPES,
          description="torch's fused F.rms_norm"),
     dict(op="rotary_embedding", name="torch_fused", impl=_KERNELS + "rotary_embedding",

@@ -5,6 +5,7 @@
  * hwplug_silu_and_mul: out = silu(x[:d]) * x[d:] per row.
  * hwplug_rotary: the neox or GPT-J rotation of each head's first rot_dim dims by its
  *   token's cos/sin row, the rest copied.
+ * hwplug_cache_write: each token's key and value rows into its slot of the paged cache.
  * hwplug_paged_decode: attention of one query per sequence over its paged NHD cache,
  *   walking its block table (no gather): online softmax over chunks of keys, the query
  *   heads of one KV head together, sliding window and soft cap. OpenMP over
@@ -251,4 +252,22 @@ int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_ca
             }
         }
     return status;
+}
+
+/* key and value rows t (row floats each, token strides k_stride and v_stride) into slot
+ * slots[t] of kv_cache's halves ([2, num_slots, row], contiguous); a negative slot is
+ * padding, skipped. Every slot is checked before anything is written: -1 for one at or
+ * past num_slots. */
+int hwplug_cache_write(const float *key, int64_t k_stride, const float *value,
+                       int64_t v_stride, float *kv_cache, int64_t num_slots, int64_t row,
+                       const int64_t *slots, int64_t tokens) {
+    for (int64_t t = 0; t < tokens; ++t)
+        if (slots[t] >= num_slots) return -1;
+    const size_t bytes = sizeof(float) * (size_t)row;
+    for (int64_t t = 0; t < tokens; ++t) {
+        if (slots[t] < 0) continue;
+        memcpy(kv_cache + slots[t] * row, key + t * k_stride, bytes);
+        memcpy(kv_cache + (num_slots + slots[t]) * row, value + t * v_stride, bytes);
+    }
+    return 0;
 }

@@ -27,6 +27,7 @@ _SIGNATURES = {
     "hwplug_silu_and_mul": [_ptr, _ptr, _i64, _i64, _int],
     "hwplug_rotary": [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
                       _i64, _i64, _int],
+    "hwplug_cache_write": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64],
     "hwplug_paged_decode": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64,
                             _i64, _f32, _i64, _f32, _ptr, _int],
 }
@@ -43,6 +44,7 @@ class FusedKernels(build.Library):
     silu_and_mul = build.BuiltOp()
     rotary_embedding = build.BuiltOp()
     paged_attention = build.BuiltOp()
+    reshape_and_cache = build.BuiltOp()
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                   residual: torch.Tensor | None = None
@@ -96,6 +98,19 @@ class FusedKernels(build.Library):
             raise UnsupportedError(f"a block table entry read lies outside the cache's "
                                    f"{num_blocks} blocks")
         return out
+
+
+    def _reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> None:
+        num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+        if self.library.hwplug_cache_write(
+                key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
+                kv_cache.data_ptr(), num_slots, key.shape[1] * key.shape[2],
+                slot_mapping.data_ptr(), key.shape[0]):
+            raise UnsupportedError(f"slot_mapping holds a slot past the cache's {num_slots} "
+                                   f"slots (max {slot_mapping.max().item()})")
 
 
 def _fp32_rows(name: str, tensor: torch.Tensor) -> str | None:
@@ -177,6 +192,27 @@ def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
             return f"{name}: int32 with contiguous rows only, got {tensor.dtype}"
     if soft_cap is not None and soft_cap <= 0:
         return f"soft_cap must be positive, got {soft_cap}"
+    return None
+
+
+def cache_write_supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                          v_scale: torch.Tensor | None = None) -> str | None:
+    """Why the C ``reshape_and_cache`` declines a call, or None."""
+    if kv_cache.dtype != torch.float32 or k_scale is not None or v_scale is not None:
+        return f"needs an fp32 KV cache without k/v scales, got {kv_cache.dtype}"
+    if not kv_cache.is_contiguous():
+        return "needs a contiguous kv_cache"
+    for name, tensor in (("key", key), ("value", value)):
+        if problem := _heads(name, tensor):
+            return problem
+        if tuple(tensor.shape[1:]) != tuple(kv_cache.shape[3:]):
+            return (f"{name} {list(tensor.shape)} does not match the cache's [Hkv, D] "
+                    f"{list(kv_cache.shape[3:])}")
+    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous() or \
+            slot_mapping.shape != key.shape[:1] or value.shape[0] != key.shape[0]:
+        return (f"slot_mapping: contiguous int64 [T] beside key and value of T tokens, got "
+                f"{slot_mapping.dtype} {list(slot_mapping.shape)}")
     return None
 
 

@@ -30,6 +30,10 @@ enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q
 enum { QK = 32, QK_K = 256, MT_MAX = 4 };
 
 #define INLINE static inline __attribute__((always_inline))
+/* Ask for the same block of the weight rows two groups ahead (2 * MT_MAX rows further):
+ * a tile's rows are short streams that the hardware prefetchers do not ramp up on in time,
+ * and in a decode step the weights come from memory, not cache. */
+#define PREFETCH_NEXT_GROUP(blk, ld) __builtin_prefetch((blk) + 2 * MT_MAX * (ld), 0, 0)
 
 /* The quantized activations (int8 or int16, the `wide` flag the kernels pass along),
  * block-major so that a block's rows lie side by side: for block b of row m, i = b * rows + m
@@ -119,6 +123,7 @@ INLINE void tile_q4_0_q5_0(const uint8_t *w, int64_t ld, int nr, const act_t *a,
     for (int64_t b = 0; b < a->nb; ++b) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + b * bytes;
+            PREFETCH_NEXT_GROUP(blk, ld);
             const float dw = fp16_to_fp32(blk), dc = dw * (float)center;
             const fscale dws = scale_of(dw);
             u8x32 u;
@@ -142,6 +147,7 @@ INLINE void tile_q4_1_q5_1(const uint8_t *w, int64_t ld, int nr, const act_t *a,
     for (int64_t b = 0; b < a->nb; ++b) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + b * bytes;
+            PREFETCH_NEXT_GROUP(blk, ld);
             const float mw = fp16_to_fp32(blk + 2);
             const fscale dws = scale_of(fp16_to_fp32(blk));
             u8x32 u;
@@ -164,6 +170,7 @@ INLINE void tile_q8_0(const uint8_t *w, int64_t ld, int nr, const act_t *a, int 
     for (int64_t b = 0; b < a->nb; ++b) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + b * 34;
+            PREFETCH_NEXT_GROUP(blk, ld);
             const fscale dws = scale_of(fp16_to_fp32(blk));
             FOR_M acc[t] = acc_add(acc[t], act_dot_s8((const int8_t *)(blk + 2), a, I(b), wide),
                                    dws, a->d + I(b));
@@ -190,6 +197,7 @@ INLINE void tile_q4_k_q5_k(const uint8_t *w, int64_t ld, int nr, const act_t *a,
     for (int64_t sb = 0; sb < a->nb / 8; ++sb) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + sb * bytes, *qs = blk + (five ? 48 : 16);
+            PREFETCH_NEXT_GROUP(blk, ld);
             const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
             uint8_t sc[8], mn[8];
             float dsc[8], dmn[8];
@@ -225,6 +233,7 @@ INLINE void tile_q6_k(const uint8_t *w, int64_t ld, int nr, const act_t *a, int 
     for (int64_t sb = 0; sb < a->nb / 8; ++sb) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + sb * 210;
+            PREFETCH_NEXT_GROUP(blk, ld);
             const fscale ds = scale_of(fp16_to_fp32(blk + 208));
             const int8_t *scales = (const int8_t *)(blk + 192);
             for (int j = 0; j < 8; ++j) {
@@ -279,6 +288,35 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
         tile_of_shape(type, w, ld, nr, a, mt, res, 0);
 }
 
+#ifdef HWPLUG_GGML_AVX2
+/* ---- one weight row by eight activation rows, int16 activations: Q4_0, Q4_1, Q8_0 ----
+ * The eight rows' integer dots of a block are summed across lanes together (hsum8), so a
+ * block costs one fp32 FMA for all eight, their activation scales and sums read as one
+ * vector each (block-major, see act_t); res[m] for row m. */
+enum { MT_WIDE = 8 };
+static int wide_tile_type(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, float *res) {
+    __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+    const int bytes = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const uint8_t *blk = w + b * bytes;
+        PREFETCH_NEXT_GROUP(blk, ld);
+        const wide_t uw = type == T_Q8_0 ? s8_wide((const int8_t *)(blk + 2))
+                                         : nibbles16_wide(blk + (type == T_Q4_1 ? 4 : 2));
+        isum_t s[MT_WIDE];
+        _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m)
+            s[m] = dot16_wide(&uw, Q16(a, b * a->rows + m));
+        const float dw = fp16_to_fp32(blk);
+        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(a->d + b * a->rows));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8(s)), scale, acc);
+        if (type != T_Q8_0) { /* Q4_1: + m sum(x); Q4_0: - 8 d sum(x) */
+            const float o = type == T_Q4_1 ? fp16_to_fp32(blk + 2) : -8.0f * dw;
+            off = _mm256_fmadd_ps(_mm256_set1_ps(o), _mm256_loadu_ps(a->sd + b * a->rows), off);
+        }
+    }
+    _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
+}
+#endif
 static int linear_type(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 ||
            type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
@@ -307,10 +345,22 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
         for (int64_t n0 = 0; n0 < N; n0 += MT_MAX) {
             const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
-            for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {
-                const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+            for (int64_t m0 = 0; m0 < M;) {
                 const act_t part = {(char *)act.q + QK * m0 * width, act.d + m0, act.sd + m0,
                                     nb, M};
+#ifdef HWPLUG_GGML_AVX2
+                if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
+                    for (int r = 0; r < rows; ++r) {
+                        float res[MT_WIDE];
+                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
+                        for (int m = 0; m < MT_WIDE; ++m)
+                            out[(m0 + m) * N + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
+                    }
+                    m0 += MT_WIDE;
+                    continue;
+                }
+#endif
+                const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
                 for (int r0 = 0; r0 < rows;) {
                     const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
                     float res[MT_MAX];
@@ -322,6 +372,7 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                                 res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
                     r0 += nr;
                 }
+                m0 += mt;
             }
         }
     }

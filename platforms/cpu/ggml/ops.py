@@ -7,12 +7,12 @@ considered, and a failed build is the variant's rejection reason.
 
 ``linear`` computes ``x @ W.T`` two ways, chosen by the number of activation rows ``M``:
 :meth:`GgmlKernels.linear_blocks`, the C kernel's integer dot products straight from the
-GGUF blocks (the weight read once for every 4 rows) with the activations quantized per
-block of 32 to int16 or int8, and :meth:`GgmlKernels.linear_tiled`, the weight dequantized
-by the C kernel a tile of at most :data:`TILE_VALUES` values at a time, each tile
-multiplied by torch's GEMM, whose register blocking wins once enough rows share each
-weight value. Both choices are data, from the ``ggml_linear`` tuning table
-(``tuning.json``, measured with benchmarks/ggml_linear.py): :func:`tiled_from`, the rows
+GGUF blocks (the weight read once for every 4 activation rows; 8 in the AVX2 build for
+Q4_0, Q4_1 and Q8_0) with the activations quantized per block of 32 to int16 or int8, and
+:meth:`GgmlKernels.linear_tiled`, the weight dequantized by the C kernel a tile at a time
+through :func:`~hwplug.platforms.cpu.tiles.linear_by_tiles` (torch's fp32 GEMM). Both
+choices are data, from the ``ggml_linear`` tuning table (``tuning.json``, measured as
+:data:`TUNING` says): :func:`tiled_from`, the rows
 from which the tiles serve, and :func:`activations_of`, the activations' integer type.
 """
 
@@ -23,27 +23,30 @@ import functools
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, check_ids, type_name
 from hwplug.kernel_registry.tuning import TuningTable, read_layer
 from hwplug.platforms.cpu.ggml import build
+from hwplug.platforms.cpu.tiles import linear_by_tiles
 
-#: Most weight values :meth:`GgmlKernels.linear_tiled` dequantizes at once (4 MiB of fp32).
-TILE_VALUES = 1 << 20
 #: hwplug's layer of the ``ggml_linear`` tuning table: ``{device: {threads: {type name:
 #: activation rows from which it takes the tiles, "activations": {type name: "int16" |
 #: "int8"}}}}``. Its one entry, ``default`` at one thread, serves every CPU and thread
-#: count until a table says otherwise; measured on a 2-core AVX2 EPYC with
-#: benchmarks/ggml_linear.py: the integer kernel is faster up to 16-18 rows for the
-#: 32-value types and up to about 10 for the K-quants (Q5_0, Q5_1 and Q5_K take their Q4
-#: sibling's value, not measured apart). The activations are int16 (max|x| / 32767 steps:
-#: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of fp32) where
-#: that costs at most ~15% over int8 at one row (measured: 0-5% for the 32-value types and
-#: Q6_K, 15-19% for Q4_K); int8 (llama.cpp's, max|x| / 127 steps, ~2% errors) for Q5_K,
-#: where int16 cost 30-60%, and wherever a user's table trades precision for speed.
+#: count until a table says otherwise; measured on a 2-core AVX2 EPYC in SmolLM2 Q4_1 decode
+#: steps (benchmarks/decode_profile.py with a user table; benchmarks/ggml_linear.py, whose
+#: back-to-back calls flatter the tiles, misplaces the switch): with the AVX2 build's
+#: eight-row tiles (Q4_0, Q4_1, Q8_0) the integer kernel took 79 ms of a batch-32 step,
+#: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, so the tiles serve from
+#: 128; before those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0
+#: and Q5_1, which lack them. The K-quants' switch at about 10 rows is from
+#: benchmarks/ggml_linear.py only (Q5_K takes Q4_K's value, not measured apart). The
+#: activations are int16 (max|x| / 32767 steps: errors ~1e-4 of the outputs' rms, and
+#: SmolLM2 Q4_1's greedy tokens those of fp32) where that costs at most ~15% over int8 at
+#: one row (measured: 0-5% for the 32-value types and Q6_K, 15-19% for Q4_K); int8
+#: (llama.cpp's, max|x| / 127 steps, ~2% errors) for Q5_K, where int16 cost 30-60%, and
+#: wherever a user's table trades precision for speed.
 TUNING = Path(__file__).with_name("tuning.json")
 #: The activations' integer types and their bits, as the C kernel takes them.
 ACTIVATIONS = {"int8": 8, "int16": 16}
@@ -132,21 +135,10 @@ class GgmlKernels(build.Library):
     def linear_tiled(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 ``x [M, K] @ W.T + bias`` with W dequantized a tile of whole rows at a time."""
-        rows, fp32_bias = _fp32(x), _fp32(bias)
-        n, k = qweight.shape[0], rows.shape[1]
-        step = max(1, TILE_VALUES // k)
-        if step >= n:  # one tile: no copy of the product
-            tile = torch.empty((n, k), dtype=torch.float32)
-            self._dequantize(qweight, ggml_type, None, tile)
-            return F.linear(rows, tile, fp32_bias)
-        out = torch.empty((rows.shape[0], n), dtype=torch.float32)
-        tile = torch.empty((step, k), dtype=torch.float32)
-        for start in range(0, n, step):
-            stop = min(start + step, n)
-            self._dequantize(qweight[start:stop], ggml_type, None, tile[:stop - start])
-            out[:, start:stop] = F.linear(rows, tile[:stop - start],
-                                          None if fp32_bias is None else fp32_bias[start:stop])
-        return out
+        def fill(start: int, stop: int, tile: torch.Tensor) -> None:
+            self._dequantize(qweight[start:stop], ggml_type, None, tile)
+
+        return linear_by_tiles(_fp32(x), qweight.shape[0], fill, _fp32(bias))
 
     def _embedding(self, ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
                    ) -> torch.Tensor:

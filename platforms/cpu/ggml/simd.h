@@ -106,9 +106,24 @@ INLINE isum_t dot16_centered_scaled(u8x32 u, int center, const int16_t *x, int s
         _mm256_mullo_epi16(_mm256_sub_epi16(widen_lo(u), c), _mm256_set1_epi16((short)sc0)),
         _mm256_mullo_epi16(_mm256_sub_epi16(widen_hi(u), c), _mm256_set1_epi16((short)sc1)), x);
 }
+/* 32 int8 weight quants, widened */
+INLINE wide_t s8_wide(const int8_t *w) {
+    return (wide_t){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)),
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)))};
+}
 INLINE isum_t dot16_s8(const int8_t *w, const int16_t *x) {
-    return dot16_pair(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)),
-                      _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16))), x);
+    const wide_t v = s8_wide(w);
+    return dot16_wide(&v, x);
+}
+/* lane m: the sum of s[m]'s eight lanes (the hadds pair lanes within each 128-bit half,
+ * the last step adds the halves) */
+INLINE __m256i hsum8(const isum_t s[8]) {
+    const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]),
+                                         _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]),
+                                         _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                            _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 typedef __m256 fscale; /* a weight scale, broadcast */
 INLINE fscale scale_of(float d) { return _mm256_set1_ps(d); }

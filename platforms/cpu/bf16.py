@@ -1,0 +1,38 @@
+"""``linear`` on bfloat16 weights for CPUs without bf16 arithmetic: bf16 is the storage
+format (half the bytes of fp32 to read), the arithmetic is fp32.
+
+Below :data:`UPCAST_FROM_ROWS` activation rows, torch's bf16 GEMM: a matrix-vector product
+bound by reading the weight, which widens each value to fp32 and accumulates in fp32, so
+the half-size weight makes it faster than fp32 weights. From there on that GEMM (no
+hardware bf16, no register blocking) grows linearly with the rows, so the weight is
+widened a tile at a time into fp32 and multiplied by torch's fp32 GEMM
+(:func:`~hwplug.platforms.cpu.tiles.linear_by_tiles`). The crossover, measured on a 2-core
+AVX2 EPYC with SmolLM2's shapes (30 weights cycled; benchmarks/bf16_linear.py): equal at
+8 rows, the fp32 tiles 1.7-2.6x faster at 16-32 rows, torch's bf16 2.3-2.7x faster at one.
+Where the CPU has bf16 arithmetic, oneDNN's bf16 path (``onednn_packed_bf16``) ranks first.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hwplug.platforms.cpu.tiles import linear_by_tiles
+
+#: Activation rows from which the weight is widened to fp32 tiles.
+UPCAST_FROM_ROWS = 8
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """The ``linear`` op for bf16 ``x`` and ``weight``: bf16 out, fp32 arithmetic."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] < UPCAST_FROM_ROWS:
+        return F.linear(x, weight, bias)
+
+    def fill(start: int, stop: int, tile: torch.Tensor) -> None:
+        tile.copy_(weight[start:stop])
+
+    out = linear_by_tiles(rows.float(), weight.shape[0], fill,
+                          None if bias is None else bias.float())
+    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
