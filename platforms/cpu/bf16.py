@@ -6,10 +6,12 @@ bound by reading the weight, which widens each value to fp32 and accumulates in 
 the half-size weight makes it faster than fp32 weights. From there on that GEMM (no
 hardware bf16, no register blocking) grows linearly with the rows, so the weight is
 widened a tile at a time into fp32 and multiplied by torch's fp32 GEMM
-(:func:`~hwplug.platforms.cpu.tiles.linear_by_tiles`). The crossover, measured on a 2-core
-AVX2 EPYC with SmolLM2's shapes (30 weights cycled; benchmarks/bf16_linear.py): equal at
-8 rows, the fp32 tiles 1.7-2.6x faster at 16-32 rows, torch's bf16 2.3-2.7x faster at one.
-Where the CPU has bf16 arithmetic, oneDNN's bf16 path (``onednn_packed_bf16``) ranks first.
+(:func:`~hwplug.platforms.cpu.tiles.linear_by_tiles`). Measured on a 2-core AVX2 EPYC in
+SmolLM2 bf16 decode steps (against ``HWPLUG_DISABLED_KERNELS=bf16_storage``, torch's bf16
+GEMM throughout): 100 vs 105 ms per step at batch 8, 120 vs 185 at 16, 169 vs 356 at 32;
+switching at 64 rows instead kept 105 and 185. benchmarks/bf16_linear.py times the
+GEMMs alone. Where the CPU has bf16 arithmetic, oneDNN's bf16 path
+(``onednn_packed_bf16``) ranks first.
 """
 
 from __future__ import annotations
