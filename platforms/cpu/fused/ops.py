@@ -1,5 +1,5 @@
-"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding`` and decode ``paged_attention``
-variants that call ``kernels.c`` through ctypes, fp32.
+"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding``, decode ``paged_attention`` and
+``reshape_and_cache`` variants that call ``kernels.c`` through ctypes, fp32.
 
 :data:`AVX2` and :data:`PORTABLE` are the two builds, compiled and cached by
 :mod:`hwplug.platforms.cpu.ggml.build` the first time one of their ops is asked for, so a
@@ -98,7 +98,6 @@ class FusedKernels(build.Library):
             raise UnsupportedError(f"a block table entry read lies outside the cache's "
                                    f"{num_blocks} blocks")
         return out
-
 
     def _reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor,

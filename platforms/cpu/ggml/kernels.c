@@ -307,7 +307,8 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
         _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m)
             s[m] = dot16_wide(&uw, Q16(a, b * a->rows + m));
         const float dw = fp16_to_fp32(blk);
-        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(a->d + b * a->rows));
+        const __m256 scale =
+            _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(a->d + b * a->rows));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8(s)), scale, acc);
         if (type != T_Q8_0) { /* Q4_1: + m sum(x); Q4_0: - 8 d sum(x) */
             const float o = type == T_Q4_1 ? fp16_to_fp32(blk + 2) : -8.0f * dw;
