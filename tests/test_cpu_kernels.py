@@ -3,6 +3,8 @@ reference op."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -77,6 +79,24 @@ def test_onednn_linear_matches_reference(fresh_discovery, leading, with_bias):
     weight = torch.randn(96, 200, generator=gen) / 14
     bias = torch.randn(96, generator=gen) if with_bias else None
     assert_matches_reference(torch.randn(*leading, 200, generator=gen), weight, bias)
+
+
+def test_the_tile_buffer_takes_calls_in_and_out_of_inference_mode():
+    """A thread's tile buffer, first made under inference_mode, is written by a later call
+    outside it (an inference tensor would refuse the write)."""
+    x, weight = torch.randn(bf16.UPCAST_FROM_ROWS, 64).bfloat16(), torch.randn(48, 64).bfloat16()
+    results = []
+
+    def run() -> None:  # a fresh thread: a fresh buffer
+        with torch.inference_mode():
+            results.append(bf16.linear(x, weight))
+        with torch.no_grad():
+            results.append(bf16.linear(x, weight))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert len(results) == 2 and torch.equal(results[0], results[1])
 
 
 def test_a_weight_written_in_place_is_repacked(fresh_discovery):

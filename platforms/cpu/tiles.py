@@ -31,7 +31,10 @@ def tile_buffer(values: int) -> torch.Tensor:
     and do not keep the view past the call."""
     buffer = getattr(_local, "tiles", None)
     if buffer is None or buffer.numel() < values:
-        buffer = _local.tiles = torch.empty(max(values, TILE_VALUES), dtype=torch.float32)
+        # a normal tensor even when first asked for under inference_mode: an inference
+        # tensor could not be written by a later call outside it
+        with torch.inference_mode(False):
+            buffer = _local.tiles = torch.empty(max(values, TILE_VALUES), dtype=torch.float32)
     return buffer[:values]
 
 
