@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 from model_harness import InMemoryCheckpoint, PagedBatch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from tiny_models import random_weights
+from transformers import LlamaConfig
 
 from hwplug.dtypes import is_quantized_kv_cache
 from hwplug.errors import ConfigError, ModelError
@@ -30,13 +31,7 @@ PROMPT_LENS, DECODE_STEPS = (13, 9, 5), 4
 
 @pytest.fixture(scope="module")
 def state() -> dict[str, torch.Tensor]:
-    model = AutoModelForCausalLM.from_config(TINY)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(torch.rand(param.shape, generator=generator) + 0.5 if "norm" in name
-                        else torch.randn(param.shape, generator=generator) * 0.15)
-    return model.state_dict()
+    return random_weights(TINY)
 
 
 def logits(state: dict[str, torch.Tensor], kv_cache_dtype: str, **options):

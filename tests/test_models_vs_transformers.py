@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_harness import InMemoryCheckpoint, PagedBatch
+from tiny_models import randomize
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -59,17 +60,6 @@ CONFIGS = {
 #: Full sequence lengths and how many of their tokens form the prompt (the rest decode).
 SEQ_LENS, PROMPT_LENS = (20, 17, 12), (14, 11, 6)
 DECODE_STEPS = 6
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Weights large enough that every block matters; norms away from 1."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.15)
 
 
 def reference_and_ours(config: PretrainedConfig, dtype: str = "float32",

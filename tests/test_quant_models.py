@@ -17,6 +17,7 @@ import pytest
 import torch
 from model_harness import InMemoryCheckpoint, PagedBatch
 from quant_formats import FORMATS, LINEARS, write_quantized
+from tiny_models import randomize
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from hwplug.errors import RemovedError, UnsupportedError
@@ -43,11 +44,7 @@ CONFIG = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2
 def reference():
     """The random fp32 model, and each linear's largest input on calibration tokens."""
     model = AutoModelForCausalLM.from_config(CONFIG).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(torch.rand(param.shape, generator=generator) + 0.5 if "norm" in name
-                        else torch.randn(param.shape, generator=generator) * 0.08)
+    generator = randomize(model, std=0.08)
     amax: dict[str, float] = {}
     hooks = [module.register_forward_hook(
         lambda mod, args, out, name=name: amax.__setitem__(

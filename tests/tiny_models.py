@@ -1,4 +1,5 @@
-"""Tiny random decoder models built identically in any process (for multi-process tests)."""
+"""Tiny random decoder models built identically in any process (for multi-process tests),
+and the seeded random weights the model tests give transformers models."""
 
 from __future__ import annotations
 
@@ -25,16 +26,30 @@ CONFIGS = {
 PROMPTS = ((5, 17, 3, 90, 41, 8, 2), (61, 7, 7, 29))
 
 
-def random_state(name: str) -> tuple[object, dict[str, torch.Tensor]]:
-    config = CONFIGS[name]()
+def randomize(model: torch.nn.Module, std: float = 0.15, seed: int = 0) -> torch.Generator:
+    """Seeded random weights, in place: norms in [0.5, 1.5) (away from 1), the rest normal
+    with ``std`` (large enough that every block matters, small enough to stay finite).
+    Returns the generator, for further draws that follow from the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(torch.rand(param.shape, generator=generator) + 0.5 if "norm" in name
+                        else torch.randn(param.shape, generator=generator) * std)
+    return generator
+
+
+def random_weights(config) -> dict[str, torch.Tensor]:
+    """The state dict of ``config``'s transformers causal LM with :func:`randomize`'s
+    weights."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            param.copy_(torch.rand(param.shape, generator=generator) + 0.5 if "norm" in param_name
-                        else torch.randn(param.shape, generator=generator) * 0.15)
-    return config, model.state_dict()
+    randomize(model)
+    return model.state_dict()
+
+
+def random_state(name: str) -> tuple[object, dict[str, torch.Tensor]]:
+    config = CONFIGS[name]()
+    return config, random_weights(config)
 
 
 def greedy_logits(name: str, steps: int, parallel: TensorParallel | None = None
