@@ -92,7 +92,7 @@ def test_smollm2_weights_equal_transformers_gguf_loader(smollm2: Checkpoint):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(smollm2.config)
+        skeleton = AutoModelForCausalLM.from_config(smollm2.transformers_config())
     reference = load_gguf_checkpoint(str(smollm2.source), return_tensors=True,
                                      model_to_load=skeleton)["tensors"]
     ours = dict(smollm2.weights())

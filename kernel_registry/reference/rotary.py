@@ -60,14 +60,16 @@ def build_cos_sin_cache(
     ``rope_scaling`` is a transformers-style dict: None or ``{"rope_type": "default"}``,
     ``{"rope_type": "linear", "factor"}`` or ``{"rope_type": "llama3", "factor",
     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}`` (the
-    legacy key ``"type"`` is read too). Raises :class:`~hwplug.errors.ConfigError` for an odd ``rot_dim`` and
+    legacy key ``"type"`` is read too). Computed on the CPU whatever the default device (the
+    caller moves it). Raises :class:`~hwplug.errors.ConfigError` for an odd ``rot_dim`` and
     :class:`~hwplug.errors.UnsupportedError` for another rope type.
     """
     if rot_dim <= 0 or rot_dim % 2:
         raise ConfigError(f"rot_dim must be a positive even number, got {rot_dim}")
     scaling = dict(rope_scaling or {})
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device="cpu")
+                               / rot_dim))
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
@@ -76,7 +78,7 @@ def build_cos_sin_cache(
         raise UnsupportedError(
             f"rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
         )
-    angles = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq
+    angles = torch.arange(max_position, dtype=torch.float32, device="cpu")[:, None] * inv_freq
     return torch.cat((angles.cos(), angles.sin()), dim=-1)
 
 

@@ -44,8 +44,10 @@ class RotaryEmbedding(nn.Module):
                  rope_scaling: dict[str, Any] | None = None, is_neox: bool = True) -> None:
         super().__init__()
         self.rotary_dim, self.is_neox = rotary_dim, is_neox
-        self.register_buffer("cos_sin_cache",
-                             build_cos_sin_cache(rotary_dim, max_position, base, rope_scaling),
+        # built on the CPU, then moved: under the meta device (a memory estimate) torch's
+        # arange would import torch._dynamo, about 0.8 s of a cold start
+        cache = build_cos_sin_cache(rotary_dim, max_position, base, rope_scaling)
+        self.register_buffer("cos_sin_cache", cache.to(torch.get_default_device()),
                              persistent=False)
 
     @classmethod

@@ -25,6 +25,9 @@ class Checkpoint:
 
     - ``config``: the transformers config; ``config.architectures[0]`` names the model class
       (always set for a GGUF, as the file's causal-LM class, e.g. ``LlamaForCausalLM``).
+      For a GGUF it is a plain ``PretrainedConfig`` holding every field of the
+      architecture's config (see :mod:`.hf_dir`); :meth:`transformers_config` gives the
+      architecture's class, which transformers' ``AutoModel`` classes need.
     - ``tokenizer``: a fast transformers tokenizer (with the chat template where the
       checkpoint ships one).
     - ``source``: the ``.gguf`` file or the directory that was loaded.
@@ -42,6 +45,17 @@ class Checkpoint:
     weight_files: tuple[Path, ...]
     generation_config: GenerationConfig | None = None
     eos_token_ids: tuple[int, ...] = ()
+
+    def transformers_config(self) -> PretrainedConfig:
+        """``config`` as an instance of its architecture's transformers config class (e.g.
+        ``LlamaConfig``), the same fields; ``config`` itself when it is one already."""
+        from transformers import AutoConfig, PretrainedConfig
+
+        if type(self.config) is not PretrainedConfig:
+            return self.config
+        fields = self.config.to_dict()
+        del fields["model_type"]  # the plain class's (""); the instance holds the real one
+        return AutoConfig.for_model(self.config.model_type, **fields)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(parameter name, tensor)`` for every tensor of every weight file.

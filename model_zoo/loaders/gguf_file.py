@@ -6,7 +6,9 @@ by :func:`~.hf_dir.load_hf_dir` on this and every later load. By default (kind
 ``gguf-blocks``) the weights stay as the file stores them: every matrix becomes
 ``<name>.qweight`` (``uint8 [rows, row_bytes]``, its GGUF blocks) and
 ``<name>.qweight_type`` (its ``GGMLQuantizationType``), vectors (norms, biases) float32, and
-``config.json`` names the ``gguf`` quant method (:mod:`hwplug.model_zoo.quant_methods.gguf`).
+``config.json`` names the ``gguf`` quant method (:mod:`hwplug.model_zoo.quant_methods.gguf`);
+the config's fields are also written as ``hwplug_config.json`` (see :mod:`.hf_dir`), so a
+cached load need not import the architecture's config class.
 With ``dequantize=True`` (kind ``gguf``) every tensor is dequantized to float32.
 
 Conversion reuses transformers' GGUF support: ``AutoConfig`` and ``AutoTokenizer`` with
@@ -37,7 +39,12 @@ from safetensors.torch import save_file
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders import cache
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint
-from hwplug.model_zoo.loaders.hf_dir import WEIGHTS_NAME, from_pretrained, load_hf_dir
+from hwplug.model_zoo.loaders.hf_dir import (
+    WEIGHTS_NAME,
+    from_pretrained,
+    load_hf_dir,
+    write_plain_config,
+)
 from hwplug.model_zoo.loaders.validate import TensorInfo, check_sizes, check_tensors
 
 if TYPE_CHECKING:
@@ -156,6 +163,7 @@ def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = T
     if not dequantize:
         config.quantization_config = {"quant_method": "gguf"}
     config.save_pretrained(out)
+    write_plain_config(config, out)
     tokenizer.save_pretrained(out)
     save_file(tensors, out / WEIGHTS_NAME, metadata={"format": "pt", "source": str(path)})
 
