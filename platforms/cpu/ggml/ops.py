@@ -110,13 +110,17 @@ class GgmlKernels(build.Library):
 
     def _linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-        rows, threads = x.reshape(-1, x.shape[-1]), torch.get_num_threads()
+        # a decode step calls this ~120 times: the 2-D fp32 case skips reshape, to and view
+        flat = x.dim() == 2
+        rows, threads = x if flat else x.reshape(-1, x.shape[-1]), torch.get_num_threads()
         if rows.shape[0] >= tiled_from(threads)[ggml_type]:
             out = self.linear_tiled(rows, qweight, ggml_type, bias)
         else:
             out = self.linear_blocks(rows, qweight, ggml_type, bias,
                                      activations_of(threads)[ggml_type])
-        return out.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return out if flat else out.view(*x.shape[:-1], qweight.shape[0])
 
     def linear_blocks(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                       bias: torch.Tensor | None = None, activations: str = "int16"
@@ -124,12 +128,13 @@ class GgmlKernels(build.Library):
         """fp32 ``x [M, K] @ W.T + bias`` by the C kernel's integer dots on the blocks, ``x``
         quantized per block of 32 to ``activations`` (a key of :data:`ACTIVATIONS`)."""
         rows, fp32_bias = _fp32(x), _fp32(bias)
-        out = torch.empty((rows.shape[0], qweight.shape[0]), dtype=torch.float32)
-        if rows.shape[0]:
+        (m, k), (n, row_bytes) = rows.shape, qweight.shape
+        out = torch.empty(m, n, dtype=torch.float32)
+        if m:
             self._check(self.library.hwplug_ggml_linear(
-                ggml_type, qweight.data_ptr(), qweight.shape[1], qweight.shape[0],
-                rows.shape[1], rows.data_ptr(), rows.shape[0], out.data_ptr(),
-                _pointer(fp32_bias), ACTIVATIONS[activations], torch.get_num_threads()))
+                ggml_type, qweight.data_ptr(), row_bytes, n, k, rows.data_ptr(), m,
+                out.data_ptr(), _pointer(fp32_bias), ACTIVATIONS[activations],
+                torch.get_num_threads()))
         return out
 
     def linear_tiled(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
@@ -164,8 +169,10 @@ class GgmlKernels(build.Library):
 
 
 def _fp32(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """``tensor`` as contiguous fp32 (no copy when it is already)."""
-    return None if tensor is None else tensor.to(torch.float32).contiguous()
+    """``tensor`` as contiguous fp32 (itself when it is already)."""
+    if tensor is None or (tensor.dtype == torch.float32 and tensor.is_contiguous()):
+        return tensor
+    return tensor.to(torch.float32).contiguous()
 
 
 def _weight_problem(qweight: torch.Tensor, ggml_type: int, k: int) -> str | None:
