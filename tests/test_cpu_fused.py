@@ -1,6 +1,6 @@
 """The fused C variants of the cpu platform (rms_norm, silu_and_mul, rotary_embedding,
-decode paged_attention, reshape_and_cache) against the pure-torch references, both builds, what they
-decline, which a CPU gets, and the conformance kit."""
+decode paged_attention, reshape_and_cache; the one-row fp32 linear) against the pure-torch
+references, both builds, what they decline, which a CPU gets, and the conformance kit."""
 
 from __future__ import annotations
 
@@ -110,6 +110,29 @@ def test_reshape_and_cache_writes_strided_rows_into_their_slots(fresh_discovery,
     assert torch.equal(got, want)
 
 
+def test_one_row_linear_matches_the_reference_whatever_the_thread_count(fresh_discovery):
+    generator = torch.Generator().manual_seed(5)
+    threads = torch.get_num_threads()
+    # 43 outputs: groups of four weight rows and a short last one; 3072 x 576: threads
+    for n, k in ((43, 16), (3072, 576), (5, 1536)):
+        weight = torch.randn(n, k, generator=generator) / k**0.5
+        x, bias = torch.randn(1, k, generator=generator), torch.randn(n, generator=generator)
+        check("linear", "gemv_avx2", x, weight)
+        check("linear", "gemv_avx2", x.view(1, 1, k), weight, bias)
+        try:
+            torch.set_num_threads(1)
+            one = variant("linear", "gemv_avx2").impl(x, weight, bias)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(variant("linear", "gemv_avx2").impl(x, weight, bias), one)
+
+
+def test_one_row_linear_is_what_decode_at_batch_one_gets(fresh_discovery):
+    platform = current_platform()
+    assert kernels.explain("linear", platform, "cpu", "float32", 1).chosen.name == "gemv_avx2"
+    assert kernels.explain("linear", platform, "cpu", "float32", 2).chosen.name != "gemv_avx2"
+
+
 def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):
     args, kwargs = decode_batch(0, [20, 9], 8, 2, 2)
     query, kv_cache = args[:2]
@@ -139,6 +162,12 @@ def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh
     assert "fp32 KV cache" in write.supports(k, k, kv.to(torch.float8_e4m3fn), slots)
     assert "does not match" in write.supports(q, q, kv, slots)
     assert "int64" in write.supports(k, k, kv, slots.int())
+    gemv, weight = variant("linear", "gemv_avx2"), torch.randn(4, 16)
+    assert "one activation row, got [1, 2, 16]" in gemv.supports(torch.randn(1, 2, 16), weight)
+    assert "a multiple of 8, got [4, 12]" in gemv.supports(torch.randn(1, 12), torch.randn(4, 12))
+    assert "float32 only" in gemv.supports(torch.randn(1, 16), weight.bfloat16())
+    assert "contiguous" in gemv.supports(torch.randn(1, 16), torch.randn(16, 4).t())
+    assert "bias of shape [3]" in gemv.supports(torch.randn(1, 16), weight, torch.randn(3))
 
 
 def test_indices_out_of_range_are_typed_errors_not_reads(fresh_discovery):
@@ -174,7 +203,8 @@ def test_an_avx2_cpu_gets_the_avx2_build_and_others_the_portable(tmp_path, monke
     assert why.rejected["fused_avx2"].startswith("needs device feature ")
 
 
-@pytest.mark.parametrize("key", [f"{op}/{name}" for op in OPS for name in VARIANTS])
+@pytest.mark.parametrize("key", [*(f"{op}/{name}" for op in OPS for name in VARIANTS),
+                                 "linear/gemv_avx2"])
 def test_the_conformance_kit_checks_the_variants(fresh_discovery, key):
     fresh_discovery.current_platform()
     result = check_variant(key, examples=30)

@@ -6,6 +6,8 @@
  * hwplug_rotary: the neox or GPT-J rotation of each head's first rot_dim dims by its
  *   token's cos/sin row, the rest copied.
  * hwplug_cache_write: each token's key and value rows into its slot of the paged cache.
+ * hwplug_gemv: one activation row by an fp32 weight (decode at batch 1), bound by reading
+ *   the weight: four weight rows at a time, OpenMP over the rows.
  * hwplug_paged_decode: attention of one query per sequence over its paged NHD cache,
  *   walking its block table (no gather): online softmax over chunks of keys, the query
  *   heads of one KV head together, sliding window and soft cap. OpenMP over
@@ -268,6 +270,28 @@ int hwplug_cache_write(const float *key, int64_t k_stride, const float *value,
         if (slots[t] < 0) continue;
         memcpy(kv_cache + slots[t] * row, key + t * k_stride, bytes);
         memcpy(kv_cache + (num_slots + slots[t]) * row, value + t * v_stride, bytes);
+    }
+    return 0;
+}
+
+/* out[n] = x . w[n] (+ bias[n]) for w [N, K] (contiguous, K a multiple of 8); each output
+ * summed in the same order whatever the thread count. */
+int hwplug_gemv(const float *x, const float *w, const float *bias, float *out, int64_t N,
+                int64_t K, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K >= 65536)
+    for (int64_t n0 = 0; n0 < N; n0 += 4) {
+        const int rows = N - n0 < 4 ? (int)(N - n0) : 4;
+        const float *row[4];
+        f32x8 acc[4];
+        for (int i = 0; i < 4; ++i) { /* a short last group reads its first row again */
+            row[i] = w + (n0 + (i < rows ? i : 0)) * K;
+            acc[i] = splat(0.0f);
+        }
+        for (int64_t k = 0; k < K; k += 8) {
+            const f32x8 v = load8(x + k);
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) acc[i] += load8(row[i] + k) * v;
+        }
+        for (int i = 0; i < rows; ++i) out[n0 + i] = hsum(acc[i]) + (bias ? bias[n0 + i] : 0.0f);
     }
     return 0;
 }

@@ -1,5 +1,6 @@
-"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding``, decode ``paged_attention`` and
-``reshape_and_cache`` variants that call ``kernels.c`` through ctypes, fp32.
+"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding``, decode ``paged_attention``,
+``reshape_and_cache`` and one-row ``linear`` variants that call ``kernels.c`` through
+ctypes, fp32.
 
 :data:`AVX2` and :data:`PORTABLE` are the two builds, compiled and cached by
 :mod:`hwplug.platforms.cpu.ggml.build` the first time one of their ops is asked for, so a
@@ -28,6 +29,7 @@ _SIGNATURES = {
     "hwplug_rotary": [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
                       _i64, _i64, _int],
     "hwplug_cache_write": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64],
+    "hwplug_gemv": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _int],
     "hwplug_paged_decode": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64,
                             _i64, _f32, _i64, _f32, _ptr, _int],
 }
@@ -45,6 +47,7 @@ class FusedKernels(build.Library):
     rotary_embedding = build.BuiltOp()
     paged_attention = build.BuiltOp()
     reshape_and_cache = build.BuiltOp()
+    linear = build.BuiltOp()
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                   residual: torch.Tensor | None = None
@@ -110,6 +113,15 @@ class FusedKernels(build.Library):
                 slot_mapping.data_ptr(), key.shape[0]):
             raise UnsupportedError(f"slot_mapping holds a slot past the cache's {num_slots} "
                                    f"slots (max {slot_mapping.max().item()})")
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        n, k = weight.shape
+        out = torch.empty(x.shape[:-1] + (n,))
+        self.library.hwplug_gemv(x.data_ptr(), weight.data_ptr(),
+                                 None if bias is None else bias.data_ptr(), out.data_ptr(), n,
+                                 k, torch.get_num_threads())
+        return out
 
 
 def _fp32_rows(name: str, tensor: torch.Tensor) -> str | None:
@@ -219,3 +231,19 @@ def cache_write_supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torc
 AVX2 = FusedKernels("avx2")
 #: The build of plain C for every other CPU.
 PORTABLE = FusedKernels("portable")
+
+
+def gemv_supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                   ) -> str | None:
+    """Why the C one-row ``linear`` declines a call, or None."""
+    if x.numel() != x.shape[-1]:
+        return f"serves one activation row, got {list(x.shape)}"
+    for name, tensor in (("x", x), ("weight", weight), ("bias", bias)):
+        if tensor is not None and (problem := _fp32_rows(name, tensor)):
+            return problem
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or x.shape[-1] % 8:
+        return (f"needs weight [N, K] with K = x's {x.shape[-1]}, a multiple of 8, got "
+                f"{list(weight.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        return f"bias of shape {list(bias.shape)} is not [{weight.shape[0]}]"
+    return None
