@@ -54,8 +54,8 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          dtypes=("bfloat16",), priority=-10,
          description="bf16 weights, fp32 arithmetic: torch's GEMV below 8 rows, then fp32 "
                      "tiles of the weight through torch's fp32 GEMM"),
-    # above oneDNN: one row of activations streams the fp32 weight at 27 against 20 GB/s
-    # (SmolLM2's GEMMs, 2-core AVX2 EPYC; benchmarks/fp32_gemv.py)
+    # above oneDNN: with one row of activations it streams the fp32 weight at 27-31 GB/s,
+    # 1.1-1.8x oneDNN's speed (SmolLM2's GEMMs, 2-core AVX2 EPYC; benchmarks/fp32_linear.py)
     dict(op="linear", name="gemv_avx2", impl=_FUSED + "AVX2.linear", num_tokens=(1, 2),
          supports=_FUSED + "gemv_supported", dtypes=("float32",),
          features=("x86_64", "avx2", "fma", "f16c"), priority=20,
