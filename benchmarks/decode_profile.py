@@ -9,7 +9,7 @@ the op. Printed per configuration: ms per step, tokens/s, the ms per step inside
 engine, scheduler, sampling, tensor creation, dispatch), plus the torch calls with the
 most self time. The configurations:
 
-- ``dequantized``: float32 weights through oneDNN, hwplug's fused C variants disabled
+- ``dequantized``: float32 weights (``gemv_avx2`` at one row, oneDNN), fused C variants disabled
   (``HWPLUG_DISABLED_KERNELS``): the path before the GGUF kernels and the fused C ops;
 - ``gguf``: the GGUF's blocks kept, fused C variants disabled;
 - ``gguf+fused``: the default: GGUF blocks and every C variant hwplug registers.

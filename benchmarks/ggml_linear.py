@@ -11,17 +11,18 @@ Columns, microseconds per call: ``ggml`` (the op as dispatched here: the cpu pla
 C variant, which takes the integer kernel below the tuned number of rows and dequantized
 tiles from there on), ``int16`` and ``int8`` (the integer kernel with each activation
 type) and ``tiles`` (each path alone), ``portable`` (the
-build for CPUs without AVX2), fp32 ``oneDNN`` (the ``linear`` op on the dequantized
-weight: the baseline) and plain ``F.linear``, and the op's ``reference`` (dequantize,
+build for CPUs without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as
+dispatched here, ``gemv_avx2`` at one row on AVX2 CPUs, else oneDNN: the baseline) and
+plain ``F.linear``, and the op's ``reference`` (dequantize,
 then ``F.linear``). Ratios: the baseline's time over ``ggml``'s (above 1: ggml is
 faster) and the reference's over ``ggml``'s. The CPU is named as the probe reads it
 (lscpu's ``Model name``).
 
     python benchmarks/ggml_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,32]
                                      [--layers 30] [--repeat 5] [--threads N]
-                                     [--columns ggml,int16,int8,tiles,oneDNN]
+                                     [--columns ggml,int16,int8,tiles,fp32]
 
-``--columns`` times only those (the ratios need ``ggml``, ``oneDNN`` and ``reference``:
+``--columns`` times only those (the ratios need ``ggml``, ``fp32`` and ``reference``:
 a ratio whose columns are left out shows as n/a).
 """
 
@@ -50,7 +51,7 @@ from hwplug.platforms.cpu.ggml import ops as c_kernels  # noqa: E402
 SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 #: Its tied LM head: one copy, as the GGUF stores it.
 HEAD = ("lm_head", 576, 49152)
-COLUMNS = ("ggml", "int16", "int8", "tiles", "portable", "oneDNN", "F.linear", "reference")
+COLUMNS = ("ggml", "int16", "int8", "tiles", "portable", "fp32", "F.linear", "reference")
 #: Seconds of calls each timing aims at (at least one call).
 BUDGET_S = 0.05
 
@@ -91,14 +92,14 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
                          for q in qweights],
         "tiles": lambda: [c_kernels.AVX2.linear_tiled(x, q, kind) for q in qweights],
         "portable": lambda: [c_kernels.PORTABLE.linear(x, q, kind) for q in qweights],
-        "oneDNN": lambda: [ops.linear(x, w) for w in dense],
+        "fp32": lambda: [ops.linear(x, w) for w in dense],
         "F.linear": lambda: [F.linear(x, w) for w in dense],
         "reference": lambda: [ggml_linear.reference(x, q, kind) for q in qweights],
     }
     times = interleaved_us({c: columns[c] for c in timed}, copies, repeat)
     cells = "".join(f"{times[c]:>10.0f}" for c in timed)
     ratios = "".join(f"{times[c] / times['ggml']:>9.2f}x" if c in times and "ggml" in times
-                     else f"{'n/a':>10}" for c in ("oneDNN", "reference"))
+                     else f"{'n/a':>10}" for c in ("fp32", "reference"))
     return f"{label}{cells}{ratios}"
 
 
@@ -134,7 +135,7 @@ def main() -> None:
               (GGMLQuantizationType[name] for name in args.types.split(","))]
     for kind, shapes, copies in [*tables, (GGMLQuantizationType.Q8_0, (HEAD,), 1)]:
         print(f"\n{kind.name}, microseconds per call{'' if copies > 1 else ' (LM head)'}:")
-        print(f"{header}{'oneDNN/ggml':>12}{'ref/ggml':>9}")
+        print(f"{header}{'fp32/ggml':>12}{'ref/ggml':>9}")
         for shape in shapes:
             for count in tokens:
                 print(row(kind, shape, count, copies, args.repeat, timed), flush=True)

@@ -49,12 +49,12 @@ def assert_within_tolerance(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
 def test_linear_matches_the_reference_for_every_type_and_row_count(fresh_discovery, name, kind):
     linear = variant("ggml_linear", name)
-    qweight, cols = weight_for(kind, 43, seed=kind)  # 43: groups of 8 (and 4) weight rows + 3
+    qweight, cols = weight_for(kind, 43, seed=kind)  # 43: groups of 4 weight rows + 3
     generator = torch.Generator().manual_seed(0)
     bias = torch.randn(43, generator=generator)
     switch = c_ops.tiled_from(torch.get_num_threads())[kind]
-    # 1: the AVX2 build's eight weight rows by one activation row; 8 and 19: its eight-row
-    # tiles, alone and with four-row ones after them; past the tuned switch: the tiles
+    # 8 and 19: the AVX2 build's eight-row tiles, alone and with four-row ones after them;
+    # past the tuned switch: the dequantized tiles
     for rows in (1, 3, 8, 19, switch + 1):
         x = torch.randn(rows, cols, generator=generator)
         assert linear.supports(x, qweight, kind, bias) is None

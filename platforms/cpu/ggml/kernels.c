@@ -317,100 +317,10 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
     }
     _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
 }
-
-/* ---- eight weight rows by one activation row, int16 activations: Q4_0, Q4_1, Q8_0 ----
- * tile_wide turned around, for decode at batch 1: the block's activations are loaded once
- * for all eight rows, the rows' integer dots summed across lanes together (hsum8), their
- * fp16 scales (and Q4_1 minimums) converted as one vector, so a block costs one fp32 FMA
- * for all eight rows; res[r] for row r. */
-enum { NR_WIDE = 8 };
-static void tile_rows8(int type, const uint8_t *w, int64_t ld, const act_t *a, float *res) {
-    __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
-    const int bytes = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
-    for (int64_t b = 0; b < a->nb; ++b) {
-        const int64_t i = b * a->rows;
-        const __m256i x0 = load32(Q16(a, i)), x1 = load32(Q16(a, i) + 16);
-        isum_t s[NR_WIDE];
-        __m128i d = _mm_setzero_si128(), m = _mm_setzero_si128(); /* fp16 scales, mins */
-        _Pragma("GCC unroll 8") for (int r = 0; r < NR_WIDE; ++r) {
-            const uint8_t *blk = w + r * ld + b * bytes;
-            __builtin_prefetch(blk + 2 * NR_WIDE * ld, 0, 0);
-            const wide_t uw = type == T_Q8_0 ? s8_wide((const int8_t *)(blk + 2))
-                                             : nibbles16_wide(blk + (type == T_Q4_1 ? 4 : 2));
-            s[r] = _mm256_add_epi32(_mm256_madd_epi16(uw.lo, x0), _mm256_madd_epi16(uw.hi, x1));
-            uint16_t h[2];
-            memcpy(h, blk, 4);
-            d = _mm_insert_epi16(d, h[0], r);
-            if (type == T_Q4_1) m = _mm_insert_epi16(m, h[1], r);
-        }
-        const __m256 dw = _mm256_cvtph_ps(d);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8(s)),
-                              _mm256_mul_ps(dw, _mm256_set1_ps(a->d[i])), acc);
-        if (type == T_Q4_1) /* + m sum(x) */
-            off = _mm256_fmadd_ps(_mm256_cvtph_ps(m), _mm256_set1_ps(a->sd[i]), off);
-        else if (type == T_Q4_0) /* - 8 d sum(x) */
-            off = _mm256_fmadd_ps(dw, _mm256_set1_ps(-8.0f * a->sd[i]), off);
-    }
-    _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
-}
 #endif
 static int linear_type(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 ||
            type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
-}
-
-#ifdef HWPLUG_GGML_AVX2
-/* out[1, N] = act (one row) @ W.T (+ bias) by tile_rows8: groups of 8 rows, then the rest */
-static void linear_one_row(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
-                           const act_t *act, float *out, const float *bias, int nthreads) {
-    const int64_t whole = N - N % NR_WIDE;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * act->nb >= 2048)
-    for (int64_t n0 = 0; n0 < whole; n0 += NR_WIDE)
-        tile_rows8(type, w + n0 * row_bytes, row_bytes, act, out + n0);
-    for (int64_t n = whole; n < N; ++n)
-        tile(type, w + n * row_bytes, row_bytes, 1, act, 1, out + n, 1);
-    if (bias)
-        for (int64_t n = 0; n < N; ++n) out[n] += bias[n];
-}
-#endif
-
-/* out[M, N] = act @ W.T (+ bias): groups of 4 weight rows, each against the activations in
- * tiles of mt rows (eight-row tile_wide where the AVX2 build has it) */
-static void linear_groups(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t M,
-                          const act_t *act, float *out, const float *bias, int width,
-                          int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * act->nb * M >= 2048)
-    for (int64_t n0 = 0; n0 < N; n0 += MT_MAX) {
-        const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
-        for (int64_t m0 = 0; m0 < M;) {
-            const act_t part = {(char *)act->q + QK * m0 * width, act->d + m0, act->sd + m0,
-                                act->nb, M};
-#ifdef HWPLUG_GGML_AVX2
-            if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
-                for (int r = 0; r < rows; ++r) {
-                    float res[MT_WIDE];
-                    tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
-                    for (int m = 0; m < MT_WIDE; ++m)
-                        out[(m0 + m) * N + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
-                }
-                m0 += MT_WIDE;
-                continue;
-            }
-#endif
-            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
-            for (int r0 = 0; r0 < rows;) {
-                const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
-                float res[MT_MAX];
-                tile(type, w + (n0 + r0) * row_bytes, row_bytes, nr, &part, mt, res, width == 2);
-                for (int r = 0; r < nr; ++r)
-                    for (int m = 0; m < mt; ++m)
-                        out[(m0 + m) * N + n0 + r0 + r] =
-                            res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
-                r0 += nr;
-            }
-            m0 += mt;
-        }
-    }
 }
 
 /* out[M, N] = x[M, K] @ W.T (+ bias), the activations quantized to act_bits (8 or 16) bits;
@@ -432,12 +342,40 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
             else
                 quantize_row(x + m * K, &act, m, 0);
         }
+/* groups of 4 weight rows; each group against the activations in tiles of mt rows */
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
+        for (int64_t n0 = 0; n0 < N; n0 += MT_MAX) {
+            const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
+            for (int64_t m0 = 0; m0 < M;) {
+                const act_t part = {(char *)act.q + QK * m0 * width, act.d + m0, act.sd + m0,
+                                    nb, M};
 #ifdef HWPLUG_GGML_AVX2
-        if (width == 2 && wide_tile_type(type) && M == 1)
-            linear_one_row(type, w, row_bytes, N, &act, out, bias, nthreads);
-        else
+                if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
+                    for (int r = 0; r < rows; ++r) {
+                        float res[MT_WIDE];
+                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
+                        for (int m = 0; m < MT_WIDE; ++m)
+                            out[(m0 + m) * N + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
+                    }
+                    m0 += MT_WIDE;
+                    continue;
+                }
 #endif
-            linear_groups(type, w, row_bytes, N, M, &act, out, bias, (int)width, nthreads);
+                const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+                for (int r0 = 0; r0 < rows;) {
+                    const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
+                    float res[MT_MAX];
+                    tile(type, w + (n0 + r0) * row_bytes, row_bytes, nr, &part, mt, res,
+                         width == 2);
+                    for (int r = 0; r < nr; ++r)
+                        for (int m = 0; m < mt; ++m)
+                            out[(m0 + m) * N + n0 + r0 + r] =
+                                res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
+                    r0 += nr;
+                }
+                m0 += mt;
+            }
+        }
     }
     free(act.q); free(act.d); free(act.sd);
     return status;
