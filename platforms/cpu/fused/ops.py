@@ -117,7 +117,7 @@ class FusedKernels(build.Library):
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                 ) -> torch.Tensor:
         n, k = weight.shape
-        out = torch.empty(x.shape[:-1] + (n,))
+        out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
         self.library.hwplug_gemv(x.data_ptr(), weight.data_ptr(),
                                  None if bias is None else bias.data_ptr(), out.data_ptr(), n,
                                  k, torch.get_num_threads())
