@@ -54,6 +54,22 @@ def test_kernels_explains_rejections():
     assert why["rejected"]["triton"] == "serves platform cuda, not cpu"
 
 
+@pytest.mark.slow
+def test_kernels_show_the_token_range_a_variant_is_limited_to():
+    out = run("kernels", "--json", "--op", "linear", "--dtype", "float32")
+    why = json.loads(out.stdout)["ops"]["linear"]["float32"]
+    if why["chosen"] != "gemv_avx2":  # a CPU without AVX2
+        pytest.skip(f"the one-row C linear does not serve this CPU ({why['rejected']})")
+    assert why["num_tokens"] == {"gemv_avx2": [1, 2]} and why["fallbacks"][0] == "onednn_packed"
+    table = run("kernels", "--op", "linear", "--dtype", "float32", env={"COLUMNS": "200"})
+    assert "gemv_avx2 (tokens [1, 2))" in table.stdout
+    several = run("kernels", "--json", "--op", "linear", "--dtype", "float32",
+                  "--num-tokens", "4")
+    why = json.loads(several.stdout)["ops"]["linear"]["float32"]
+    assert why["chosen"] == "onednn_packed"
+    assert why["rejected"]["gemv_avx2"] == "num_tokens 4 outside [1, 2)"
+
+
 def test_disabled_unknown_kernel_is_a_clean_error():
     out = run("kernels", env={"HWPLUG_DISABLED_KERNELS": "nonexistent"})
     assert out.returncode == 2

@@ -1,5 +1,5 @@
-"""The built-in cpu platform's oneDNN ``linear`` variants: where they serve, and against the
-reference op."""
+"""The built-in cpu platform's oneDNN ``linear`` variants (and, for one fp32 row on AVX2
+CPUs, the C ``gemv_avx2``): where they serve, and against the reference op."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from hwplug.platforms.cpu import bf16, tiles
 from hwplug.platforms.cpu.tiles import TILE_VALUES
 
 
-def explain_linear(dtype: str):
-    return kernels.explain("linear", current_platform(), "cpu", dtype)
+def explain_linear(dtype: str, num_tokens: int = 8):
+    """Explained at 8 tokens by default: one token goes to the one-row ``gemv_avx2``."""
+    return kernels.explain("linear", current_platform(), "cpu", dtype, num_tokens)
 
 
 def assert_matches_reference(x, weight, bias=None):
@@ -33,6 +34,10 @@ def test_linear_on_cpu_chooses_onednn_by_dtype_and_the_cpus_features(fresh_disco
         assert bf16.chosen.name == "bf16_storage"
         assert bf16.rejected["onednn_packed_bf16"].startswith("needs device feature bf16")
     assert "dtype float16" in explain_linear("float16").rejected["onednn_packed"]
+    one_row = explain_linear("float32", num_tokens=1)
+    if {"avx2", "fma", "f16c"} <= current_platform().facts.features:
+        assert [v.name for v in one_row.chain[:2]] == ["gemv_avx2", "onednn_packed"]
+    assert explain_linear("float32").rejected["gemv_avx2"] == "num_tokens 8 outside [1, 2)"
 
 
 def test_a_cpu_with_bf16_arithmetic_ranks_bf16_first_and_gets_onednn_bf16(

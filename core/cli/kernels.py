@@ -39,6 +39,7 @@ def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
                 "chosen": why.chosen.name if why.chosen else None,
                 "fallbacks": [v.name for v in why.chain[1:]],
                 "rejected": why.rejected,
+                "num_tokens": {v.name: list(v.num_tokens) for v in why.chain if v.num_tokens},
             }
     for name in registries.attention_backends.names():
         try:
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for op, by_dtype in data["ops"].items():
         for dtype, why in by_dtype.items():
             rejected = "; ".join(f"{n}: {r}" for n, r in why["rejected"].items())
-            rows.append((op, dtype, why["chosen"] or "NONE", ", ".join(why["fallbacks"]),
-                         rejected))
+            chosen, *fallbacks = (_with_tokens(name, why["num_tokens"])
+                                  for name in (why["chosen"] or "NONE", *why["fallbacks"]))
+            rows.append((op, dtype, chosen, ", ".join(fallbacks), rejected))
     console.print(table(f"kernels on platform {data['platform']}",
                         ("op", "dtype", "chosen", "fallback order", "rejected (why)"), rows))
     backend_rows = [(name, facts.get("layout"), ", ".join(facts.get("internal_fallbacks", []))
@@ -68,3 +70,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(table("attention backends", ("name", "layout", "internal fallbacks", "error"),
                         backend_rows))
     return 0
+
+
+def _with_tokens(name: str, ranges: dict[str, list[int | None]]) -> str:
+    """``name``, with the ``[low, high)`` token range it is limited to, if any."""
+    if name not in ranges:
+        return name
+    low, high = ranges[name]
+    return f"{name} (tokens [{low}, {high if high is not None else 'inf'}))"
