@@ -4,7 +4,9 @@ The default model (SmolLM2-135M-Instruct's Q4_1 GGUF) loaded twice in one proces
 GGUF blocks kept (the C kernel's integer dots, activations quantized per block of 32) and
 dequantized to float32. Each of 20 prompts is completed greedily for ``--tokens`` tokens
 (32, EOS ignored) by both; a prompt agrees when every token is the same. Printed: the
-count of agreeing prompts and, for the others, the first position that differs.
+count of agreeing prompts and, for the others, the first position that differs; and the
+largest difference between the two models' log-probabilities of the first generated
+token's 5 most likely tokens (the logits' difference, less their log-sum-exp's).
 ``--int8`` runs the GGUF model with int8 activations for every type (llama.cpp's
 precision) through a user tuning table, instead of hwplug's tuned int16.
 
@@ -51,9 +53,13 @@ def int8_table(directory: Path) -> None:
         json.dumps({"default": dict.fromkeys(buckets, entry)}))
 
 
-def completions(llm: hwplug.LLM, tokens: int) -> list[list[int]]:
-    params = hwplug.SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    return [list(out.token_ids) for out in llm.generate(list(PROMPTS), params)]
+def completions(llm: hwplug.LLM, tokens: int) -> tuple[list[list[int]], list[dict]]:
+    """Each prompt's greedy token ids, and its first token's top-5 {token: logprob}."""
+    params = hwplug.SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True,
+                                   logprobs=5)
+    outputs = llm.generate(list(PROMPTS), params)
+    return ([list(out.token_ids) for out in outputs],
+            [{t: p.logprob for t, p in out.outputs[0].logprobs[0].items()} for out in outputs])
 
 
 def main() -> None:
@@ -67,11 +73,14 @@ def main() -> None:
             int8_table(Path(scratch))
             os.environ["HWPLUG_TUNING_DIR"] = scratch
         kept = hwplug.LLM()
-        quantized = completions(kept, args.tokens)
+        quantized, kept_logprobs = completions(kept, args.tokens)
         kept.close()
     dense = hwplug.LLM(dequantize=True, dtype="float32")
-    reference = completions(dense, args.tokens)
+    reference, dense_logprobs = completions(dense, args.tokens)
     dense.close()
+    gap = max(abs(got[t] - want[t]) for got, want in zip(kept_logprobs, dense_logprobs,
+                                                          strict=True)
+              for t in got.keys() & want.keys())
     platform = hwplug.current_platform()
     print(f"CPU: {platform.facts.device_name}; {len(PROMPTS)} prompts x {args.tokens} greedy "
           f"tokens; GGUF activations: {'int8 (user table)' if args.int8 else 'hwplug tuned'}")
@@ -82,6 +91,7 @@ def main() -> None:
             differ.append(f"  {prompt!r}: first differs at token {first}")
     print(f"GGUF kept == dequantized fp32 on {len(PROMPTS) - len(differ)} of {len(PROMPTS)} "
           f"prompts", *differ, sep="\n")
+    print(f"first token's top-5 log-probabilities: largest |GGUF kept - fp32| {gap:.4f}")
 
 
 if __name__ == "__main__":
