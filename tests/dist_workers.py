@@ -78,6 +78,10 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple,
         buffer = io.BytesIO()  # bytes, not tensors: a child's shared memory dies with it
         torch.save(fn(rank, world_size, *args), buffer)
         results.put((rank, buffer.getvalue()))
+        # every rank done communicating before any tears the group down: a rank that
+        # destroyed it while a peer's last transfer was in flight aborted once in CI
+        # (gloo: "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
