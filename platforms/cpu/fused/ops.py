@@ -227,12 +227,6 @@ def cache_write_supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torc
     return None
 
 
-#: The build for x86-64 CPUs with AVX2 and FMA.
-AVX2 = FusedKernels("avx2")
-#: The build of plain C for every other CPU.
-PORTABLE = FusedKernels("portable")
-
-
 def gemv_supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                    ) -> str | None:
     """Why the C one-row ``linear`` declines a call, or None."""
@@ -247,3 +241,10 @@ def gemv_supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if bias is not None and bias.shape != weight.shape[:1]:
         return f"bias of shape {list(bias.shape)} is not [{weight.shape[0]}]"
     return None
+
+
+#: The build for x86-64 CPUs with AVX2 and FMA.
+AVX2 = FusedKernels("avx2")
+#: The build of plain C for every other CPU.
+PORTABLE = FusedKernels("portable")
+
