@@ -1,7 +1,7 @@
 """Worker functions for tests that run several processes over torch.distributed (gloo).
 
-:func:`run` spawns ``world_size`` processes that join an ``env://`` rendezvous on a free
-local port, each calling ``fn(rank, world_size, *args)``; it returns their results in
+:func:`run` spawns ``world_size`` processes that meet at a TCP store this process serves on
+a free local port, each calling ``fn(rank, world_size, *args)``; it returns their results in
 rank order. Functions must be importable (module level) for the spawn start method.
 :func:`child_pids`, :func:`running` and :func:`no_new_shared_memory` check that workers leave
 nothing behind.
@@ -72,25 +72,27 @@ def free_port() -> int:
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple,
            results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     try:
         buffer = io.BytesIO()  # bytes, not tensors: a child's shared memory dies with it
         torch.save(fn(rank, world_size, *args), buffer)
         results.put((rank, buffer.getvalue()))
-        # every rank done communicating before any tears the group down: a rank that
-        # destroyed it while a peer's last transfer was in flight aborted once in CI
-        # (gloo: "terminate called without an active exception")
-        dist.barrier()
+        dist.barrier()  # every rank done communicating before any tears the group down
     finally:
         dist.destroy_process_group()
 
 
 def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
-    """``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; results by rank."""
+    """``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; results by rank.
+
+    The rendezvous store is served from this process, which outlives every rank: when rank
+    0 served it, rank 0 sometimes aborted at exit in CI (gloo: "terminate called without
+    an active exception") while its peers were still leaving the group."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(_entry, args=(world_size, free_port(), fn, args, results),
+    mp.start_processes(_entry, args=(world_size, store.port, fn, args, results),
                        nprocs=world_size, start_method="spawn")
     collected = dict(results.get() for _ in range(world_size))
     return [torch.load(io.BytesIO(collected[rank])) for rank in range(world_size)]
