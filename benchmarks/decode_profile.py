@@ -12,7 +12,13 @@ most self time. The configurations:
 - ``dequantized``: float32 weights (``gemv_avx2`` at one row, oneDNN), fused C variants disabled
   (``HWPLUG_DISABLED_KERNELS``): the path before the GGUF kernels and the fused C ops;
 - ``gguf``: the GGUF's blocks kept, fused C variants disabled;
-- ``gguf+fused``: the default: GGUF blocks and every C variant hwplug registers.
+- ``gguf+fused``: GGUF blocks and every C variant hwplug registers;
+
+each of them with every step eager (``step_graphs=False``), and
+
+- ``gguf+fused+graphs``: the default: the decode steps replay step graphs (docs/
+  generation.md), so no registry op runs in the profiled steps: what is left is the
+  replay's C calls and the engine around them.
 
     python benchmarks/decode_profile.py [--batch 1] [--tokens 40]
 """
@@ -29,10 +35,12 @@ import sys
 FUSED_VARIANTS = "rms_norm/fused_avx2,rms_norm/fused_c,rotary_embedding/fused_avx2," \
                  "rotary_embedding/fused_c,silu_and_mul/fused_avx2,silu_and_mul/fused_c," \
                  "paged_attention/fused_avx2,paged_attention/fused_c"
+#: name -> (dequantize, disabled variants, step graphs)
 CONFIGS = {
-    "dequantized": (True, FUSED_VARIANTS),
-    "gguf": (False, FUSED_VARIANTS),
-    "gguf+fused": (False, ""),
+    "dequantized": (True, FUSED_VARIANTS, False),
+    "gguf": (False, FUSED_VARIANTS, False),
+    "gguf+fused": (False, "", False),
+    "gguf+fused+graphs": (False, "", True),
 }
 
 #: The profiled process: prints its measurements as JSON.
@@ -49,7 +57,7 @@ def recorded(self, *args, **kwargs):
         return call(self, *args, **kwargs)
 Op.__call__ = recorded
 
-llm = hwplug.LLM(dequantize={dequantize})
+llm = hwplug.LLM(dequantize={dequantize}, step_graphs={step_graphs})
 engine = llm.engine
 params = hwplug.SamplingParams(max_tokens={tokens}, ignore_eos=True)
 prompt = list(range(100, 116))
@@ -99,9 +107,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def run(dequantize: bool, disabled: str, args: argparse.Namespace) -> dict:
+def run(dequantize: bool, disabled: str, step_graphs: bool, args: argparse.Namespace) -> dict:
     env = {**os.environ, "HWPLUG_DISABLED_KERNELS": disabled}
-    code = CHILD.format(dequantize=dequantize, tokens=args.tokens + 1, batch=args.batch)
+    code = CHILD.format(dequantize=dequantize, step_graphs=step_graphs, tokens=args.tokens + 1,
+                        batch=args.batch)
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, check=False)
     if result.returncode:

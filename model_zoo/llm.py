@@ -38,7 +38,7 @@ from hwplug.model_zoo.engine.block_hash import model_key, root_hash
 from hwplug.model_zoo.engine.engine_loop import EngineLoop, TextStream
 from hwplug.model_zoo.engine.kv_events import KVEventBus
 from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
-from hwplug.model_zoo.engine.model_runner import kv_cache_bytes_per_block
+from hwplug.model_zoo.engine.model_runner import GraphLimits, kv_cache_bytes_per_block
 from hwplug.model_zoo.engine.zmq_events import ZmqEventPublisher
 from hwplug.model_zoo.llm_options import check_options, dequantize_needed, describe
 from hwplug.model_zoo.llm_parallel import Parallelism
@@ -72,7 +72,8 @@ class LLM:
     platform's free memory, or None for :data:`DEFAULT_KV_CACHE_FRACTION`. ``block_size``
     and ``attention_backend`` default to the platform's choice; a ``block_size`` the
     backend does not accept is an error listing the sizes it does. ``seed`` (an integer
-    in ``[0, 2**64)``) seeds sampled requests that carry no seed of their own.
+    in ``[0, 2**64)``) seeds sampled requests that carry no seed of their own. Decode steps
+    replay step graphs where they can (docs/generation.md); ``step_graphs=False``: never.
 
     KV blocks: prefix caching reuses the KV of full blocks an earlier request computed
     (outputs are identical either way; ``enable_prefix_caching=False`` turns it off), and
@@ -109,7 +110,8 @@ class LLM:
                  kv_load_failure_policy: str | None = None,
                  kv_events_endpoint: str | None = None, dequantize: bool = False,
                  calculate_kv_scales: bool = False, kv_scale_granularity: str = "tensor",
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                 step_graphs: bool = True) -> None:
         from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
         check_options(max_num_seqs=max_num_seqs,  # before the slow load
@@ -132,7 +134,7 @@ class LLM:
                        enable_prefix_caching=enable_prefix_caching, kv_connector=kv_connector,
                        kv_connector_config=kv_connector_config,
                        kv_load_failure_policy=kv_load_failure_policy,
-                       kv_events_endpoint=kv_events_endpoint)
+                       kv_events_endpoint=kv_events_endpoint, step_graphs=step_graphs)
         #: Tensor/data parallelism of this LLM (``is_worker`` on torchrun ranks > 0).
         self.parallelism = Parallelism(tensor_parallel_size, data_parallel_size, closers,
                                        dict(options, model=str(path), dequantize=dequantize),
@@ -154,7 +156,8 @@ class LLM:
                enable_prefix_caching: bool, kv_connector: str | type[Connector] | None,
                kv_connector_config: Mapping[str, Any] | None,
                kv_load_failure_policy: str | None, kv_events_endpoint: str | None,
-               calculate_kv_scales: bool, kv_scale_granularity: str) -> None:
+               calculate_kv_scales: bool, kv_scale_granularity: str,
+               step_graphs: bool) -> None:
         """Load the checkpoint, build the model, its KV cache and engine (on the engine's
         thread), and hand the engine to the loop."""
         parallel = self.parallelism.start()  # binds this thread, joins the TP group
@@ -188,8 +191,10 @@ class LLM:
         events = KVEventBus()
         self.block_manager = BlockManager(num_blocks, config.block_size, events=events,
                                           enable_prefix_caching=enable_prefix_caching)
+        graph_limits = GraphLimits(max_num_seqs, self.max_model_len) if (
+            step_graphs and self.parallelism.tensor_parallel_size == 1) else None
         self.runner = ModelRunner(self.parallelism.engine_model(self.model, self.ctx, num_blocks),
-                                  self.ctx, num_blocks, generator)
+                                  self.ctx, num_blocks, generator, graph_limits)
         scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens,
                               max_model_len=self.max_model_len,
@@ -253,15 +258,9 @@ class LLM:
     def _num_kv_blocks(self, requested: int | float | None) -> int:
         """Blocks per layer: as requested, or the memory share capped at what
         ``max_num_seqs`` full-length sequences (encoders: one batch) can use."""
-        if is_integer(requested):
-            if requested < 1:
-                raise ConfigError(f"num_kv_blocks must be >= 1 (a block count) or a fraction "
-                                  f"in (0, 1), got {requested}")
+        if is_integer(requested):  # in range: check_options
             return requested
         fraction = DEFAULT_KV_CACHE_FRACTION if requested is None else requested
-        if not 0 < fraction < 1:
-            raise ConfigError(f"num_kv_blocks as a fraction of free memory must be in (0, 1), "
-                              f"got {fraction}")
         block_size = self.ctx.engine_config.block_size
         per_seq = -(-self.max_model_len // block_size)
         if self.is_encoder:  # one batch at a time, freed after it

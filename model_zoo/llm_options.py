@@ -26,6 +26,12 @@ def check_options(*, max_num_seqs: Any, max_num_batched_tokens: Any, block_size:
                                       or not isinstance(num_kv_blocks, (Integral, float))):
         raise ConfigError(f"num_kv_blocks must be None, a block count or a fraction in "
                           f"(0, 1), got {num_kv_blocks!r}")
+    if is_integer(num_kv_blocks) and num_kv_blocks < 1:
+        raise ConfigError(f"num_kv_blocks must be >= 1 (a block count) or a fraction in "
+                          f"(0, 1), got {num_kv_blocks}")
+    if isinstance(num_kv_blocks, float) and not 0 < num_kv_blocks < 1:
+        raise ConfigError(f"num_kv_blocks as a fraction of free memory must be in (0, 1), "
+                          f"got {num_kv_blocks}")
     if seed is not None and (not is_integer(seed) or not 0 <= seed <= MAX_SEED):
         raise ConfigError(f"seed must be None or an integer in [0, 2**64), got {seed!r}")
 

@@ -1,8 +1,8 @@
 """The hwplug runner of ``benchmarks/cpu_vs_llamacpp.py`` (protocol: :mod:`runner`).
 
-Options: ``dtype`` and ``dequantize``, given to ``hwplug.LLM`` for the default model
-(SmolLM2-135M-Instruct's Q4_1 GGUF): ``dequantize=False`` keeps the GGUF's blocks (quant
-method ``gguf``). The platform's process environment is applied before torch loads, as
+Options: ``dtype``, ``dequantize`` and ``step_graphs`` (default True), given to
+``hwplug.LLM`` for the default model (SmolLM2-135M-Instruct's Q4_1 GGUF):
+``dequantize=False`` keeps the GGUF's blocks (quant method ``gguf``). The platform's process environment is applied before torch loads, as
 ``hwplug generate`` does; torch gets ``threads`` threads.
 """
 
@@ -24,7 +24,8 @@ class HwplugEngine:
 
         torch.set_num_threads(threads)
         self.llm = hwplug.LLM(dtype=options["dtype"], dequantize=options["dequantize"],
-                              max_num_seqs=max_batch)
+                              max_num_seqs=max_batch,
+                              step_graphs=options.get("step_graphs", True))
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         sampling = hwplug.SamplingParams(max_tokens=new_tokens, temperature=0,
@@ -41,6 +42,7 @@ class HwplugEngine:
             "quant_method": self.llm.ctx.quant_method.get_name(),
             "weight_bytes": weight_bytes(self.llm.model),
             "preemptions": self.llm.engine.scheduler.num_preemptions,
+            "step_graphs": graphs.describe() if (graphs := self.llm.runner.graphs) else "off",
             "kernels": {name: sorted(op.variants_used())
                         for name, op in hwplug.kernels.ops().items() if op.variants_used()},
         }

@@ -12,7 +12,8 @@ from gguf import GGUFReader
 import hwplug
 
 #: (hwplug row, peer row) pairs whose tokens/s ratio is printed.
-RATIOS = (("hwplug-gguf", "llamacpp"), ("hwplug-fp32", "llamacpp-f32"),
+RATIOS = (("hwplug-gguf", "llamacpp"), ("hwplug-gguf", "hwplug-gguf-eager"),
+          ("hwplug-fp32", "llamacpp-f32"),
           ("hwplug-fp32", "vllm-fp32"), ("hwplug-bf16", "vllm-bf16"),
           ("hwplug-fp32", "transformers-fp32"))
 #: The row whose completions the others are compared with.

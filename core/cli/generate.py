@@ -1,7 +1,9 @@
 """``hwplug generate``: complete one prompt (streamed to stdout) or a file of prompts (batched).
 
 After the text, stderr gets one line of speed (tokens/s, time to first token), the
-platform's execution summary when it gives one (e.g. JIT compilations), and one line of
+platform's execution summary when it gives one (e.g. JIT compilations), one line on step
+graphs (the decode batch sizes replayed and how many steps were; the sizes that ran
+eagerly and why; ``off``), and one line of
 where it ran: the platform, the attention backend, the dtype and KV-cache dtype, the
 weights' quantization method (``gguf``, ``fp8``, ``unquantized``...), the parallelism
 (``tensor-parallel 2``) and the kernel variants that served each op the run called (rank
@@ -47,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dequantize", action="store_true",
                         help="load a quantized checkpoint (e.g. a GGUF's blocks) as float "
                              "weights in --dtype instead of keeping it quantized")
+    parser.add_argument("--no-step-graphs", dest="step_graphs", action="store_false",
+                        help="run every decode step eagerly instead of replaying recorded "
+                             "step graphs (docs/generation.md, \"Step graphs\")")
     add_dtype_flag(parser)
     add_kv_cache_flags(parser)
     add_parallel_flags(parser)
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
               calculate_kv_scales=args.calculate_kv_scales is not None,
               kv_scale_granularity=args.calculate_kv_scales or "tensor",
               tensor_parallel_size=args.tensor_parallel_size,
-              data_parallel_size=args.data_parallel_size)
+              data_parallel_size=args.data_parallel_size, step_graphs=args.step_graphs)
     if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0, which prints
         return 0
     inputs = [llm.apply_chat_template(p) if args.chat else llm.tokenize(p) for p in prompts]
@@ -132,6 +137,9 @@ def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
     summary = llm.ctx.platform.execution_summary()
     if summary:
         console.print(summary, highlight=False)
+    graphs = llm.runner.graphs
+    console.print(graphs.describe() if graphs else "step graphs: off", highlight=False,
+                  soft_wrap=True)
     used = ", ".join(f"{name}={'+'.join(sorted(op.variants_used()))}"
                      for name, op in kernels.ops().items() if op.variants_used())
     parallel = llm.parallelism.describe()

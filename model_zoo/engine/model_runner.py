@@ -5,7 +5,10 @@ The runner owns one KV cache per layer (shape from the attention backend's
 inputs and :class:`~hwplug.attention.AttentionMetadata` of the whole mixed batch
 (prefill chunks and decode tokens together) from plain lists, one ``torch.tensor`` call
 per tensor, runs the model under ``torch.inference_mode()``, computes logits only for
-the last token of each sequence that samples, and samples them.
+the last token of each sequence that samples, and samples them. With ``step_graphs``, a
+pure decode step replays a recorded step graph instead
+(:class:`~hwplug.model_zoo.engine.decode_graphs.DecodeGraphs`) where its platform's
+kernels allow one.
 """
 
 from __future__ import annotations
@@ -19,10 +22,20 @@ from torch import nn
 from hwplug.attention import AttentionMetadata
 from hwplug.dtypes import torch_dtype
 from hwplug.model_zoo.context import ModelContext
+from hwplug.model_zoo.engine.decode_graphs import DecodeGraphs
 from hwplug.model_zoo.engine.logprobs import record_prompt_logprobs, top_logprobs
 from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.sampling import SamplingRow, sample
+
+
+@dataclass(frozen=True)
+class GraphLimits:
+    """The decode steps :class:`ModelRunner` records step graphs for: batches of up to
+    ``max_num_seqs`` sequences of up to ``max_model_len`` tokens."""
+
+    max_num_seqs: int
+    max_model_len: int
 
 
 @dataclass
@@ -47,10 +60,13 @@ def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
 
 
 class ModelRunner:
-    """Runs steps of ``model`` with ``num_blocks`` KV blocks per layer."""
+    """Runs steps of ``model`` with ``num_blocks`` KV blocks per layer; decode steps of up
+    to ``step_graphs.max_num_seqs`` sequences of up to ``max_model_len`` tokens replay step
+    graphs when ``step_graphs`` is given."""
 
     def __init__(self, model: nn.Module, ctx: ModelContext, num_blocks: int,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 step_graphs: GraphLimits | None = None) -> None:
         self.model, self.ctx = model, ctx
         self.device = ctx.device
         self.generator = generator
@@ -63,6 +79,10 @@ class ModelRunner:
         # hold finite values
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(model.num_layers)]
+        #: The decode step graphs (None: every step runs eagerly).
+        self.graphs = None if step_graphs is None else DecodeGraphs(
+            self._logits, step_graphs.max_num_seqs,
+            -(-step_graphs.max_model_len // self.block_size), self.block_size)
 
     def prepare(self, seqs: Seq[Sequence], num_new_tokens: Seq[int]) -> StepInputs:
         """Inputs of a step in which ``seqs[i]`` computes its next ``num_new_tokens[i]``
@@ -109,6 +129,27 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata,
                           **model_kwargs)
 
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """Logits of every token of a step (a decode step graph's body)."""
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches,
+                                                    metadata))
+
+    def _decode_logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
+        """The logits of ``batch`` from a step graph, or None (not a pure decode step, or
+        one that runs eagerly)."""
+        seqs = batch.seqs
+        if self.graphs is None or not all(batch.sampled) or any(
+                n != 1 for n in batch.num_new_tokens):
+            return None
+        block_size = self.block_size
+        positions = [seq.num_computed_tokens for seq in seqs]
+        return self.graphs.logits(
+            [seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)], positions,
+            [seq.block_table[p // block_size] * block_size + p % block_size
+             for seq, p in zip(seqs, positions, strict=True)],
+            [seq.block_table for seq in seqs])
+
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch) -> list[int]:
         """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``.
@@ -116,16 +157,18 @@ class ModelRunner:
         The log-probabilities sequences asked for are appended to their ``logprobs`` and
         ``prompt_logprobs`` (taken from the logits before sampling changes them).
         """
-        inputs = self.prepare(batch.seqs, batch.num_new_tokens)
-        hidden = self.forward(inputs)
-        record_prompt_logprobs(batch.seqs, batch.num_new_tokens, hidden,
-                               self.model.compute_logits)
         sampled = batch.sampled_seqs
-        if not sampled:
-            return []
-        if inputs.sample_rows is not None:
-            hidden = hidden[inputs.sample_rows]
-        logits = self.model.compute_logits(hidden)
+        logits = self._decode_logits(batch)
+        if logits is None:
+            inputs = self.prepare(batch.seqs, batch.num_new_tokens)
+            hidden = self.forward(inputs)
+            record_prompt_logprobs(batch.seqs, batch.num_new_tokens, hidden,
+                                   self.model.compute_logits)
+            if not sampled:
+                return []
+            if inputs.sample_rows is not None:
+                hidden = hidden[inputs.sample_rows]
+            logits = self.model.compute_logits(hidden)
         wanted = [i for i, seq in enumerate(sampled) if seq.logprobs is not None]
         raw = logits[wanted] if wanted else None  # a copy: sample() edits logits in place
         rows = [SamplingRow(seq.sampling, seq.generator, seq.token_ids) for seq in sampled]

@@ -6,17 +6,20 @@ ctypes, fp32.
 :mod:`hwplug.platforms.cpu.ggml.build` the first time one of their ops is asked for, so a
 failed build is the variant's rejection reason. Each op checks nothing its ``*_supported``
 function checks (the registry asks that first) and allocates only its outputs: a call is
-one ctypes call (argtypes set once) plus the output tensors.
+one ctypes call (argtypes set once, made through :func:`~hwplug.kernel_registry.
+step_graph.native_call`, so a step of these ops can be a step graph) plus the outputs.
 """
 
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.step_graph import native_call
 from hwplug.platforms.cpu.ggml import build
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -55,17 +58,17 @@ class FusedKernels(build.Library):
         out = torch.empty_like(x)
         summed = None if residual is None else torch.empty_like(x)
         hidden = x.shape[-1]
-        self.library.hwplug_rms_norm(
-            x.data_ptr(), None if residual is None else residual.data_ptr(), out.data_ptr(),
-            None if summed is None else summed.data_ptr(), weight.data_ptr(),
-            x.numel() // max(hidden, 1), hidden, eps, torch.get_num_threads())
+        native_call(self.library.hwplug_rms_norm, x.data_ptr(),
+                    None if residual is None else residual.data_ptr(), out.data_ptr(),
+                    None if summed is None else summed.data_ptr(), weight.data_ptr(),
+                    x.numel() // max(hidden, 1), hidden, eps, torch.get_num_threads())
         return out if summed is None else (out, summed)
 
     def _silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         out = torch.empty((*x.shape[:-1], half), dtype=x.dtype)
-        self.library.hwplug_silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
-                                         half, torch.get_num_threads())
+        native_call(self.library.hwplug_silu_and_mul, x.data_ptr(), out.data_ptr(),
+                    x.numel() // x.shape[-1], half, torch.get_num_threads())
         return out
 
     def _rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
@@ -74,14 +77,12 @@ class FusedKernels(build.Library):
         tokens, heads, size = query.shape
         q_out = torch.empty((tokens, heads, size), dtype=query.dtype)
         k_out = torch.empty(key.shape, dtype=key.dtype)
-        if self.library.hwplug_rotary(
-                positions.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0],
-                cos_sin_cache.shape[1], query.data_ptr(), query.stride(0), heads,
-                q_out.data_ptr(), key.data_ptr(), key.stride(0), key.shape[1], k_out.data_ptr(),
-                tokens, size, int(is_neox)):
-            raise UnsupportedError(f"positions must lie in [0, {cos_sin_cache.shape[0]}) (the "
-                                   f"cos_sin_cache's rows), got {positions.min().item()} .. "
-                                   f"{positions.max().item()}")
+        native_call(
+            self.library.hwplug_rotary, positions.data_ptr(), cos_sin_cache.data_ptr(),
+            cos_sin_cache.shape[0], cos_sin_cache.shape[1], query.data_ptr(), query.stride(0),
+            heads, q_out.data_ptr(), key.data_ptr(), key.stride(0), key.shape[1],
+            k_out.data_ptr(), tokens, size, int(is_neox),
+            check=partial(_positions_outside, positions, cos_sin_cache.shape[0]))
         return q_out, k_out
 
     def _paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
@@ -93,13 +94,12 @@ class FusedKernels(build.Library):
                          v_scale: torch.Tensor | None = None) -> torch.Tensor:
         _, num_blocks, block_size, kv_heads, size = kv_cache.shape
         out = torch.empty((query.shape[0], query.shape[1], size), dtype=query.dtype)
-        if self.library.hwplug_paged_decode(
-                query.data_ptr(), query.stride(0), kv_cache.data_ptr(), num_blocks, block_size,
-                kv_heads, size, block_tables.data_ptr(), block_tables.stride(0),
-                seq_lens.data_ptr(), seq_lens.shape[0], query.shape[1], scale,
-                sliding_window or 0, soft_cap or 0.0, out.data_ptr(), torch.get_num_threads()):
-            raise UnsupportedError(f"a block table entry read lies outside the cache's "
-                                   f"{num_blocks} blocks")
+        native_call(
+            self.library.hwplug_paged_decode, query.data_ptr(), query.stride(0),
+            kv_cache.data_ptr(), num_blocks, block_size, kv_heads, size, block_tables.data_ptr(),
+            block_tables.stride(0), seq_lens.data_ptr(), seq_lens.shape[0], query.shape[1],
+            scale, sliding_window or 0, soft_cap or 0.0, out.data_ptr(),
+            torch.get_num_threads(), check=partial(_blocks_outside, num_blocks))
         return out
 
     def _reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
@@ -107,21 +107,35 @@ class FusedKernels(build.Library):
                            k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None) -> None:
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
-        if self.library.hwplug_cache_write(
-                key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
-                kv_cache.data_ptr(), num_slots, key.shape[1] * key.shape[2],
-                slot_mapping.data_ptr(), key.shape[0]):
-            raise UnsupportedError(f"slot_mapping holds a slot past the cache's {num_slots} "
-                                   f"slots (max {slot_mapping.max().item()})")
+        native_call(
+            self.library.hwplug_cache_write, key.data_ptr(), key.stride(0), value.data_ptr(),
+            value.stride(0), kv_cache.data_ptr(), num_slots, key.shape[1] * key.shape[2],
+            slot_mapping.data_ptr(), key.shape[0],
+            check=partial(_slots_outside, slot_mapping, num_slots))
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                 ) -> torch.Tensor:
         n, k = weight.shape
         out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
-        self.library.hwplug_gemv(x.data_ptr(), weight.data_ptr(),
-                                 None if bias is None else bias.data_ptr(), out.data_ptr(), n,
-                                 k, torch.get_num_threads())
+        native_call(self.library.hwplug_gemv, x.data_ptr(), weight.data_ptr(),
+                    None if bias is None else bias.data_ptr(), out.data_ptr(), n, k,
+                    torch.get_num_threads())
         return out
+
+
+def _positions_outside(positions: torch.Tensor, rows: int, status: int) -> None:
+    raise UnsupportedError(f"positions must lie in [0, {rows}) (the cos_sin_cache's rows), "
+                           f"got {positions.min().item()} .. {positions.max().item()}")
+
+
+def _blocks_outside(num_blocks: int, status: int) -> None:
+    raise UnsupportedError(f"a block table entry read lies outside the cache's {num_blocks} "
+                           f"blocks")
+
+
+def _slots_outside(slot_mapping: torch.Tensor, num_slots: int, status: int) -> None:
+    raise UnsupportedError(f"slot_mapping holds a slot past the cache's {num_slots} slots "
+                           f"(max {slot_mapping.max().item()})")
 
 
 def _fp32_rows(name: str, tensor: torch.Tensor) -> str | None:

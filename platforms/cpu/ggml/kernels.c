@@ -430,11 +430,15 @@ static void dequantize_row(int type, const uint8_t *w, int64_t K, float *o) {
     }
 }
 
-/* rows[r] (or r when rows is NULL) of w [*, row_bytes] dequantized to out[r, K]; 0 on
- * success, -1 for a type it does not serve. F32 and F16 rows are converted. */
-int hwplug_ggml_dequantize(int type, const uint8_t *w, int64_t row_bytes, const int64_t *rows,
-                           int64_t nrows, int64_t K, float *out, int nthreads) {
+/* rows[r] (or r when rows is NULL) of w [w_rows, row_bytes] dequantized to out[r, K]; 0 on
+ * success, -1 for a type it does not serve, -3 when a row index lies outside [0, w_rows)
+ * (nothing written). F32 and F16 rows are converted. */
+int hwplug_ggml_dequantize(int type, const uint8_t *w, int64_t w_rows, int64_t row_bytes,
+                           const int64_t *rows, int64_t nrows, int64_t K, float *out,
+                           int nthreads) {
     if (!linear_type(type) && type != T_F32 && type != T_F16) return -1;
+    for (int64_t r = 0; rows && r < nrows; ++r)
+        if (rows[r] < 0 || rows[r] >= w_rows) return -3;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nrows * K >= 65536)
     for (int64_t r = 0; r < nrows; ++r)
         dequantize_row(type, w + (rows ? rows[r] : r) * row_bytes, K, out + r * K);

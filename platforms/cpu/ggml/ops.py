@@ -26,7 +26,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hwplug.errors import ConfigError, UnsupportedError
-from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, check_ids, type_name
+from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
+from hwplug.kernel_registry.step_graph import native_call
 from hwplug.kernel_registry.tuning import TuningTable, read_layer
 from hwplug.platforms.cpu.ggml import build
 from hwplug.platforms.cpu.tiles import linear_by_tiles
@@ -102,7 +103,7 @@ class GgmlKernels(build.Library):
     signatures = {
         "hwplug_ggml_linear": [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr,
                                ctypes.c_int, ctypes.c_int],
-        "hwplug_ggml_dequantize": [ctypes.c_int, _ptr, _i64, _ptr, _i64, _i64, _ptr,
+        "hwplug_ggml_dequantize": [ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr,
                                    ctypes.c_int],
     }
     linear = build.BuiltOp()
@@ -131,10 +132,10 @@ class GgmlKernels(build.Library):
         (m, k), (n, row_bytes) = rows.shape, qweight.shape
         out = torch.empty(m, n, dtype=torch.float32)
         if m:
-            self._check(self.library.hwplug_ggml_linear(
-                ggml_type, qweight.data_ptr(), row_bytes, n, k, rows.data_ptr(), m,
-                out.data_ptr(), _pointer(fp32_bias), ACTIVATIONS[activations],
-                torch.get_num_threads()))
+            native_call(self.library.hwplug_ggml_linear, ggml_type, qweight.data_ptr(),
+                        row_bytes, n, k, rows.data_ptr(), m, out.data_ptr(),
+                        _pointer(fp32_bias), ACTIVATIONS[activations], torch.get_num_threads(),
+                        check=self._check)
         return out
 
     def linear_tiled(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
@@ -147,7 +148,6 @@ class GgmlKernels(build.Library):
 
     def _embedding(self, ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
                    ) -> torch.Tensor:
-        check_ids(ids, qweight.shape[0])
         index = ids.to(torch.int64).contiguous()
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         out = torch.empty((index.shape[0], qweight.shape[1] // size * block))
@@ -157,13 +157,17 @@ class GgmlKernels(build.Library):
     def _dequantize(self, qweight: torch.Tensor, ggml_type: int, index: torch.Tensor | None,
                     out: torch.Tensor) -> None:
         """Rows ``index`` (None: all) of ``qweight`` into ``out`` (fp32, contiguous)."""
-        self._check(self.library.hwplug_ggml_dequantize(
-            ggml_type, qweight.data_ptr(), qweight.shape[1], _pointer(index), out.shape[0],
-            out.shape[1], out.data_ptr(), torch.get_num_threads()))
+        native_call(self.library.hwplug_ggml_dequantize, ggml_type, qweight.data_ptr(),
+                    qweight.shape[0], qweight.shape[1], _pointer(index), out.shape[0],
+                    out.shape[1], out.data_ptr(), torch.get_num_threads(),
+                    check=functools.partial(self._check, index=index, rows=qweight.shape[0]))
 
-    def _check(self, status: int) -> None:
+    def _check(self, status: int, index: torch.Tensor | None = None, rows: int = 0) -> None:
         if status == -2:
             raise MemoryError(f"the ggml CPU kernels ({self.name}) ran out of memory")
+        if status == -3:
+            raise UnsupportedError(f"token ids must lie in [0, {rows}), got "
+                                   f"{int(index.min())} .. {int(index.max())}")
         if status:
             raise UnsupportedError(f"the ggml CPU kernels ({self.name}) returned {status}")
 
@@ -198,7 +202,10 @@ def linear_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
 
 
 def embedding_supported(ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int) -> str | None:
-    """Why the C ``ggml_embedding`` declines a call, or None."""
+    """Why the C ``ggml_embedding`` declines a call, or None (ids outside the weight's
+    rows are the kernel's error)."""
+    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+        return f"ids must be 1-D int64 or int32, got {ids.dtype} {list(ids.shape)}"
     if ggml_type not in QUANTIZED_TYPES or qweight.dtype != torch.uint8:
         return _weight_problem(qweight, ggml_type, 0)
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]

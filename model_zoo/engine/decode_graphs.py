@@ -1,0 +1,157 @@
+"""Decode steps replayed from step graphs (:mod:`hwplug.kernel_registry.step_graph`).
+
+A pure decode step (one new token per sequence, each sampling) of ``n`` sequences runs as
+the graph of the smallest bucket of :data:`BUCKETS` that holds ``n``: the forward pass and
+the logits, recorded once per bucket as the native kernel calls they make and replayed
+from then on, with the step's token ids, positions, slots, block tables and lengths
+written into the bucket's static input tensors. Rows past ``n`` are padding: token 0 at
+position 0, slot -1 (not written), one token of block 0 (read, never written).
+
+A bucket is recorded twice over different contents (lengths, positions, tokens, slots)
+and kept only when both recordings made the same calls (see
+:func:`~hwplug.kernel_registry.step_graph.same_calls`); the recordings write no KV (every
+slot negative). A bucket whose step computes anything in torch (a platform or model
+without native kernels for every op) is refused once, with the reason logged, and its
+steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from hwplug.attention import AttentionMetadata
+from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.step_graph import StepGraph, record, same_calls
+
+logger = logging.getLogger(__name__)
+
+#: The batch sizes recorded (a step of n sequences runs in the first bucket >= n; the last
+#: bucket is ``max_num_seqs`` when that is smaller; larger steps run eagerly).
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class _Inputs:
+    """A bucket's static inputs (``metadata`` holds the attention ones)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+
+    def pad(self, start: int = 0) -> None:
+        """Rows ``start`` onward to padding (see the module docstring)."""
+        self.input_ids[start:] = 0
+        self.positions[start:] = 0
+        self.metadata.slot_mapping[start:] = -1
+        self.metadata.block_tables[start:, 0] = 0
+        self.metadata.seq_lens[start:] = 1
+
+
+class DecodeGraphs:
+    """Step graphs of ``step(input_ids, positions, metadata) -> logits`` for decode batches
+    of up to ``max_num_seqs`` sequences whose block tables hold at most ``max_blocks``
+    blocks of ``block_size`` tokens."""
+
+    def __init__(self, step: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata],
+                                      torch.Tensor],
+                 max_num_seqs: int, max_blocks: int, block_size: int) -> None:
+        self.step, self.max_blocks, self.block_size = step, max_blocks, block_size
+        self.buckets = sorted({b for b in BUCKETS if b < max_num_seqs}
+                              | {min(max_num_seqs, BUCKETS[-1])})
+        self._graphs: dict[int, tuple[StepGraph, _Inputs]] = {}
+        #: bucket -> why it runs eagerly.
+        self.refused: dict[int, str] = {}
+        #: Decode steps served by a replay.
+        self.replays = 0
+
+    @property
+    def recorded(self) -> list[int]:
+        """The buckets recorded so far."""
+        return sorted(self._graphs)
+
+    def describe(self) -> str:
+        """One line: the buckets replayed and the steps they served, the refused ones and
+        why."""
+        parts = []
+        if self._graphs:
+            parts.append(f"decode batches of up to {', '.join(map(str, self.recorded))} "
+                         f"sequences replayed ({self.replays} steps)")
+        reasons: dict[str, list[int]] = {}
+        for bucket, why in sorted(self.refused.items()):
+            reasons.setdefault(why, []).append(bucket)
+        parts += [f"batches of up to {', '.join(map(str, buckets))} sequences run eagerly "
+                  f"({why})" for why, buckets in reasons.items()]
+        return f"step graphs: {'; '.join(parts) or 'none recorded yet (no decode step)'}"
+
+    def logits(self, token_ids: Sequence[int], positions: Sequence[int],
+               slots: Sequence[int], block_tables: Sequence[Sequence[int]]) -> torch.Tensor | None:
+        """Logits ``[n, vocab]`` of a decode step of n sequences (sequence i: token
+        ``token_ids[i]`` at ``positions[i]``, stored at ``slots[i]``, its blocks
+        ``block_tables[i]``), or None when that step runs eagerly (a refused bucket, more
+        sequences than the last bucket, a longer block table than ``max_blocks``)."""
+        n = len(token_ids)
+        at = bisect.bisect_left(self.buckets, n)
+        if at == len(self.buckets) or max(map(len, block_tables)) > self.max_blocks:
+            return None
+        bucket = self.buckets[at]
+        if bucket in self.refused:
+            return None
+        entry = self._graphs.get(bucket) or self._record(bucket)
+        if entry is None:
+            return None
+        graph, inputs = entry
+        inputs.input_ids[:n] = torch.tensor(token_ids, dtype=torch.int64)
+        inputs.positions[:n] = torch.tensor(positions, dtype=torch.int64)
+        inputs.metadata.slot_mapping[:n] = torch.tensor(slots, dtype=torch.int64)
+        inputs.metadata.seq_lens[:n] = inputs.positions[:n] + 1
+        width = max(map(len, block_tables))
+        inputs.metadata.block_tables[:n, :width] = torch.tensor(
+            [list(table) + [0] * (width - len(table)) for table in block_tables],
+            dtype=torch.int32)
+        try:
+            logits = graph.replay()
+        finally:
+            inputs.pad(n)
+        self.replays += 1
+        return logits[:n]
+
+    def _record(self, bucket: int) -> tuple[StepGraph, _Inputs] | None:
+        inputs = _Inputs(
+            torch.zeros(bucket, dtype=torch.int64), torch.zeros(bucket, dtype=torch.int64),
+            AttentionMetadata(
+                slot_mapping=torch.full((bucket,), -1, dtype=torch.int64),
+                block_tables=torch.zeros((bucket, self.max_blocks), dtype=torch.int32),
+                seq_lens=torch.ones(bucket, dtype=torch.int32),
+                query_start_loc=torch.arange(bucket + 1, dtype=torch.int32),
+                max_query_len=1, max_seq_len=1))
+        try:
+            first = self._recording(inputs)
+            # the second over other contents: a longer context over two blocks, another
+            # token and (negative, unwritten) slot
+            inputs.input_ids.fill_(1)
+            inputs.positions.fill_(self.block_size)
+            inputs.metadata.seq_lens.fill_(self.block_size + 1)
+            inputs.metadata.slot_mapping.fill_(-2)
+            second = self._recording(replace(inputs, metadata=replace(
+                inputs.metadata, max_seq_len=self.block_size + 1)))
+            same_calls(first, second)
+        except UnsupportedError as exc:
+            self.refused[bucket] = str(exc)
+            logger.info("decode steps of %d sequences run eagerly: %s", bucket, exc)
+            return None
+        finally:
+            inputs.pad()
+        self._graphs[bucket] = (second, inputs)
+        logger.info("decode steps of up to %d sequences replay a step graph of %d native "
+                    "calls", bucket, len(second.calls))
+        return second, inputs
+
+    def _recording(self, inputs: _Inputs) -> StepGraph:
+        with record() as graph:
+            graph.outputs = self.step(inputs.input_ids, inputs.positions, inputs.metadata)
+        return graph

@@ -1,0 +1,165 @@
+"""Step graphs: native kernel calls recorded once and replayed without Python.
+
+The recorder is checked on the CPU platform's C kernels (the portable build, which every
+CPU compiles): a replay over new input contents equals the eager ops on them; anything a
+replay would not repeat (torch compute, in-place writes, reading a tensor into Python, a
+Python value that differs between two recordings) is refused with its name. The engine's
+decode graphs are checked on the real SmolLM2 GGUF: greedy tokens and log-probabilities
+identical to eager steps, with batches padded to their bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import hwplug
+from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.step_graph import native_call, record, same_calls
+from hwplug.platforms.cpu.fused.ops import PORTABLE
+
+EPS = 1e-6
+
+
+def _norm_then_silu(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    return PORTABLE.silu_and_mul(PORTABLE.rms_norm(x, weight, eps))
+
+
+def test_a_replay_over_new_inputs_equals_the_eager_ops():
+    x, weight = torch.randn(3, 64), torch.randn(64)
+    with record() as graph:
+        graph.outputs = _norm_then_silu(x, weight)
+    assert [call.name for call in graph.calls] == ["hwplug_rms_norm", "hwplug_silu_and_mul"]
+    x.copy_(torch.randn(3, 64))  # the static input, refilled
+    out = graph.replay()
+    assert out is graph.outputs
+    torch.testing.assert_close(out, _norm_then_silu(x, weight), rtol=0, atol=0)
+    reference = hwplug.ops.silu_and_mul.reference(hwplug.ops.rms_norm.reference(x, weight, EPS))
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_the_graph_keeps_what_it_allocated_alive():
+    x, weight = torch.randn(2, 64), torch.randn(64)
+    with record() as graph:
+        PORTABLE.rms_norm(x, weight, EPS)  # its output is dropped here, kept by the graph
+    assert len(graph.tensors) == 1
+    graph.replay()
+    torch.testing.assert_close(graph.tensors[0], hwplug.ops.rms_norm.reference(x, weight, EPS))
+
+
+@pytest.mark.parametrize("step, named", [
+    (lambda x: x + 1, "add"),
+    (lambda x: x.add_(1), "add_"),
+    (lambda x: x.__setitem__(0, 1.0), "__setitem__"),
+    (lambda x: int(x[0, 0]), "__int__"),
+    (lambda x: x.sum().item(), "sum"),
+    (lambda x: torch.mul(x, 2, out=torch.empty_like(x)), "mul"),
+])
+def test_torch_work_in_the_step_is_refused_by_name(step, named):
+    x, weight = torch.randn(2, 64), torch.randn(64)
+    with pytest.raises(UnsupportedError, match=rf"torch(?:'s | \(){named}\b"):
+        with record():
+            step(PORTABLE.rms_norm(x, weight, EPS))
+
+
+def test_views_and_metadata_are_allowed():
+    x, weight = torch.randn(4, 64), torch.randn(64)
+    with record() as graph:
+        halves = PORTABLE.rms_norm(x, weight, EPS).view(2, 2, 64).split(1)
+        graph.outputs = (halves[0].reshape(2, 64), x.shape, x.is_contiguous())
+    assert graph.outputs[0].data_ptr() == graph.tensors[0].data_ptr()
+
+
+def test_a_step_without_native_calls_and_nested_recordings_are_refused():
+    with pytest.raises(UnsupportedError, match="no native kernel call"):
+        with record():
+            torch.empty(3)
+    with pytest.raises(UnsupportedError, match="do not nest"):
+        with record(), record():
+            pass
+
+
+def test_same_calls_maps_allocations_and_catches_a_baked_in_python_value():
+    x, weight = torch.randn(2, 64), torch.randn(64)
+    recordings = []
+    for eps in (EPS, EPS, 1e-3):
+        with record() as graph:
+            graph.outputs = _norm_then_silu(x, weight, eps)
+        recordings.append(graph)
+    assert recordings[0].tensors[0].data_ptr() != recordings[1].tensors[0].data_ptr()
+    same_calls(recordings[0], recordings[1])  # other buffers, same places: the same calls
+    with pytest.raises(UnsupportedError, match=r"native call 0 \(hwplug_rms_norm\) changed .*"
+                                               r"argument\(s\) \[8\]"):
+        same_calls(recordings[0], recordings[2])
+
+
+def test_a_failing_call_raises_its_kernels_error_when_replayed():
+    x, weight = torch.randn(2, 64), torch.randn(64)
+    raised = []
+
+    def check(status: int) -> None:
+        raised.append(status)
+        raise UnsupportedError(f"status {status}")
+
+    status = [0]
+    with record() as graph:
+        PORTABLE.rms_norm(x, weight, EPS)
+        native_call(lambda: status[0], check=check)
+    status[0] = 1
+    with pytest.raises(UnsupportedError, match="status 1"):
+        graph.replay()
+    assert raised == [1]
+
+
+# ---- the engine: decode graphs on the real SmolLM2 GGUF ----
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",
+           "Once upon a time, in a small village at the edge of a dark and ancient forest"]
+
+
+def _generate(llm: hwplug.LLM) -> list:
+    params = hwplug.SamplingParams(max_tokens=24, logprobs=2, ignore_eos=True)
+    return llm.generate(PROMPTS, params) + llm.generate(PROMPTS[:1], params)
+
+
+@pytest.mark.slow
+def test_decode_graphs_give_the_eager_tokens_and_logprobs(caplog):
+    graphed = hwplug.LLM(max_num_seqs=8)
+    try:
+        with caplog.at_level(logging.INFO, "hwplug.model_zoo.engine.decode_graphs"):
+            got = _generate(graphed)
+        graphs = graphed.runner.graphs
+        assert graphs.recorded == [1, 4] and graphs.replays == 2 * 23
+        assert graphs.describe() == ("step graphs: decode batches of up to 1, 4 sequences "
+                                     "replayed (46 steps)")
+        assert "decode steps of up to 4 sequences replay a step graph of" in caplog.text
+    finally:
+        graphed.close()
+    eager = hwplug.LLM(max_num_seqs=8, step_graphs=False)
+    try:
+        assert eager.runner.graphs is None
+        want = _generate(eager)
+    finally:
+        eager.close()
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for g_row, w_row in zip(g.logprobs, w.logprobs, strict=True):
+            assert g_row.keys() == w_row.keys()
+            for token in g_row:
+                assert g_row[token].logprob == pytest.approx(w_row[token].logprob, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_float_weights_run_eagerly_and_say_why():
+    llm = hwplug.LLM(dequantize=True, max_num_seqs=2)
+    try:
+        llm.generate(PROMPTS[:2], hwplug.SamplingParams(max_tokens=3))
+        graphs = llm.runner.graphs
+        assert graphs.recorded == [] and graphs.replays == 0 and set(graphs.refused) == {2}
+        assert graphs.describe() == (
+            "step graphs: batches of up to 2 sequences run eagerly (the step computes in "
+            "torch (embedding): a step graph repeats only native kernel calls)")
+    finally:
+        llm.close()
