@@ -116,7 +116,7 @@ class LLM:
 
         check_options(max_num_seqs=max_num_seqs,  # before the slow load
                        max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                       num_kv_blocks=num_kv_blocks, seed=seed)
+                       num_kv_blocks=num_kv_blocks, seed=seed, step_graphs=step_graphs)
         if kv_connector is None and (kv_connector_config or kv_load_failure_policy):
             raise ConfigError("kv_connector_config and kv_load_failure_policy need a "
                               "kv_connector")

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 
 def check_options(*, max_num_seqs: Any, max_num_batched_tokens: Any, block_size: Any,
-                  num_kv_blocks: Any, seed: Any) -> None:
+                  num_kv_blocks: Any, seed: Any, step_graphs: Any) -> None:
     """Raise :class:`ConfigError` for an ``LLM`` option of the wrong type or range."""
     check_limits(max_num_seqs, max_num_batched_tokens)
     if block_size is not None and (not is_integer(block_size) or block_size < 1):
@@ -32,6 +32,8 @@ def check_options(*, max_num_seqs: Any, max_num_batched_tokens: Any, block_size:
     if isinstance(num_kv_blocks, float) and not 0 < num_kv_blocks < 1:
         raise ConfigError(f"num_kv_blocks as a fraction of free memory must be in (0, 1), "
                           f"got {num_kv_blocks}")
+    if not isinstance(step_graphs, bool):
+        raise ConfigError(f"step_graphs must be True or False, got {describe(step_graphs)}")
     if seed is not None and (not is_integer(seed) or not 0 <= seed <= MAX_SEED):
         raise ConfigError(f"seed must be None or an integer in [0, 2**64), got {seed!r}")
 

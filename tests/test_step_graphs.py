@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hwplug
-from hwplug.errors import UnsupportedError
+from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.step_graph import native_call, record, same_calls
 from hwplug.platforms.cpu.fused.ops import PORTABLE
 
@@ -163,3 +163,8 @@ def test_float_weights_run_eagerly_and_say_why():
             "torch (embedding): a step graph repeats only native kernel calls)")
     finally:
         llm.close()
+
+
+def test_step_graphs_takes_a_bool():
+    with pytest.raises(ConfigError, match="step_graphs must be True or False, got str 'no'"):
+        hwplug.LLM(step_graphs="no")

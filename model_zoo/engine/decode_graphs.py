@@ -7,10 +7,13 @@ from then on, with the step's token ids, positions, slots, block tables and leng
 written into the bucket's static input tensors. Rows past ``n`` are padding: token 0 at
 position 0, slot -1 (not written), one token of block 0 (read, never written).
 
-A bucket is recorded twice over different contents (lengths, positions, tokens, slots)
+A bucket is recorded twice, over the shortest context (one token) and the longest
+(``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
-:func:`~hwplug.kernel_registry.step_graph.same_calls`); the recordings write no KV (every
-slot negative). A bucket whose step computes anything in torch (a platform or model
+:func:`~hwplug.kernel_registry.step_graph.same_calls`): a kernel chosen in Python from a
+step's lengths would change between them. The recordings write no KV (every slot
+negative); the long one costs one attention pass over ``max_model_len`` tokens per
+sequence of the bucket, once. A bucket whose step computes anything in torch (a platform or model
 without native kernels for every op) is refused once, with the reason logged, and its
 steps run eagerly.
 """
@@ -54,13 +57,15 @@ class _Inputs:
 
 class DecodeGraphs:
     """Step graphs of ``step(input_ids, positions, metadata) -> logits`` for decode batches
-    of up to ``max_num_seqs`` sequences whose block tables hold at most ``max_blocks``
-    blocks of ``block_size`` tokens."""
+    of up to ``max_num_seqs`` sequences of up to ``max_model_len`` tokens in blocks of
+    ``block_size``."""
 
     def __init__(self, step: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata],
                                       torch.Tensor],
-                 max_num_seqs: int, max_blocks: int, block_size: int) -> None:
-        self.step, self.max_blocks, self.block_size = step, max_blocks, block_size
+                 max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+        self.step, self.max_model_len, self.block_size = step, max_model_len, block_size
+        #: Block table entries of a sequence of ``max_model_len`` tokens.
+        self.max_blocks = -(-max_model_len // block_size)
         self.buckets = sorted({b for b in BUCKETS if b < max_num_seqs}
                               | {min(max_num_seqs, BUCKETS[-1])})
         self._graphs: dict[int, tuple[StepGraph, _Inputs]] = {}
@@ -93,7 +98,7 @@ class DecodeGraphs:
         """Logits ``[n, vocab]`` of a decode step of n sequences (sequence i: token
         ``token_ids[i]`` at ``positions[i]``, stored at ``slots[i]``, its blocks
         ``block_tables[i]``), or None when that step runs eagerly (a refused bucket, more
-        sequences than the last bucket, a longer block table than ``max_blocks``)."""
+        sequences than the last bucket, a block table longer than ``max_blocks``)."""
         n = len(token_ids)
         at = bisect.bisect_left(self.buckets, n)
         if at == len(self.buckets) or max(map(len, block_tables)) > self.max_blocks:
@@ -131,14 +136,14 @@ class DecodeGraphs:
                 max_query_len=1, max_seq_len=1))
         try:
             first = self._recording(inputs)
-            # the second over other contents: a longer context over two blocks, another
-            # token and (negative, unwritten) slot
+            # the second over other contents: the longest context, another token and
+            # (negative, unwritten) slot
             inputs.input_ids.fill_(1)
-            inputs.positions.fill_(self.block_size)
-            inputs.metadata.seq_lens.fill_(self.block_size + 1)
+            inputs.positions.fill_(self.max_model_len - 1)
+            inputs.metadata.seq_lens.fill_(self.max_model_len)
             inputs.metadata.slot_mapping.fill_(-2)
             second = self._recording(replace(inputs, metadata=replace(
-                inputs.metadata, max_seq_len=self.block_size + 1)))
+                inputs.metadata, max_seq_len=self.max_model_len)))
             same_calls(first, second)
         except UnsupportedError as exc:
             self.refused[bucket] = str(exc)

@@ -50,6 +50,11 @@ class StepInputs:
     sample_rows: torch.Tensor | None
 
 
+def slot(block_table: Seq[int], position: int, block_size: int) -> int:
+    """The KV cache slot of the token at ``position`` of a sequence with ``block_table``."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
 def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
     """Bytes one block takes across all layers' caches."""
     engine = ctx.engine_config
@@ -81,8 +86,7 @@ class ModelRunner:
                           for _ in range(model.num_layers)]
         #: The decode step graphs (None: every step runs eagerly).
         self.graphs = None if step_graphs is None else DecodeGraphs(
-            self._logits, step_graphs.max_num_seqs,
-            -(-step_graphs.max_model_len // self.block_size), self.block_size)
+            self._logits, step_graphs.max_num_seqs, step_graphs.max_model_len, self.block_size)
 
     def prepare(self, seqs: Seq[Sequence], num_new_tokens: Seq[int]) -> StepInputs:
         """Inputs of a step in which ``seqs[i]`` computes its next ``num_new_tokens[i]``
@@ -100,8 +104,7 @@ class ModelRunner:
             table = seq.block_table
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
-            slots += [table[p // block_size] * block_size + p % block_size
-                      for p in range(start, end)]
+            slots += [slot(table, p, block_size) for p in range(start, end)]
             seq_lens.append(end)
             starts.append(starts[-1] + num_new)
             if end == seq.num_tokens:
@@ -142,11 +145,10 @@ class ModelRunner:
         if self.graphs is None or not all(batch.sampled) or any(
                 n != 1 for n in batch.num_new_tokens):
             return None
-        block_size = self.block_size
         positions = [seq.num_computed_tokens for seq in seqs]
         return self.graphs.logits(
             [seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)], positions,
-            [seq.block_table[p // block_size] * block_size + p % block_size
+            [slot(seq.block_table, p, self.block_size)
              for seq, p in zip(seqs, positions, strict=True)],
             [seq.block_table for seq in seqs])
 
