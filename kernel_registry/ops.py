@@ -16,8 +16,8 @@ from hwplug.kernel_registry import kernels
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["build_cos_sin_cache", "gelu_and_mul", "linear", "paged_attention", "reshape_and_cache",
-           "rms_norm", "rotary_embedding", "scaled_mm", "silu_and_mul"]
+__all__ = ["build_cos_sin_cache", "embedding", "gelu_and_mul", "linear", "paged_attention",
+           "reshape_and_cache", "rms_norm", "rotary_embedding", "scaled_mm", "silu_and_mul"]
 
 _REF = "hwplug.kernel_registry.reference:"
 _ELEMENTWISE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-3), "bfloat16": (1.6e-2, 1.6e-2)}
@@ -86,6 +86,15 @@ linear = kernels.define_op("linear", _REF + "linear",
 linear(x [..., K], weight [N, K], bias [N] | None = None) -> [..., N] = x @ weight.T + bias
     Weights are read-only between calls: a variant may keep a repacked copy of a weight,
     rebuilt when the tensor's version counter shows it was written.
+""")
+
+embedding = kernels.define_op("embedding", _REF + "embedding",
+                              tolerances={"int64": (0.0, 0.0), "int32": (0.0, 0.0)}, doc="""
+embedding(ids [T] int64 | int32, weight [V, H]) -> [T, H] = weight[ids], in weight's dtype
+    A lookup of an unquantized table (GGUF blocks: ggml_embedding): rows are copied
+    exactly. ids lie in [0, V) (the engine checks token ids where prompts enter; no
+    device sync here to check them again); hwplug's CPU variant raises UnsupportedError
+    for one outside.
 """)
 
 scaled_mm = kernels.define_op("scaled_mm", _REF + "scaled_mm",

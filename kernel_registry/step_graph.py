@@ -162,12 +162,21 @@ class _OnlyAllocationsAndViews(TorchFunctionMode):
         if name in ALLOCATIONS:
             self.keep.extend(outputs)
             return out
-        storages = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                    if isinstance(t, torch.Tensor)}
-        if any(t.untyped_storage().data_ptr() not in storages for t in outputs):
+        storages = {_storage(t) for t in tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)} - {None}
+        if any(_storage(t) not in storages for t in outputs):
             raise UnsupportedError(f"the step computes in torch ({name}): a step graph "
                                    f"repeats only native kernel calls")
         return out
+
+
+def _storage(tensor: torch.Tensor) -> int | None:
+    """Where ``tensor``'s storage starts; None for a tensor without one (oneDNN's opaque
+    packed weights, for one)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None
 
 
 @contextmanager

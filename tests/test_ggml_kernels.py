@@ -15,7 +15,7 @@ from hwplug import current_platform, kernels
 from hwplug.conformance import check_variant
 from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.errors import ConfigError, UnsupportedError
-from hwplug.kernel_registry import ops_ggml
+from hwplug.kernel_registry import ops, ops_ggml
 from hwplug.kernel_registry.tuning import read_layer
 from hwplug.platforms.cpu.ggml import ops as c_ops
 
@@ -100,6 +100,21 @@ def test_embedding_dequantizes_the_rows_it_reads_exactly(fresh_discovery, name, 
                                    atol=1e-6, rtol=1e-6)
     with pytest.raises(UnsupportedError, match=r"token ids must lie in \[0, 50\)"):
         embedding.impl(torch.tensor([50]), qweight, kind)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_the_embedding_op_copies_fp32_rows_exactly(fresh_discovery, name):
+    lookup = variant("embedding", name)
+    table = torch.randn(50, 72)
+    for ids in (torch.tensor([49, 0, 7, 7]), torch.tensor([3], dtype=torch.int32),
+                torch.tensor([], dtype=torch.int64)):
+        assert lookup.supports(ids, table) is None
+        assert torch.equal(lookup.impl(ids, table), ops.embedding.reference(ids, table))
+    with pytest.raises(UnsupportedError, match=r"token ids must lie in \[0, 50\), got -1 .. 3"):
+        lookup.impl(torch.tensor([3, -1]), table)
+    assert "contiguous float32 [V, H] table, got torch.bfloat16" in lookup.supports(
+        torch.tensor([0]), table.bfloat16())
+    assert "1-D int64 or int32" in lookup.supports(torch.tensor([[0]]), table)
 
 
 def test_calls_the_c_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):

@@ -271,6 +271,18 @@ def _interleaved(generator: Generator, cache_arg: int) -> Generator:
                    lambda c: c.permute(1, 2, 3, 0, 4).flatten(2, 3))
 
 
+@st.composite
+def embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    """``dtype`` (int64, int32) ids into a random table of a float dtype."""
+    rng = seeded(draw)
+    rows, width = draw(st.integers(1, 40)), draw(st.sampled_from((8, 64, 576)))
+    table_dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    weight = randn(rng, (rows, width), table_dtype)
+    ids = torch.randint(0, rows, (draw(tokens),), generator=rng).to(getattr(torch, dtype))
+    return Case((ids, weight), {}, (dtype,),
+                f"{dtype} ids {ids.tolist()} into a {table_dtype} table [{rows}, {width}]")
+
+
 #: op name -> its input generator.
 GENERATORS: dict[str, Generator] = {
     "rms_norm": rms_norm,
@@ -280,6 +292,7 @@ GENERATORS: dict[str, Generator] = {
     "reshape_and_cache": reshape_and_cache,
     "paged_attention": paged_attention,
     "linear": linear,
+    "embedding": embedding,
     "scaled_mm": scaled_mm,
     "ggml_linear": ggml,
     "ggml_embedding": ggml,

@@ -9,12 +9,13 @@ and return the input dtype; :func:`build_cos_sin_cache` builds the rotary cache 
 from hwplug.kernel_registry.reference.activation import gelu_and_mul, silu_and_mul
 from hwplug.kernel_registry.reference.attention import paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache
-from hwplug.kernel_registry.reference.matmul import linear, scaled_mm
+from hwplug.kernel_registry.reference.matmul import embedding, linear, scaled_mm
 from hwplug.kernel_registry.reference.norm import rms_norm
 from hwplug.kernel_registry.reference.rotary import build_cos_sin_cache, rotary_embedding
 
 __all__ = [
     "build_cos_sin_cache",
+    "embedding",
     "gelu_and_mul",
     "linear",
     "paged_attention",

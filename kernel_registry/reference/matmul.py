@@ -1,5 +1,6 @@
-"""Matrix multiplies: the dense ``linear`` of every unquantized layer and the scaled GEMM
-that fp8 (and other low-precision) weights use."""
+"""Matrix multiplies: the dense ``linear`` of every unquantized layer, the scaled GEMM
+that fp8 (and other low-precision) weights use, and the unquantized table's ``embedding``
+(the lookup a one-hot matrix multiply would be)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from hwplug.errors import UnsupportedError
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids [T]`` of ``weight [V, H]`` -> ``[T, H]`` in ``weight.dtype``, through
+    ``F.embedding``."""
+    return F.embedding(ids, weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

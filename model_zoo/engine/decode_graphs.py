@@ -15,7 +15,8 @@ step's lengths would change between them. The recordings write no KV (every slot
 negative); the long one costs one attention pass over ``max_model_len`` tokens per
 sequence of the bucket, once. A bucket whose step computes anything in torch (a platform or model
 without native kernels for every op) is refused once, with the reason logged, and its
-steps run eagerly.
+steps run eagerly; so does one whose recording failed in any other way (logged as a
+warning: the eager step then raises whatever the model raises).
 """
 
 from __future__ import annotations
@@ -145,9 +146,12 @@ class DecodeGraphs:
             second = self._recording(replace(inputs, metadata=replace(
                 inputs.metadata, max_seq_len=self.max_model_len)))
             same_calls(first, second)
-        except UnsupportedError as exc:
-            self.refused[bucket] = str(exc)
-            logger.info("decode steps of %d sequences run eagerly: %s", bucket, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the eager step decides
+            self.refused[bucket] = str(exc) if isinstance(exc, UnsupportedError) else (
+                f"recording failed: {type(exc).__name__}: {exc}")
+            logger.log(logging.INFO if isinstance(exc, UnsupportedError) else logging.WARNING,
+                       "decode steps of %d sequences run eagerly: %s", bucket,
+                       self.refused[bucket])
             return None
         finally:
             inputs.pad()

@@ -1,5 +1,5 @@
 """``UnquantizedLinearMethod``: plain ``weight [out, in]`` (+ ``bias [out]``), the
-registry's ``linear`` op.
+registry's ``linear`` op (``embedding`` for vocabulary tables).
 
 Registered as ``"unquantized"`` by :mod:`hwplug.model_zoo.plugin`; it is the quant method of
 every checkpoint without a ``quantization_config``.
@@ -8,7 +8,6 @@ every checkpoint without a ``quantization_config``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from hwplug.kernel_registry import ops
 from hwplug.quantization import QuantMethod
@@ -32,7 +31,7 @@ class UnquantizedLinearMethod(QuantMethod):
         return ops.linear(x, layer.weight, layer.bias)
 
     def embed(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, layer.weight)
+        return ops.embedding(ids, layer.weight)
 
     def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
         return layer.weight.float()

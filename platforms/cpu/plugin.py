@@ -88,6 +88,11 @@ CPU_VARIANTS: list[dict[str, Any]] = [
            supports=_GGML + "embedding_supported", priority=priority,
            description=f"C ({build.lower()}): dequantizes the rows it reads")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
+    # torch's lookup is as fast; a C call lets a float model's decode step be a step graph
+    *(dict(op="embedding", name=name, impl=f"{_GGML}{build}.lookup", features=features,
+           supports=_GGML + "lookup_supported", priority=priority,
+           description=f"C ({build.lower()}): copies the fp32 rows it reads")
+      for name, (build, features, priority) in _GGML_BUILDS.items()),
     *(dict(op=op, name=name, impl=f"{_FUSED}{build}.{method}", supports=_FUSED + supported,
            dtypes=("float32",), features=features, priority=priority,
            description=f"C ({build.lower()}): {what}")

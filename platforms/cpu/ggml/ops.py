@@ -53,6 +53,8 @@ TUNING = Path(__file__).with_name("tuning.json")
 ACTIVATIONS = {"int8": 8, "int16": 16}
 _SERVED = ", ".join(type_name(t) for t in QUANTIZED_TYPES)
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+#: The GGUF type of fp32 rows, which the C dequantization copies.
+F32 = int(GGMLQuantizationType.F32)
 
 
 def _config(threads: int) -> dict:
@@ -108,6 +110,7 @@ class GgmlKernels(build.Library):
     }
     linear = build.BuiltOp()
     embedding = build.BuiltOp()
+    lookup = build.BuiltOp()
 
     def _linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,6 +155,13 @@ class GgmlKernels(build.Library):
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         out = torch.empty((index.shape[0], qweight.shape[1] // size * block))
         self._dequantize(qweight, ggml_type, index, out)
+        return out
+
+    def _lookup(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The ``embedding`` op on an fp32 table: its rows copied as GGUF F32 rows."""
+        index = ids.to(torch.int64).contiguous()
+        out = torch.empty((index.shape[0], weight.shape[1]))
+        self._dequantize(weight.view(torch.uint8), F32, index, out)
         return out
 
     def _dequantize(self, qweight: torch.Tensor, ggml_type: int, index: torch.Tensor | None,
@@ -210,6 +220,17 @@ def embedding_supported(ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
         return _weight_problem(qweight, ggml_type, 0)
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     return _weight_problem(qweight, ggml_type, qweight.shape[-1] // size * block)
+
+
+def lookup_supported(ids: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why the C ``embedding`` declines a call, or None (ids outside the table's rows are
+    the kernel's error)."""
+    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+        return f"ids must be 1-D int64 or int32, got {ids.dtype} {list(ids.shape)}"
+    if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
+        return (f"needs a contiguous float32 [V, H] table, got {weight.dtype} "
+                f"{list(weight.shape)}")
+    return None
 
 
 #: The build for x86-64 CPUs with AVX2, FMA and F16C.
