@@ -71,8 +71,8 @@ class NativeCall:
 def native_call(function: Callable[..., int], *args: Any,
                 check: Callable[[int], None] | None = None) -> None:
     """Call the C ``function(*args)`` (a ctypes function) and pass a nonzero status to
-    ``check``, which raises (no ``check``: the return value is not a status). While :func:`record` records on this
-    thread the call is recorded too."""
+    ``check``, which raises (no ``check``: the return value is not a status). While
+    :func:`record` records on this thread, the call is recorded too."""
     status = function(*args)
     if status and check is not None:
         _failed(function, status, check)
@@ -132,8 +132,13 @@ def same_calls(first: StepGraph, second: StepGraph) -> None:
         raise UnsupportedError(f"the step made {len(a)} native calls in one recording and "
                                f"{len(b)} in another: which kernels run depends on the data")
     for index, (one, other) in enumerate(zip(a, b, strict=True)):
+        if one[0] != other[0]:
+            raise UnsupportedError(f"native call {index} is {one[0]} in one recording and "
+                                   f"{other[0]} in another: which kernels run depends on the "
+                                   f"data")
         if one != other:
-            differing = [i for i, (x, y) in enumerate(zip(one, other, strict=False)) if x != y]
+            differing = [i for i, (x, y) in enumerate(zip(one[1:], other[1:], strict=False))
+                         if x != y]
             raise UnsupportedError(
                 f"native call {index} ({one[0]}) changed between two recordings over "
                 f"different inputs (argument(s) {differing}): its arguments depend on the "

@@ -91,8 +91,13 @@ def test_same_calls_maps_allocations_and_catches_a_baked_in_python_value():
     assert recordings[0].tensors[0].data_ptr() != recordings[1].tensors[0].data_ptr()
     same_calls(recordings[0], recordings[1])  # other buffers, same places: the same calls
     with pytest.raises(UnsupportedError, match=r"native call 0 \(hwplug_rms_norm\) changed .*"
-                                               r"argument\(s\) \[8\]"):
+                                               r"argument\(s\) \[7\]"):
         same_calls(recordings[0], recordings[2])
+    with record() as shorter:
+        PORTABLE.rms_norm(x, weight, EPS)
+    with pytest.raises(UnsupportedError, match="made 2 native calls in one recording and 1 "
+                                               "in another: which kernels run depends"):
+        same_calls(recordings[0], shorter)
 
 
 def test_a_failing_call_raises_its_kernels_error_when_replayed():

@@ -100,9 +100,9 @@ class DecodeGraphs:
         ``token_ids[i]`` at ``positions[i]``, stored at ``slots[i]``, its blocks
         ``block_tables[i]``), or None when that step runs eagerly (a refused bucket, more
         sequences than the last bucket, a block table longer than ``max_blocks``)."""
-        n = len(token_ids)
+        n, width = len(token_ids), max(map(len, block_tables))
         at = bisect.bisect_left(self.buckets, n)
-        if at == len(self.buckets) or max(map(len, block_tables)) > self.max_blocks:
+        if at == len(self.buckets) or width > self.max_blocks:
             return None
         bucket = self.buckets[at]
         if bucket in self.refused:
@@ -115,7 +115,6 @@ class DecodeGraphs:
         inputs.positions[:n] = torch.tensor(positions, dtype=torch.int64)
         inputs.metadata.slot_mapping[:n] = torch.tensor(slots, dtype=torch.int64)
         inputs.metadata.seq_lens[:n] = inputs.positions[:n] + 1
-        width = max(map(len, block_tables))
         inputs.metadata.block_tables[:n, :width] = torch.tensor(
             [list(table) + [0] * (width - len(table)) for table in block_tables],
             dtype=torch.int32)
