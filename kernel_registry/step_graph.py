@@ -10,9 +10,11 @@ same tensors at every replay (static buffers the caller refills), and the output
 the tensors the recorded step returned, rewritten by each replay.
 
 A recording is refused (:class:`~hwplug.errors.UnsupportedError`, naming the cause) when
-the step did anything a replay would not repeat: an ATen op that computes (only
-allocations and views of existing tensors may run; checked by a ``TorchDispatchMode``
-while recording), or no native call at all. The tensors allocated while recording stay
+the step did anything a replay would not repeat: a torch function that computes, writes
+in place or reads a tensor's contents into Python (only allocations, metadata reads and
+views of existing tensors may run; checked by a ``TorchFunctionMode`` while recording, as
+a ``TorchDispatchMode`` would import torch._dynamo, a second's start), or no native call
+at all. The tensors allocated while recording stay
 alive with the graph, so the recorded pointers stay valid. :func:`same_calls` compares
 two recordings of the same step over different input contents: an argument that differs
 (beyond where the recordings' own allocations lie) depends on the data, not the shapes,

@@ -211,11 +211,17 @@ def linear_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
     return problem
 
 
+def _ids_problem(ids: torch.Tensor) -> str | None:
+    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+        return f"ids must be 1-D int64 or int32, got {ids.dtype} {list(ids.shape)}"
+    return None
+
+
 def embedding_supported(ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int) -> str | None:
     """Why the C ``ggml_embedding`` declines a call, or None (ids outside the weight's
     rows are the kernel's error)."""
-    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
-        return f"ids must be 1-D int64 or int32, got {ids.dtype} {list(ids.shape)}"
+    if problem := _ids_problem(ids):
+        return problem
     if ggml_type not in QUANTIZED_TYPES or qweight.dtype != torch.uint8:
         return _weight_problem(qweight, ggml_type, 0)
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
@@ -225,8 +231,8 @@ def embedding_supported(ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
 def lookup_supported(ids: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the C ``embedding`` declines a call, or None (ids outside the table's rows are
     the kernel's error)."""
-    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
-        return f"ids must be 1-D int64 or int32, got {ids.dtype} {list(ids.shape)}"
+    if problem := _ids_problem(ids):
+        return problem
     if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
         return (f"needs a contiguous float32 [V, H] table, got {weight.dtype} "
                 f"{list(weight.shape)}")
