@@ -9,16 +9,18 @@ the op. Printed per configuration: ms per step, tokens/s, the ms per step inside
 engine, scheduler, sampling, tensor creation, dispatch), plus the torch calls with the
 most self time. The configurations:
 
-- ``dequantized``: float32 weights (``gemv_avx2`` at one row, oneDNN), fused C variants disabled
-  (``HWPLUG_DISABLED_KERNELS``): the path before the GGUF kernels and the fused C ops;
+- ``dequantized``: float32 weights (``gemv_avx2`` at one row, oneDNN from two), fused C
+  variants and ``gemm_avx2`` disabled (``HWPLUG_DISABLED_KERNELS``): the path before the
+  GGUF kernels and the fused C ops;
+- ``dequantized+fused``: float32 weights and every C variant hwplug registers;
 - ``gguf``: the GGUF's blocks kept, fused C variants disabled;
 - ``gguf+fused``: GGUF blocks and every C variant hwplug registers;
 
 each of them with every step eager (``step_graphs=False``), and
 
-- ``gguf+fused+graphs``: the default: the decode steps replay step graphs (docs/
-  generation.md), so no registry op runs in the profiled steps: what is left is the
-  replay's C calls and the engine around them.
+- ``dequantized+fused+graphs``, ``gguf+fused+graphs``: the default for each kind of
+  weight: the decode steps replay step graphs (docs/generation.md), so no registry op runs
+  in the profiled steps: what is left is the replay's C calls and the engine around them.
 
     python benchmarks/decode_profile.py [--batch 1] [--tokens 40]
 """
@@ -37,7 +39,9 @@ FUSED_VARIANTS = "rms_norm/fused_avx2,rms_norm/fused_c,rotary_embedding/fused_av
                  "paged_attention/fused_avx2,paged_attention/fused_c"
 #: name -> (dequantize, disabled variants, step graphs)
 CONFIGS = {
-    "dequantized": (True, FUSED_VARIANTS, False),
+    "dequantized": (True, FUSED_VARIANTS + ",linear/gemm_avx2", False),
+    "dequantized+fused": (True, "", False),
+    "dequantized+fused+graphs": (True, "", True),
     "gguf": (False, FUSED_VARIANTS, False),
     "gguf+fused": (False, "", False),
     "gguf+fused+graphs": (False, "", True),

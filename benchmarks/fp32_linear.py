@@ -1,14 +1,15 @@
 """``linear`` on fp32 weights on this CPU: hwplug's choice vs oneDNN and plain ``F.linear``.
 
 SmolLM2-135M's decoder GEMMs (benchmarks/ggml_linear.py's ``SHAPES``) and its LM head at
-1, 2 and 8 tokens, each call reading the next of ``--layers`` copies of the weight (two of
-the head's), so the weights come from memory as in a decode step. Columns, microseconds
-per call: ``hwplug`` (the ``linear`` op as dispatched here: ``gemv_avx2`` for one row on
-an AVX2 CPU, else ``onednn_packed``), ``oneDNN`` (the ``onednn_packed`` variant itself)
-and ``F.linear``; then GB/s of weight read by hwplug, and ratios: each column's time over
+``--tokens`` activation rows (decode batches; a prefill's hundreds), each call reading the
+next of ``--layers`` copies of the weight (two of the head's), so the weights come from
+memory as in a decode step. Columns, microseconds per call: ``hwplug`` (the ``linear`` op
+as dispatched here: on AVX2 CPUs ``gemv_avx2`` for one row and ``gemm_avx2`` from two,
+else ``onednn_packed``), ``oneDNN`` (the ``onednn_packed`` variant itself) and
+``F.linear``; then GB/s of weight read by hwplug, and ratios: each column's time over
 hwplug's (above 1: hwplug is faster). The CPU is named as the probe reads it.
 
-    python benchmarks/fp32_linear.py [--tokens 1,2,8] [--layers 30] [--repeat 5]
+    python benchmarks/fp32_linear.py [--tokens 1,2,8,32] [--layers 30] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -46,15 +47,17 @@ def row(shape: tuple[str, int, int], tokens: int, copies: int, repeat: int) -> s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", default="1,2,8")
+    parser.add_argument("--tokens", default="1,2,8,32")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     platform = hwplug.current_platform()
-    chosen = kernels.explain("linear", platform, "cpu", "float32", 1).chosen.name
+    chosen = {kernels.explain("linear", platform, "cpu", "float32", rows).chosen.name
+              for rows in (1, 2)}
     print(f"CPU: {platform.facts.device_name} (features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; linear for one fp32 row here: {chosen}; "
+          f"{torch.get_num_threads()} threads; linear for 1 and 2 fp32 rows here: "
+          f"{' and '.join(sorted(chosen))}; "
           f"weights of {args.layers} layers cycled (the head's: 2)")
     print(f"{'shape':<19}{'tok':>5}{'hwplug':>10}{'oneDNN':>10}{'F.linear':>10}{'GB/s':>8}"
           f"{'oneDNN/hw':>12}{'F.lin/hw':>12}")

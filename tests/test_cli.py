@@ -59,15 +59,17 @@ def test_kernels_show_the_token_range_a_variant_is_limited_to():
     out = run("kernels", "--json", "--op", "linear", "--dtype", "float32")
     why = json.loads(out.stdout)["ops"]["linear"]["float32"]
     if why["chosen"] != "gemv_avx2":  # a CPU without AVX2
-        pytest.skip(f"the one-row C linear does not serve this CPU ({why['rejected']})")
-    assert why["num_tokens"] == {"gemv_avx2": [1, 2]} and why["fallbacks"][0] == "onednn_packed"
+        pytest.skip(f"the C linear does not serve this CPU ({why['rejected']})")
+    assert why["num_tokens"] == {"gemv_avx2": [1, 2], "gemm_avx2": [2, None]}
+    assert why["fallbacks"][:2] == ["gemm_avx2", "onednn_packed"]
     table = run("kernels", "--op", "linear", "--dtype", "float32", env={"COLUMNS": "200"})
     assert "gemv_avx2 (tokens [1, 2))" in table.stdout
-    several = run("kernels", "--json", "--op", "linear", "--dtype", "float32",
-                  "--num-tokens", "4")
-    why = json.loads(several.stdout)["ops"]["linear"]["float32"]
-    assert why["chosen"] == "onednn_packed"
-    assert why["rejected"]["gemv_avx2"] == "num_tokens 4 outside [1, 2)"
+    assert "gemm_avx2 (tokens [2, inf))" in table.stdout
+    prefill = run("kernels", "--json", "--op", "linear", "--dtype", "float32",
+                  "--num-tokens", "128")
+    why = json.loads(prefill.stdout)["ops"]["linear"]["float32"]
+    assert why["chosen"] == "gemm_avx2" and why["fallbacks"][0] == "onednn_packed"
+    assert why["rejected"]["gemv_avx2"] == "num_tokens 128 outside [1, 2)"
 
 
 def test_disabled_unknown_kernel_is_a_clean_error():

@@ -56,9 +56,9 @@ def test_dequantize_loads_float_weights_for_the_float_kernels():
     assert out.returncode == 0, out.stderr
     assert "KV cache fp8_e4m3" in out.stderr
     assert "weights unquantized" in out.stderr
-    # the prompt through oneDNN, the one-row decode step through the C GEMV (AVX2 CPUs)
-    gemv = {"avx2", "fma", "f16c"} <= current_platform().facts.features
-    linear = "gemv_avx2+onednn_packed" if gemv else "onednn_packed"
+    # AVX2 CPUs: the prompt through the C GEMM, the one-row decode step the C GEMV
+    c_linear = {"avx2", "fma", "f16c"} <= current_platform().facts.features
+    linear = "gemm_avx2+gemv_avx2" if c_linear else "onednn_packed"
     assert re.search(rf"linear={re.escape(linear)}(,|$)", out.stderr, re.M), out.stderr
     assert "ggml_linear" not in out.stderr
 

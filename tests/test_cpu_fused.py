@@ -1,5 +1,5 @@
 """The fused C variants of the cpu platform (rms_norm, silu_and_mul, rotary_embedding,
-decode paged_attention, reshape_and_cache; the one-row fp32 linear) against the pure-torch
+decode paged_attention, reshape_and_cache; the fp32 linear for decode) against the pure-torch
 references, both builds, what they decline, which a CPU gets, and the conformance kit."""
 
 from __future__ import annotations
@@ -110,27 +110,47 @@ def test_reshape_and_cache_writes_strided_rows_into_their_slots(fresh_discovery,
     assert torch.equal(got, want)
 
 
-def test_one_row_linear_matches_the_reference_whatever_the_thread_count(fresh_discovery):
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 8, 9, 13, 64, 130])
+def test_c_linear_matches_the_reference_whatever_the_thread_count(fresh_discovery, rows):
+    """One row streams the weight; 2-8 rows whose activations fit in L1 take one pass, the
+    rest of them (K = 1536 from 4 rows) 4 x 3 tiles with 4 x 2 and 4 x 1 tails; from 9 rows
+    4 x 24 outer-product tiles (1-3 row tails, a short last panel of weight rows)."""
+    name = "gemv_avx2" if rows == 1 else "gemm_avx2"
     generator = torch.Generator().manual_seed(5)
     threads = torch.get_num_threads()
     # 43 outputs: groups of four weight rows and a short last one; 3072 x 576: threads
     for n, k in ((43, 16), (3072, 576), (5, 1536)):
         weight = torch.randn(n, k, generator=generator) / k**0.5
-        x, bias = torch.randn(1, k, generator=generator), torch.randn(n, generator=generator)
-        check("linear", "gemv_avx2", x, weight)
-        check("linear", "gemv_avx2", x.view(1, 1, k), weight, bias)
+        x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+        check("linear", name, x, weight)
+        check("linear", name, x.view(1, rows, k), weight, bias)
         try:
             torch.set_num_threads(1)
-            one = variant("linear", "gemv_avx2").impl(x, weight, bias)
+            one = variant("linear", name).impl(x, weight, bias)
         finally:
             torch.set_num_threads(threads)
-        assert torch.equal(variant("linear", "gemv_avx2").impl(x, weight, bias), one)
+        assert torch.equal(variant("linear", name).impl(x, weight, bias), one)
 
 
-def test_one_row_linear_is_what_decode_at_batch_one_gets(fresh_discovery):
+def test_c_linear_of_several_rows_is_batch_invariant_within_each_path(fresh_discovery):
+    """A row's outputs do not depend on the rows beside it within each multi-row path (2-8
+    rows: one accumulator per pair whatever the tile; from 9: one lane per output)."""
+    generator = torch.Generator().manual_seed(6)
+    gemm = variant("linear", "gemm_avx2")
+    for k in (576, 1536):
+        weight, x = torch.randn(99, k, generator=generator), torch.randn(64, k, generator=generator)
+        for widest, rows in ((8, (2, 3, 5, 7)), (64, (9, 10, 13, 40))):
+            every = gemm.impl(x[:widest], weight)
+            for count in rows:
+                assert torch.equal(gemm.impl(x[:count], weight), every[:count]), (k, count)
+    assert gemm.impl(torch.empty(0, 16), torch.randn(4, 16)).shape == (0, 4)
+
+
+def test_c_linear_is_what_every_float32_linear_gets(fresh_discovery):
     platform = current_platform()
-    assert kernels.explain("linear", platform, "cpu", "float32", 1).chosen.name == "gemv_avx2"
-    assert kernels.explain("linear", platform, "cpu", "float32", 2).chosen.name != "gemv_avx2"
+    chosen = {tokens: kernels.explain("linear", platform, "cpu", "float32", tokens).chosen.name
+              for tokens in (1, 2, 64, 2048)}
+    assert chosen == {1: "gemv_avx2", 2: "gemm_avx2", 64: "gemm_avx2", 2048: "gemm_avx2"}
 
 
 def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):
@@ -163,7 +183,6 @@ def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh
     assert "does not match" in write.supports(q, q, kv, slots)
     assert "int64" in write.supports(k, k, kv, slots.int())
     gemv, weight = variant("linear", "gemv_avx2"), torch.randn(4, 16)
-    assert "one activation row, got [1, 2, 16]" in gemv.supports(torch.randn(1, 2, 16), weight)
     assert "a multiple of 8, got [4, 12]" in gemv.supports(torch.randn(1, 12), torch.randn(4, 12))
     assert "float32 only" in gemv.supports(torch.randn(1, 16), weight.bfloat16())
     assert "contiguous" in gemv.supports(torch.randn(1, 16), torch.randn(16, 4).t())
@@ -204,7 +223,7 @@ def test_an_avx2_cpu_gets_the_avx2_build_and_others_the_portable(tmp_path, monke
 
 
 @pytest.mark.parametrize("key", [*(f"{op}/{name}" for op in OPS for name in VARIANTS),
-                                 "linear/gemv_avx2"])
+                                 "linear/gemv_avx2", "linear/gemm_avx2"])
 def test_the_conformance_kit_checks_the_variants(fresh_discovery, key):
     fresh_discovery.current_platform()
     result = check_variant(key, examples=30)

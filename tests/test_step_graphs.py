@@ -157,20 +157,30 @@ def test_decode_graphs_give_the_eager_tokens_and_logprobs(caplog):
 
 
 @pytest.mark.slow
-def test_float_weights_replay_one_sequence_and_say_why_two_run_eagerly():
-    """One row: the C embedding and GEMV; from two, oneDNN's GEMM is a torch call."""
+@pytest.mark.parametrize("disabled", ["", "gemm_avx2"], ids=["c-linear", "onednn-from-two"])
+def test_float_weights_replay_where_every_op_is_c_and_say_why_not_elsewhere(
+        monkeypatch, fresh_discovery, disabled):
+    """On AVX2 CPUs a float model's decode step is C kernels (the embedding, gemv_avx2 for
+    one row, gemm_avx2 for more); with gemm_avx2 disabled (or without AVX2) a step of two
+    sequences calls oneDNN's GEMM, a torch call, and runs eagerly, saying so."""
+    monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", disabled)
     params = hwplug.SamplingParams(max_tokens=4)
     llm = hwplug.LLM(dequantize=True, max_num_seqs=2)
     try:
         pair = llm.generate(PROMPTS[:2], params)
         single = llm.generate(PROMPTS[:1], params)
         graphs = llm.runner.graphs
-        gemv = {"avx2", "fma", "f16c"} <= hwplug.current_platform().facts.features
-        assert graphs.recorded == ([1] if gemv else []) and set(graphs.refused) == (
-            {2} if gemv else {1, 2})
-        assert graphs.replays == (3 if gemv else 0)
-        assert "batches of up to 2" in graphs.describe() and "run eagerly (the step " \
-               "computes in torch (_linear_pointwise)" in graphs.describe()
+        avx2 = {"avx2", "fma", "f16c"} <= hwplug.current_platform().facts.features
+        replayed = {1, 2} if avx2 and not disabled else {1} if avx2 else set()
+        assert set(graphs.recorded) == replayed
+        assert set(graphs.refused) == {1, 2} - replayed
+        # three decode steps each: the pair's, then the single sequence's
+        assert graphs.replays == 3 * len(replayed)
+        if replayed == {1, 2}:
+            assert "batches of up to 1, 2 sequences replayed (6 steps)" in graphs.describe()
+        else:
+            assert "batches of up to 2 sequences run eagerly (the step computes in torch " \
+                   "(_linear_pointwise)" in graphs.describe()
         assert single[0].outputs[0].token_ids == pair[0].outputs[0].token_ids
     finally:
         llm.close()

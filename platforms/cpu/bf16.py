@@ -5,10 +5,10 @@ Below :data:`UPCAST_FROM_ROWS` activation rows, torch's bf16 GEMM: a matrix-vect
 bound by reading the weight, which widens each value to fp32 and accumulates in fp32, so
 the half-size weight makes it faster than fp32 weights. From there on that GEMM (no
 hardware bf16, no register blocking) grows linearly with the rows, so the weight is
-widened a tile at a time into fp32 and multiplied by torch's fp32 GEMM
+widened a tile at a time into fp32 and multiplied by the fp32 ``linear`` op
 (:func:`~hwplug.platforms.cpu.tiles.linear_by_tiles`). Measured on a 2-core AVX2 EPYC in
-SmolLM2 bf16 decode steps (against ``HWPLUG_DISABLED_KERNELS=bf16_storage``, torch's bf16
-GEMM throughout): 100 vs 105 ms per step at batch 8, 120 vs 185 at 16, 169 vs 356 at 32;
+SmolLM2 bf16 decode steps, the tiles then through torch's fp32 GEMM (against
+``HWPLUG_DISABLED_KERNELS=bf16_storage``, torch's bf16 GEMM throughout): 100 vs 105 ms per step at batch 8, 120 vs 185 at 16, 169 vs 356 at 32;
 switching at 64 rows instead kept 105 and 185. benchmarks/bf16_linear.py times the
 GEMMs alone. Where the CPU has bf16 arithmetic, oneDNN's bf16 path
 (``onednn_packed_bf16``) ranks first.

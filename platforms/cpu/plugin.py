@@ -54,12 +54,19 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          dtypes=("bfloat16",), priority=-10,
          description="bf16 weights, fp32 arithmetic: torch's GEMV below 8 rows, then fp32 "
                      "tiles of the weight through torch's fp32 GEMM"),
-    # above oneDNN: with one row of activations it streams the fp32 weight at 27-31 GB/s,
-    # 1.1-1.8x oneDNN's speed (SmolLM2's GEMMs, 2-core AVX2 EPYC; benchmarks/fp32_linear.py)
-    dict(op="linear", name="gemv_avx2", impl=_FUSED + "AVX2.linear", num_tokens=(1, 2),
-         supports=_FUSED + "gemv_supported", dtypes=("float32",),
-         features=("x86_64", "avx2", "fma", "f16c"), priority=20,
-         description="C (avx2): one activation row, four fp32 weight rows at a time"),
+    # above oneDNN (SmolLM2's GEMMs, 2-core AVX2 EPYC; benchmarks/fp32_linear.py): one row
+    # streams the weight at 30-50 GB/s, 1.6-2.8x oneDNN's speed; 2-8 rows 1.0-2.2x, 32 rows
+    # 1.1-1.2x, 1024 rows 1.0-1.1x; no packed second copy of the weight; and C, so a decode
+    # step can be a step graph
+    *(dict(op="linear", name=name, impl=_FUSED + "AVX2.linear", num_tokens=tokens,
+           supports=_FUSED + "linear_supported", dtypes=("float32",),
+           features=("x86_64", "avx2", "fma", "f16c"), priority=priority, description=description)
+      for name, tokens, priority, description in (
+          ("gemv_avx2", (1, 2), 20, "C (avx2): one activation row; each thread streams its "
+                                    "contiguous weight rows"),
+          ("gemm_avx2", (2, None), 19, "C (avx2): 2-8 rows in dot-product tiles over the "
+                                       "weight; from 9, 4 x 24 outer-product tiles over "
+                                       "panels of the weight packed per call"))),
     dict(op="rms_norm", name="torch_fused", impl=_KERNELS + "rms_norm", dtypes=FLOAT_DTYPES,
          description="torch's fused F.rms_norm"),
     dict(op="rotary_embedding", name="torch_fused", impl=_KERNELS + "rotary_embedding",

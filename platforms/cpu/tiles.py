@@ -1,7 +1,7 @@
 """``x @ W.T`` in fp32 with ``W`` materialised a tile of rows at a time, for weights kept
 in another form (GGUF blocks, bf16): each tile is written into a per-thread buffer, then
-multiplied by torch's fp32 GEMM, whose register blocking wins once enough activation rows
-share each weight value.
+multiplied by the platform's fp32 ``linear`` op (on AVX2 CPUs the C GEMM, else oneDNN's),
+whose register blocking wins once enough activation rows share each weight value.
 
 The buffer is allocated once per thread at its largest size: a fresh multi-megabyte tensor
 per call is a fresh ``mmap`` whose page faults, measured in SmolLM2 Q4_1 decode steps at 32
@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+
+from hwplug.kernel_registry import ops
 
 #: Most weight values materialised at once (4 MiB of fp32).
 TILE_VALUES = 1 << 20
@@ -47,12 +48,12 @@ def linear_by_tiles(x: torch.Tensor, n: int, fill: Fill, bias: torch.Tensor | No
     if step >= n:  # one tile: no copy of the product
         tile = tile_buffer(n * k).view(n, k)
         fill(0, n, tile)
-        return F.linear(x, tile, bias)
+        return ops.linear(x, tile, bias)
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
     tile = tile_buffer(step * k).view(step, k)
     for start in range(0, n, step):
         stop = min(start + step, n)
         fill(start, stop, tile[:stop - start])
-        out[:, start:stop] = F.linear(x, tile[:stop - start],
-                                      None if bias is None else bias[start:stop])
+        out[:, start:stop] = ops.linear(x, tile[:stop - start],
+                                        None if bias is None else bias[start:stop])
     return out

@@ -1,5 +1,5 @@
 """``rms_norm``, ``silu_and_mul``, ``rotary_embedding``, decode ``paged_attention``,
-``reshape_and_cache`` and one-row ``linear`` variants that call ``kernels.c`` through
+``reshape_and_cache`` and fp32 ``linear`` variants that call ``kernels.c`` through
 ctypes, fp32.
 
 :data:`AVX2` and :data:`PORTABLE` are the two builds, compiled and cached by
@@ -32,7 +32,7 @@ _SIGNATURES = {
     "hwplug_rotary": [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
                       _i64, _i64, _int],
     "hwplug_cache_write": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64],
-    "hwplug_gemv": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _int],
+    "hwplug_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _int],
     "hwplug_paged_decode": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64,
                             _i64, _f32, _i64, _f32, _ptr, _int],
 }
@@ -117,10 +117,14 @@ class FusedKernels(build.Library):
                 ) -> torch.Tensor:
         n, k = weight.shape
         out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
-        native_call(self.library.hwplug_gemv, x.data_ptr(), weight.data_ptr(),
-                    None if bias is None else bias.data_ptr(), out.data_ptr(), n, k,
-                    torch.get_num_threads())
+        native_call(self.library.hwplug_linear_f32, x.data_ptr(), x.numel() // k,
+                    weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                    out.data_ptr(), n, k, torch.get_num_threads(), check=_out_of_memory)
         return out
+
+
+def _out_of_memory(status: int) -> None:
+    raise MemoryError("the C linear could not allocate its packed weight panel")
 
 
 def _positions_outside(positions: torch.Tensor, rows: int, status: int) -> None:
@@ -241,11 +245,9 @@ def cache_write_supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torc
     return None
 
 
-def gemv_supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-                   ) -> str | None:
-    """Why the C one-row ``linear`` declines a call, or None."""
-    if x.numel() != x.shape[-1]:
-        return f"serves one activation row, got {list(x.shape)}"
+def linear_supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                     ) -> str | None:
+    """Why the C ``linear`` declines a call, or None."""
     for name, tensor in (("x", x), ("weight", weight), ("bias", bias)):
         if tensor is not None and (problem := _fp32_rows(name, tensor)):
             return problem

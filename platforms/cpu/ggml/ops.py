@@ -10,7 +10,7 @@ considered, and a failed build is the variant's rejection reason.
 GGUF blocks (the weight read once for every 4 activation rows; 8 in the AVX2 build for
 Q4_0, Q4_1 and Q8_0) with the activations quantized per block of 32 to int16 or int8, and
 :meth:`GgmlKernels.linear_tiled`, the weight dequantized by the C kernel a tile at a time
-through :func:`~hwplug.platforms.cpu.tiles.linear_by_tiles` (torch's fp32 GEMM). Both
+through :func:`~hwplug.platforms.cpu.tiles.linear_by_tiles` (the fp32 ``linear`` op). Both
 choices are data, from the ``ggml_linear`` tuning table (``tuning.json``, measured as
 :data:`TUNING` says): :func:`tiled_from`, the rows
 from which the tiles serve, and :func:`activations_of`, the activations' integer type.
