@@ -53,7 +53,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="linear", name="bf16_storage", impl="hwplug.platforms.cpu.bf16:linear",
          dtypes=("bfloat16",), priority=-10,
          description="bf16 weights, fp32 arithmetic: torch's GEMV below 8 rows, then fp32 "
-                     "tiles of the weight through torch's fp32 GEMM"),
+                     "tiles of the weight through the fp32 linear op"),
     # above oneDNN (SmolLM2's GEMMs, 2-core AVX2 EPYC; benchmarks/fp32_linear.py): one row
     # streams the weight at 30-50 GB/s, 1.6-2.8x oneDNN's speed; 2-8 rows 1.0-2.2x, 32 rows
     # 1.1-1.2x, 1024 rows 1.0-1.1x; no packed second copy of the weight; and C, so a decode

@@ -1,7 +1,8 @@
 """``x @ W.T`` in fp32 with ``W`` materialised a tile of rows at a time, for weights kept
 in another form (GGUF blocks, bf16): each tile is written into a per-thread buffer, then
-multiplied by the platform's fp32 ``linear`` op (on AVX2 CPUs the C GEMM, else oneDNN's),
-whose register blocking wins once enough activation rows share each weight value.
+multiplied by the platform's fp32 ``linear`` op (on AVX2 CPUs the C GEMM; elsewhere
+oneDNN's, which packs each tile afresh), whose register blocking wins once enough
+activation rows share each weight value.
 
 The buffer is allocated once per thread at its largest size: a fresh multi-megabyte tensor
 per call is a fresh ``mmap`` whose page faults, measured in SmolLM2 Q4_1 decode steps at 32
