@@ -1,5 +1,5 @@
 """The fused C variants of the cpu platform (rms_norm, silu_and_mul, rotary_embedding,
-decode paged_attention, reshape_and_cache; the fp32 linear for decode) against the pure-torch
+decode paged_attention, reshape_and_cache; the fp32 linear) against the pure-torch
 references, both builds, what they decline, which a CPU gets, and the conformance kit."""
 
 from __future__ import annotations
