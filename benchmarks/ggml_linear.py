@@ -12,7 +12,8 @@ C variant, which takes the integer kernel below the tuned number of rows and deq
 tiles from there on), ``int16`` and ``int8`` (the integer kernel with each activation
 type) and ``tiles`` (each path alone), ``portable`` (the
 build for CPUs without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as
-dispatched here, ``gemv_avx2`` at one row on AVX2 CPUs, else oneDNN: the baseline) and
+dispatched here, on AVX2 CPUs ``gemv_avx2`` at one row and ``gemm_avx2`` from two, else
+oneDNN: the baseline) and
 plain ``F.linear``, and the op's ``reference`` (dequantize,
 then ``F.linear``). Ratios: the baseline's time over ``ggml``'s (above 1: ggml is
 faster) and the reference's over ``ggml``'s. The CPU is named as the probe reads it

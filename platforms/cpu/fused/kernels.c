@@ -377,8 +377,7 @@ static void weight_rows(const float *x, int64_t M, const float *w, float *out, i
                 for (int m = 0; m < mt; ++m)
                     dot_tile(xm + m * K, wr + r * K, K, 1, 1, om + m * N + r, N, 0);
         } else if (mt == TILE_M) {
-            if (first) dot_tile(xm, wr, K, TILE_N, TILE_M, om, N, 1);
-            else dot_tile(xm, wr, K, TILE_N, TILE_M, om, N, 0);
+            dot_tile(xm, wr, K, TILE_N, TILE_M, om, N, first);
         } else if (mt == 2) {
             dot_tile(xm, wr, K, TILE_N, 2, om, N, first);
         } else {
@@ -457,19 +456,22 @@ static int outer_rows(const float *x, int64_t M, const float *w, float *out, int
     for (int64_t n = n0; n < n1; n += PANEL_N) {
         const int nr = n1 - n < PANEL_N ? (int)(n1 - n) : PANEL_N;
         pack_panel(w + n * K, K, nr, packed);
-        /* the next panel's bytes, a share per tile */
+        /* the next panel's cache lines, a share per tile (none past its end) */
         const int64_t next_rows = n1 - n - nr < PANEL_N ? n1 - n - nr : PANEL_N;
-        const int64_t share = (next_rows * K * (int64_t)sizeof(float) / 64 + tiles - 1) / tiles;
+        const int64_t total = next_rows * K * (int64_t)sizeof(float) / 64;
+        const int64_t share = (total + tiles - 1) / tiles;
         for (int64_t m0 = 0, t = 0; m0 < M; m0 += OUTER_M, ++t) {
             const int mt = M - m0 < OUTER_M ? (int)(M - m0) : OUTER_M;
             float part[OUTER_M * PANEL_N], *o = nr == PANEL_N ? out + m0 * N + n : part;
             const int64_t ldo = nr == PANEL_N ? N : PANEL_N;
-            const char *next = (const char *)(w + (n + nr) * K) + 64 * share * t;
+            const int64_t first = share * t < total ? share * t : total;
+            const int64_t lines = total - first < share ? total - first : share;
+            const char *next = (const char *)(w + (n + nr) * K) + 64 * first;
             switch (mt) { /* constant mt: the accumulators stay in registers */
-            case 1: outer_tile(x + m0 * K, K, packed, 1, o, ldo, next, share); break;
-            case 2: outer_tile(x + m0 * K, K, packed, 2, o, ldo, next, share); break;
-            case 3: outer_tile(x + m0 * K, K, packed, 3, o, ldo, next, share); break;
-            default: outer_tile(x + m0 * K, K, packed, OUTER_M, o, ldo, next, share); break;
+            case 1: outer_tile(x + m0 * K, K, packed, 1, o, ldo, next, lines); break;
+            case 2: outer_tile(x + m0 * K, K, packed, 2, o, ldo, next, lines); break;
+            case 3: outer_tile(x + m0 * K, K, packed, 3, o, ldo, next, lines); break;
+            default: outer_tile(x + m0 * K, K, packed, OUTER_M, o, ldo, next, lines); break;
             }
             for (int m = 0; o == part && m < mt; ++m) /* a short last panel */
                 memcpy(out + (m0 + m) * N + n, part + m * PANEL_N, sizeof(float) * (size_t)nr);
