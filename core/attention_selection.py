@@ -2,9 +2,11 @@
 
 :func:`select_backend` asks every registered backend to :meth:`~hwplug.AttentionBackend.validate`
 the model's :class:`~hwplug.attention.AttentionSpec` on the platform, then takes the first
-of the platform's ``facts.attention_backend_priority`` that accepts (or the one
-``HWPLUG_ATTENTION_BACKEND`` forces). :func:`settle_attention` runs it once, at
-configuration time, and settles the block size with the chosen backend.
+of the platform's ``facts.attention_backend_priority`` that accepts (or the one the
+configuration names: ``LLM(attention_backend=...)`` or ``HWPLUG_ATTENTION_BACKEND``).
+:func:`settle_attention` runs it once, at configuration time, and settles the block size
+with the chosen backend; a block size that no backend able to serve the model accepts is
+a :class:`~hwplug.errors.ConfigError` listing the sizes they do.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hwplug import envs, registries
+from hwplug import registries
 from hwplug.attention import AttentionBackend, AttentionSpec
-from hwplug.errors import UnsupportedError
+from hwplug.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     from hwplug.config import EngineConfig
@@ -55,13 +57,12 @@ def select_backend(platform: Platform, spec: AttentionSpec,
                    requested: str | None = None) -> Selection:
     """Choose the attention backend for ``spec`` on ``platform``.
 
-    ``requested`` (or ``HWPLUG_ATTENTION_BACKEND``) forces a backend: if it cannot serve
-    the spec that is an error listing its reasons and the backends that can. Otherwise
-    the first backend of ``platform.facts.attention_backend_priority`` that validates wins.
+    ``requested`` forces a backend: if it cannot serve the spec that is an error listing
+    its reasons and the backends that can. Otherwise the first backend of
+    ``platform.facts.attention_backend_priority`` that validates wins.
     """
     reasons = _rejections(platform, spec)
     able = [name for name, why in reasons.items() if not why]
-    requested = requested or envs.HWPLUG_ATTENTION_BACKEND
     if requested:
         backend = registries.attention_backends.get(requested)  # unknown -> lists choices
         requested = backend.get_name()  # an old name (a deprecated alias) -> the current one
@@ -94,18 +95,23 @@ def select_backend(platform: Platform, spec: AttentionSpec,
 def settle_attention(platform: Platform, config: EngineConfig) -> Selection:
     """Pick the backend and the block size for ``config`` once, at configuration time.
 
-    A requested block size no registered backend accepts is warned about and replaced by
-    one the chosen backend accepts (the platform default when it is among them).
+    A requested block size is part of the spec, so only backends that accept it can be
+    chosen; when none that can otherwise serve the model does, that is a
+    :class:`ConfigError` naming the sizes each accepts. Without one, the chosen backend's
+    sizes decide (the platform default when it is among them).
     """
     spec = AttentionSpec.from_config(config)
     if config.block_size is not None:
-        accepting = [name for name, backend in _backends().items()
-                     if not isinstance(backend, str)
-                     and config.block_size in backend.supported_block_sizes]
-        if not accepting:
-            logger.warning("block size %d matches no registered attention backend; "
-                           "choosing one the selected backend accepts", config.block_size)
-            spec = replace(spec, block_size=None)
+        unsized = _rejections(platform, replace(spec, block_size=None))
+        able = {name: _backends()[name] for name, why in unsized.items() if not why}
+        if config.attention_backend:
+            able = {n: b for n, b in able.items()
+                    if n == registries.attention_backends.current_name(config.attention_backend)}
+        if able and not any(config.block_size in b.supported_block_sizes for b in able.values()):
+            sizes = "; ".join(f"{name} accepts {', '.join(map(str, b.supported_block_sizes))}"
+                              for name, b in able.items())
+            raise ConfigError(f"block_size {config.block_size} is not accepted by the attention "
+                              f"backends that can serve this model: {sizes}")
     selection = select_backend(platform, spec, config.attention_backend)
     sizes = selection.backend.supported_block_sizes
     if spec.block_size is None:

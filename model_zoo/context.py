@@ -18,9 +18,9 @@ from torch import nn
 from hwplug import registries
 from hwplug.attention import AttentionBackend
 from hwplug.config import EngineConfig
-from hwplug.discovery import current_platform
-from hwplug.dtypes import AUTO, dtype_name, torch_dtype
+from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError, UnsupportedError
+from hwplug.model_zoo.llm_config import LLMConfig
 from hwplug.model_zoo.loaders.memory import check_memory, estimate_memory
 from hwplug.model_zoo.parallel import TensorParallel
 from hwplug.model_zoo.quant_methods import quant_method_for
@@ -54,43 +54,35 @@ class CheckpointLike(Protocol):
     def weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
 
 
-#: EngineConfig fields a caller may set (the model states the attention geometry).
+#: The :class:`LLMConfig` options that shape a model's build (the others shape the engine).
 ENGINE_OPTIONS = ("dtype", "kv_cache_dtype", "block_size", "attention_backend",
                   "calculate_kv_scales", "kv_scale_granularity")
-KV_SCALE_GRANULARITIES = ("tensor", "head")
 
 
-def create_context(model_cls: Any, hf_config: Any, *, platform: Platform | None = None,
-                   parallel: TensorParallel | None = None, **options: Any) -> ModelContext:
+def create_context(model_cls: Any, hf_config: Any, platform: Platform,
+                   config: LLMConfig | None = None, parallel: TensorParallel | None = None
+                   ) -> ModelContext:
     """Settle the engine configuration of ``model_cls`` for ``hf_config`` on ``platform``
-    (default: the current one). ``options`` are :data:`ENGINE_OPTIONS` fields of
-    :class:`EngineConfig`; ``dtype`` ``"auto"`` (the default) lets the platform choose,
-    within what the checkpoint's ``torch_dtype`` allows. Under tensor ``parallel``ism the
-    settled attention geometry is this rank's share of the heads. Raises
-    :class:`ConfigError` for an unknown option or heads that do not split over the ranks,
-    and :class:`UnsupportedError` when the platform cannot run the dtype, KV dtype,
-    attention or quantization the model needs."""
-    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown engine option {', '.join(unknown)}; options: "
-                          f"{', '.join(ENGINE_OPTIONS)}")
-    granularity = options.get("kv_scale_granularity", "tensor")
-    if granularity not in KV_SCALE_GRANULARITIES:
-        raise ConfigError(f"kv_scale_granularity {granularity!r} is not valid; choose one of: "
-                          f"{', '.join(KV_SCALE_GRANULARITIES)}")
-    resolved = current_platform()  # also runs the plugins' registrations
-    platform = platform or resolved
+    from the checked ``config`` (default: every option's default). ``dtype`` ``"auto"``
+    lets the platform choose, within what the checkpoint's ``torch_dtype`` allows. Under
+    tensor ``parallel``ism the settled attention geometry is this rank's share of the
+    heads. Raises :class:`ConfigError` for heads that do not split over the ranks, and
+    :class:`UnsupportedError` when the platform cannot run the dtype, KV dtype, attention
+    or quantization the model needs."""
+    config = config or LLMConfig()
     parallel = parallel or TensorParallel()
-    config = replace(model_cls.engine_config(hf_config, options.pop("dtype", AUTO)),
-                     checkpoint_dtype=checkpoint_dtype(hf_config), **options)
-    config = replace(config, num_heads=parallel.share(config.num_heads, "attention heads")[1],
-                     num_kv_heads=parallel.kv_heads(config.num_heads, config.num_kv_heads)[1])
-    platform.check_and_update_config(config)
-    return ModelContext(platform=platform, engine_config=config,
+    engine = replace(model_cls.engine_config(hf_config, config.dtype),
+                     checkpoint_dtype=checkpoint_dtype(hf_config),
+                     **{name: getattr(config, name) for name in ENGINE_OPTIONS
+                        if name != "dtype"})
+    engine = replace(engine, num_heads=parallel.share(engine.num_heads, "attention heads")[1],
+                     num_kv_heads=parallel.kv_heads(engine.num_heads, engine.num_kv_heads)[1])
+    platform.check_and_update_config(engine)
+    return ModelContext(platform=platform, engine_config=engine,
                         attention_backend=registries.attention_backends.get(
-                            config.attention_backend),
-                        quant_method=_quant_method(hf_config, platform, config.dtype),
-                        dtype=torch_dtype(config.dtype), device=torch.device(platform.device_type),
+                            engine.attention_backend),
+                        quant_method=_quant_method(hf_config, platform, engine.dtype),
+                        dtype=torch_dtype(engine.dtype), device=torch.device(platform.device_type),
                         parallel=parallel)
 
 
@@ -106,24 +98,39 @@ def checkpoint_dtype(hf_config: Any) -> str | None:
 
 
 def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
-                parallel: TensorParallel | None = None, **options: Any
-                ) -> tuple[nn.Module, ModelContext]:
-    """Build the registered model for ``checkpoint.config.architectures[0]`` on the
-    platform, load ``checkpoint.weights()``, and return ``(model.eval(), ctx)``.
+                parallel: TensorParallel | None = None, config: LLMConfig | None = None,
+                **options: Any) -> tuple[nn.Module, ModelContext]:
+    """Build the registered model for ``checkpoint.config.architectures[0]`` on
+    ``platform`` (default: the current one, discovered on first use), load
+    ``checkpoint.weights()``, and return ``(model.eval(), ctx)``.
 
-    Raises :class:`ModelError` when the config names no architecture, the weights do not
-    match, or the model and a full-length sequence's KV cache would not fit in the
-    platform's free memory (checked before allocating, see
-    :mod:`hwplug.model_zoo.loaders.memory`); :class:`~hwplug.errors.UnknownNameError` for an
-    unregistered architecture.
+    The build follows ``config`` (an :class:`LLMConfig`), or ``options``: keyword
+    :data:`ENGINE_OPTIONS` checked as ``LLM`` checks them. Raises :class:`ModelError` when
+    the config names no architecture, the weights do not match, or the model and a
+    full-length sequence's KV cache would not fit in the platform's free memory (checked
+    before allocating, see :mod:`hwplug.model_zoo.loaders.memory`);
+    :class:`~hwplug.errors.UnknownNameError` for an unregistered architecture;
+    :class:`ConfigError` for an option that is not an engine option or not valid.
     """
+    if platform is None:
+        from hwplug.discovery import current_platform  # build_model is an entry point
+
+        platform = current_platform()
+    not_engine = sorted(set(options) - set(ENGINE_OPTIONS))
+    if not_engine:
+        raise ConfigError(f"build_model takes the engine options {', '.join(ENGINE_OPTIONS)}; "
+                          f"not {', '.join(not_engine)}")
+    if config is None:
+        config = LLMConfig.create(**options)
+    elif options:
+        raise ConfigError("give build_model a config or options, not both")
     hf_config = checkpoint.config
     architectures = getattr(hf_config, "architectures", None) or []
     if not architectures:
         raise ModelError("the checkpoint's config names no architecture "
                          "(config.architectures is empty)")
     model_cls = get_model_class(architectures[0])
-    ctx = create_context(model_cls, hf_config, platform=platform, parallel=parallel, **options)
+    ctx = create_context(model_cls, hf_config, platform, config, parallel)
     logger.info("building %s (%s) on %s with %s attention, block size %d; quantization %s",
                 architectures[0], ctx.engine_config.dtype, ctx.platform.name,
                 ctx.engine_config.attention_backend, ctx.engine_config.block_size,

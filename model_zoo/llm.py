@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hwplug.checks import describe, is_integer
 from hwplug.connector import Connector
 from hwplug.errors import ConfigError, ModelError
 from hwplug.model_zoo.context import build_model
@@ -40,14 +41,18 @@ from hwplug.model_zoo.engine.kv_events import KVEventBus
 from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
 from hwplug.model_zoo.engine.model_runner import GraphLimits, kv_cache_bytes_per_block
 from hwplug.model_zoo.engine.zmq_events import ZmqEventPublisher
-from hwplug.model_zoo.llm_options import check_options, dequantize_needed, describe
+from hwplug.model_zoo.llm_config import (
+    DEFAULT_KV_CACHE_FRACTION,
+    LLMConfig,
+    ResolvedConfig,
+    signature,
+)
 from hwplug.model_zoo.llm_parallel import Parallelism
-from hwplug.model_zoo.sampling import SamplingParams, is_integer
+from hwplug.model_zoo.loaders.resolve import checkpoint_format
+from hwplug.model_zoo.sampling import SamplingParams
+from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
-
-#: Share of the platform's free memory the KV cache takes when ``num_kv_blocks`` is None.
-DEFAULT_KV_CACHE_FRACTION = 0.02
 
 Prompt = str | Seq[int]
 Messages = str | Seq[Mapping[str, str]]
@@ -58,22 +63,21 @@ class LLM:
 
     ``model`` is an alias of a packaged model (``smollm2``, the default when None, or
     ``all-minilm-l6-v2``), a path to a ``.gguf`` file, or a Hugging Face style directory
-    (``config.json``, tokenizer files and safetensors weights); nothing is downloaded.
+    (``config.json``, tokenizer files and safetensors weights); nothing is downloaded. The
+    other options are keyword arguments, each declared once with its check, default and
+    help in :class:`~hwplug.model_zoo.llm_config.LLMConfig` (``hwplug info`` lists them;
+    ``hwplug generate`` takes each as a flag), and checked before anything loads. After
+    the model is built, :attr:`config` holds them with what the platform settled (dtype,
+    attention backend, block size, quant method, KV blocks, step graphs).
+
     A GGUF's weights stay in their GGUF blocks (quant method ``gguf``) unless ``dequantize``
     asks for float weights in ``dtype`` (so does a platform without GGUF kernels).
-    ``dtype`` is the compute dtype (``float32``, ``bfloat16``, ``float16``; ``auto``, the
-    default, is the platform's best dtype the checkpoint allows: fp32 on a CPU without bf16
-    arithmetic, bf16 on a GPU) and ``kv_cache_dtype`` the cache's (default: ``dtype``; an fp8
-    cache uses the checkpoint's k/v scales, or ``calculate_kv_scales`` computes them from the
-    first batch per ``kv_scale_granularity``, ``tensor`` or ``head``). At
-    most ``max_num_seqs`` sequences run at once and a step computes at most
-    ``max_num_batched_tokens`` tokens (longer prompts are prefilled in chunks).
+    ``dtype`` ``auto`` (the default) is the platform's best dtype the checkpoint allows.
     ``num_kv_blocks`` sizes the KV cache: a block count, a fraction in (0, 1) of the
-    platform's free memory, or None for :data:`DEFAULT_KV_CACHE_FRACTION`. ``block_size``
-    and ``attention_backend`` default to the platform's choice; a ``block_size`` the
-    backend does not accept is an error listing the sizes it does. ``seed`` (an integer
-    in ``[0, 2**64)``) seeds sampled requests that carry no seed of their own. Decode steps
-    replay step graphs where they can (docs/generation.md); ``step_graphs=False``: never.
+    platform's free memory, or None for :data:`DEFAULT_KV_CACHE_FRACTION`, capped at what
+    ``max_num_seqs`` full-length sequences use. A ``block_size`` no attention backend that
+    can serve the model accepts is an error listing the sizes they do. Decode steps replay
+    step graphs where the platform can (docs/generation.md); ``step_graphs=False``: never.
 
     KV blocks: prefix caching reuses the KV of full blocks an earlier request computed
     (outputs are identical either way; ``enable_prefix_caching=False`` turns it off), and
@@ -100,103 +104,68 @@ class LLM:
     model and prompts) naming the valid values.
     """
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, *, dtype: str = "auto",
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 block_size: int | None = None, num_kv_blocks: int | float | None = None,
-                 attention_backend: str | None = None, kv_cache_dtype: str | None = None,
-                 seed: int | None = None, enable_prefix_caching: bool = True,
-                 kv_connector: str | type[Connector] | None = None,
-                 kv_connector_config: Mapping[str, Any] | None = None,
-                 kv_load_failure_policy: str | None = None,
-                 kv_events_endpoint: str | None = None, dequantize: bool = False,
-                 calculate_kv_scales: bool = False, kv_scale_granularity: str = "tensor",
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                 step_graphs: bool = True) -> None:
+    def __init__(self, model: str | os.PathLike[str] | None = None, **options: Any) -> None:
+        from hwplug.discovery import current_platform
         from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
-        check_options(max_num_seqs=max_num_seqs,  # before the slow load
-                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                       num_kv_blocks=num_kv_blocks, seed=seed, step_graphs=step_graphs)
-        if kv_connector is None and (kv_connector_config or kv_load_failure_policy):
-            raise ConfigError("kv_connector_config and kv_load_failure_policy need a "
-                              "kv_connector")
+        config = LLMConfig.create(model=model, **options)  # every option, before the load
+        platform = current_platform()
         closers: list[Callable[[], None]] = []
         self._loop = EngineLoop()
         self._shutdown = weakref.finalize(self, _close, self._loop, closers)
-        path = resolve_model(model)
-        dequantize = dequantize_needed(path, dequantize)
-        options = dict(dtype=dtype, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                       num_kv_blocks=num_kv_blocks, attention_backend=attention_backend,
-                       kv_cache_dtype=kv_cache_dtype, seed=seed,
-                       calculate_kv_scales=calculate_kv_scales,
-                       kv_scale_granularity=kv_scale_granularity,
-                       enable_prefix_caching=enable_prefix_caching, kv_connector=kv_connector,
-                       kv_connector_config=kv_connector_config,
-                       kv_load_failure_policy=kv_load_failure_policy,
-                       kv_events_endpoint=kv_events_endpoint, step_graphs=step_graphs)
+        path = resolve_model(config.model)
+        config = config.replace(model=str(path),
+                                dequantize=dequantize_needed(path, config.dequantize, platform))
         #: Tensor/data parallelism of this LLM (``is_worker`` on torchrun ranks > 0).
-        self.parallelism = Parallelism(tensor_parallel_size, data_parallel_size, closers,
-                                       dict(options, model=str(path), dequantize=dequantize),
-                                       self._shutdown)
+        self.parallelism = Parallelism(config, platform, closers, self._shutdown)
         # Loading and building run on the engine's thread, where every step runs: a second
         # thread's OpenMP workers would spin on the engine's cores after its last torch call.
         try:
             self._loop.call(lambda: self._build(
-                lambda: load_checkpoint(path, dequantize=dequantize), closers, **options))
+                config, platform, lambda: load_checkpoint(path, dequantize=config.dequantize),
+                closers))
             self.parallelism.ready(self.is_encoder)
         except BaseException:
             self.close()  # spawned workers too
             raise
 
-    def _build(self, load: Callable[[], Any], closers: list[Callable[[], None]], *,
-               dtype: str, max_num_seqs: int, max_num_batched_tokens: int,
-               block_size: int | None, num_kv_blocks: int | float | None,
-               attention_backend: str | None, kv_cache_dtype: str | None, seed: int | None,
-               enable_prefix_caching: bool, kv_connector: str | type[Connector] | None,
-               kv_connector_config: Mapping[str, Any] | None,
-               kv_load_failure_policy: str | None, kv_events_endpoint: str | None,
-               calculate_kv_scales: bool, kv_scale_granularity: str,
-               step_graphs: bool) -> None:
+    __init__.__signature__ = signature()  # type: ignore[attr-defined]
+
+    def _build(self, options: LLMConfig, platform: Platform, load: Callable[[], Any],
+               closers: list[Callable[[], None]]) -> None:
         """Load the checkpoint, build the model, its KV cache and engine (on the engine's
         thread), and hand the engine to the loop."""
         parallel = self.parallelism.start()  # binds this thread, joins the TP group
         checkpoint = load()
-        self.model, self.ctx = build_model(
-            checkpoint, dtype=dtype, attention_backend=attention_backend,
-            block_size=block_size, kv_cache_dtype=kv_cache_dtype, parallel=parallel,
-            calculate_kv_scales=calculate_kv_scales, kv_scale_granularity=kv_scale_granularity)
+        self.model, self.ctx = build_model(checkpoint, platform=platform, parallel=parallel,
+                                           config=options)
         config = self.ctx.engine_config
-        sizes = self.ctx.attention_backend.supported_block_sizes
-        if block_size is not None and config.block_size != block_size:
-            raise ConfigError(f"block_size {block_size} is not accepted by the "
-                              f"{config.attention_backend} attention backend; it accepts "
-                              f"{', '.join(map(str, sizes))}")
         self.tokenizer = checkpoint.tokenizer
         self.hf_config = checkpoint.config
         self.architecture: str = self.hf_config.architectures[0]
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.max_model_len = int(self.hf_config.max_position_embeddings)
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_num_seqs = options.max_num_seqs
+        self.max_num_batched_tokens = options.max_num_batched_tokens
         if self.parallelism.is_worker:
             return self.parallelism.serve(self.model, self.ctx)  # until rank 0 closes
-        num_blocks = self._num_kv_blocks(num_kv_blocks)
+        num_blocks = self._num_kv_blocks(options.num_kv_blocks)
         logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, config.block_size,
                     config.kv_cache_dtype)
         generator = torch.Generator(self.ctx.device)
-        if seed is None:
+        if options.seed is None:
             generator.seed()
         else:
-            generator.manual_seed(seed)
+            generator.manual_seed(options.seed)
         events = KVEventBus()
         self.block_manager = BlockManager(num_blocks, config.block_size, events=events,
-                                          enable_prefix_caching=enable_prefix_caching)
-        graph_limits = GraphLimits(max_num_seqs, self.max_model_len) if (
-            step_graphs and self.parallelism.tensor_parallel_size == 1) else None
+                                          enable_prefix_caching=options.enable_prefix_caching)
+        graph_limits = GraphLimits(options.max_num_seqs, self.max_model_len) if (
+            options.step_graphs and self.parallelism.tensor_parallel_size == 1) else None
         self.runner = ModelRunner(self.parallelism.engine_model(self.model, self.ctx, num_blocks),
                                   self.ctx, num_blocks, generator, graph_limits)
-        scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens,
+        scheduler = Scheduler(self.block_manager, max_num_seqs=options.max_num_seqs,
+                              max_num_batched_tokens=options.max_num_batched_tokens,
                               max_model_len=self.max_model_len,
                               eos_token_ids=checkpoint.eos_token_ids)
         self.engine = LLMEngine(
@@ -204,20 +173,28 @@ class LLM:
             root_hash=root_hash(model_key(self.hf_config.to_dict(), checkpoint.weight_files,
                                           config.dtype)))
         self.connector: Connector | None = None
-        if kv_connector is not None:
+        if options.kv_connector is not None:
             self.connector = build_connector(
-                kv_connector, engine_kv_layout(self.ctx, self.model), kv_load_failure_policy,
-                dict(kv_connector_config or {}))
+                options.kv_connector, engine_kv_layout(self.ctx, self.model),
+                options.kv_load_failure_policy, dict(options.kv_connector_config or {}))
             closers.append(self.connector.close)
             scheduler.kv_transfer = KVTransfer(self.connector, self.block_manager, self.model,
                                                self.runner.kv_caches)
         #: Where KV events are published (``kv_events_endpoint`` resolved), or None.
         self.kv_events_endpoint: str | None = None
-        if kv_events_endpoint is not None:
-            publisher = ZmqEventPublisher(kv_events_endpoint)
+        if options.kv_events_endpoint is not None:
+            publisher = ZmqEventPublisher(options.kv_events_endpoint)
             events.subscribe(publisher)
             closers.append(publisher.close)
             self.kv_events_endpoint = publisher.endpoint
+        #: Everything this LLM runs with: the options and what the platform settled.
+        self.config = ResolvedConfig(
+            options=options, platform=platform.name, dtype=config.dtype,
+            kv_cache_dtype=config.kv_cache_dtype, attention_backend=config.attention_backend,
+            block_size=config.block_size, quant_method=self.ctx.quant_method.get_name(),
+            num_kv_blocks=num_blocks,
+            step_graphs="on" if self.runner.graphs else (
+                "off" if not options.step_graphs else "off (tensor parallelism)"))
         self._loop.engine = self.engine
 
     @property
@@ -258,7 +235,7 @@ class LLM:
     def _num_kv_blocks(self, requested: int | float | None) -> int:
         """Blocks per layer: as requested, or the memory share capped at what
         ``max_num_seqs`` full-length sequences (encoders: one batch) can use."""
-        if is_integer(requested):  # in range: check_options
+        if is_integer(requested):  # in range: LLMConfig checked it
             return requested
         fraction = DEFAULT_KV_CACHE_FRACTION if requested is None else requested
         block_size = self.ctx.engine_config.block_size
@@ -391,6 +368,19 @@ class LLM:
             for seq in seqs:
                 self.block_manager.free(seq)
         return torch.stack([part.mean(dim=0) for part in hidden.split(lengths)])
+
+
+def dequantize_needed(path: os.PathLike[str], dequantize: bool, platform: Platform) -> bool:
+    """Whether to load ``path`` dequantized: asked for, or a GGUF on a ``platform`` that runs
+    no kernels on GGUF blocks (``gguf`` not among its quant methods; logged)."""
+    if dequantize or checkpoint_format(path) != "gguf":
+        return dequantize
+    if "gguf" in platform.facts.supported_quant_methods:
+        return False
+    logger.info("loading %s dequantized: platform %s runs no kernels on GGUF blocks (its "
+                "quant methods: %s)", os.fspath(path), platform.name,
+                ", ".join(platform.facts.supported_quant_methods))
+    return True
 
 
 def _close(loop: EngineLoop, closers: list[Callable[[], None]]) -> None:

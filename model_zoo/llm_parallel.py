@@ -1,7 +1,7 @@
 """How one :class:`~hwplug.model_zoo.llm.LLM` spreads over processes.
 
-:class:`Parallelism` reads ``tensor_parallel_size`` and ``data_parallel_size`` and the
-launcher's environment, and owns what that takes (see :mod:`.engine.parallel`):
+:class:`Parallelism` reads ``tensor_parallel_size`` and ``data_parallel_size`` of the
+checked options and the launcher's environment, and owns what that takes (see :mod:`.engine.parallel`):
 
 - tensor parallelism: spawned (``LLM(..., tensor_parallel_size=N)`` starts ranks 1..N-1)
   or launched by torchrun (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set: every rank
@@ -22,13 +22,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hwplug.discovery import current_platform
 from hwplug.errors import ConfigError
 from hwplug.model_zoo.engine.engine_loop import EngineLoop, RequestHandle, abort_unfinished
 from hwplug.model_zoo.engine.output import Output
 from hwplug.model_zoo.engine.parallel.binding import bind_thread, plan_for
 from hwplug.model_zoo.engine.parallel.rendezvous import Rendezvous
-from hwplug.model_zoo.sampling import SamplingParams, is_integer
+from hwplug.model_zoo.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,39 +35,38 @@ if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext
     from hwplug.model_zoo.engine.parallel.replicas import Replicas
     from hwplug.model_zoo.engine.parallel.tensor import TensorParallelGroup
+    from hwplug.model_zoo.llm_config import LLMConfig
     from hwplug.model_zoo.parallel import TensorParallel
+    from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
 
 
 class Parallelism:
-    """The parallelism of one ``LLM`` in this process. ``options`` are the keyword
-    arguments the ``LLM`` was made with but the two sizes (``model`` resolved to a path):
-    spawned ranks and replicas are built from them. Spawned processes start here, on the
-    caller's thread; their stop is appended to ``closers``. While they run, ``shutdown``
-    (the ``LLM``'s) is an exit handler that runs before multiprocessing's, which would
-    terminate the workers under a step still running (as after Ctrl-C)."""
+    """The parallelism of one ``LLM`` in this process, from its checked ``config`` on
+    ``platform``: spawned ranks and replicas are built from the same options. Spawned
+    processes start here, on the caller's thread; their stop is appended to ``closers``.
+    While they run, ``shutdown`` (the ``LLM``'s) is an exit handler that runs before
+    multiprocessing's, which would terminate the workers under a step still running (as
+    after Ctrl-C)."""
 
-    def __init__(self, tensor_parallel_size: Any, data_parallel_size: Any,
-                 closers: list[Callable[[], None]], options: dict[str, Any],
-                 shutdown: Callable[[], Any]) -> None:
-        for name, size in (("tensor_parallel_size", tensor_parallel_size),
-                           ("data_parallel_size", data_parallel_size)):
-            if not is_integer(size) or size < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {size!r}")
+    def __init__(self, config: LLMConfig, platform: Platform,
+                 closers: list[Callable[[], None]], shutdown: Callable[[], Any]) -> None:
+        tensor_parallel_size = config.tensor_parallel_size
+        data_parallel_size = config.data_parallel_size
         self.tensor_parallel_size, self.data_parallel_size = (tensor_parallel_size,
                                                               data_parallel_size)
+        self.platform = platform
         rendezvous = _rendezvous(tensor_parallel_size)
         if rendezvous is not None and data_parallel_size > 1:
             raise ConfigError("tensor_parallel_size and data_parallel_size > 1 together are "
                               "not supported: choose one")
-        if (rendezvous or data_parallel_size > 1) and options.get("kv_connector"):
+        if (rendezvous or data_parallel_size > 1) and config.kv_connector:
             raise ConfigError("kv_connector needs one engine process: it is not supported "
                               "with tensor_parallel_size or data_parallel_size > 1")
-        if data_parallel_size > 1 and options.get("kv_events_endpoint"):
+        if data_parallel_size > 1 and config.kv_events_endpoint:
             raise ConfigError("kv_events_endpoint is not supported with data_parallel_size "
                               "> 1: each replica has its own prefix cache")
-        platform = current_platform()
         world, rank = ((rendezvous.local_world_size, rendezvous.local_rank) if rendezvous
                        else (data_parallel_size, 0))
         plan = plan_for(platform, world) if world > 1 else None
@@ -78,6 +76,9 @@ class Parallelism:
         if rendezvous is not None or data_parallel_size > 1:
             atexit.register(shutdown)  # after multiprocessing's: called before it
             closers.append(lambda: atexit.unregister(shutdown))
+        # what each spawned process builds its own LLM from (one process each)
+        options = {name: value for name, value in config.given().items()
+                   if name not in ("tensor_parallel_size", "data_parallel_size")}
         if rendezvous is not None:
             from hwplug.model_zoo.engine.parallel.tensor import TensorParallelGroup
 
@@ -107,7 +108,7 @@ class Parallelism:
         """On the engine thread, before the model is built: bind the thread to its CPUs
         and join the tensor-parallel group; this rank's share (None: the whole model)."""
         bind_thread(self.cpus)
-        return self.tensor.start(current_platform()) if self.tensor else None
+        return self.tensor.start(self.platform) if self.tensor else None
 
     def serve(self, model: nn.Module, ctx: ModelContext) -> None:
         """A worker rank: serve rank 0 until it stops the group."""

@@ -13,15 +13,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any
 
 import torch
 
+from hwplug.checks import MAX_SEED, is_integer
 from hwplug.errors import ConfigError
-
-#: The largest seed a ``torch.Generator`` takes.
-MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -126,11 +124,6 @@ class SamplingParams:
         seed = None if self.seed is None else self.seed + index
         return replace(self, n=1, seed=seed,
                        prompt_logprobs=self.prompt_logprobs if index == 0 else None)
-
-
-def is_integer(value: Any) -> bool:
-    """An integer, and not a bool (``True`` is an ``int`` to Python)."""
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def _is_real(value: Any) -> bool:

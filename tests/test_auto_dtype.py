@@ -9,6 +9,7 @@ from transformers import LlamaConfig
 from hwplug.dtypes import auto_dtype
 from hwplug.errors import UnsupportedError
 from hwplug.model_zoo.context import create_context
+from hwplug.model_zoo.llm_config import LLMConfig
 from hwplug.model_zoo.models.llama import LlamaForCausalLM
 
 CPU_WITHOUT_BF16 = "fpu sse avx2 fma f16c"
@@ -48,7 +49,8 @@ def test_a_model_on_the_cpu_platform_gets_the_dtype_its_cpu_runs_best(
         tmp_path, monkeypatch, fresh_discovery, flags, checkpoint, expected):
     x86_cpuinfo(tmp_path, flags)
     monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(tmp_path))
-    ctx = create_context(LlamaForCausalLM, tiny_llama(checkpoint))
+    ctx = create_context(LlamaForCausalLM, tiny_llama(checkpoint),
+                         fresh_discovery.current_platform())
     assert ctx.platform.name == "cpu"
     assert ctx.engine_config.dtype == expected and ctx.engine_config.checkpoint_dtype == checkpoint
 
@@ -56,5 +58,6 @@ def test_a_model_on_the_cpu_platform_gets_the_dtype_its_cpu_runs_best(
 def test_an_explicit_dtype_overrides_auto(tmp_path, monkeypatch, fresh_discovery):
     x86_cpuinfo(tmp_path, CPU_WITH_AMX)
     monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(tmp_path))
-    ctx = create_context(LlamaForCausalLM, tiny_llama("bfloat16"), dtype="float32")
+    ctx = create_context(LlamaForCausalLM, tiny_llama("bfloat16"),
+                         fresh_discovery.current_platform(), LLMConfig(dtype="float32"))
     assert ctx.engine_config.dtype == "float32"

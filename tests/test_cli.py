@@ -32,6 +32,11 @@ def test_info_json_reports_platform_plugins_and_settings():
     assert "TRITON_ATTN" in data["registries"]["attention_backends"]
     assert "triton" in data["registries"]["kernels"]["rms_norm"]
     assert data["settings"]["HWPLUG_PLATFORM"] is None
+    options = {o["option"]: o for o in data["llm_options"]}  # from LLMConfig's fields
+    assert options["max_num_seqs"] == {"option": "max_num_seqs", "flag": "--max-num-seqs",
+                                       "variable": None, "default": 64,
+                                       "help": "sequences run at once at most"}
+    assert options["attention_backend"]["variable"] == "HWPLUG_ATTENTION_BACKEND"
 
 
 def test_info_table_and_forced_missing_platform():

@@ -52,7 +52,8 @@ def test_generate_streams_text_then_reports_speed_and_kernels():
 
 def test_dequantize_loads_float_weights_for_the_float_kernels():
     out = run("generate", "The capital of France is", "--max-tokens", "2", "--dequantize",
-              "--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales", "head")
+              "--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales",
+              "--kv-scale-granularity", "head")
     assert out.returncode == 0, out.stderr
     assert "KV cache fp8_e4m3" in out.stderr
     assert "weights unquantized" in out.stderr
@@ -61,6 +62,24 @@ def test_dequantize_loads_float_weights_for_the_float_kernels():
     linear = "gemm_avx2+gemv_avx2" if c_linear else "onednn_packed"
     assert re.search(rf"linear={re.escape(linear)}(,|$)", out.stderr, re.M), out.stderr
     assert "ggml_linear" not in out.stderr
+
+
+def test_generate_takes_every_llm_option_as_a_flag_and_shows_the_resolved_config(tmp_path):
+    config = tmp_path / "connector.json"
+    config.write_text(json.dumps({"path": str(tmp_path / "store")}))
+    out = run("generate", "Hello", "--max-tokens", "2", "--verbose", "--max-num-seqs", "3",
+              "--num-kv-blocks", "40", "--kv-connector", "shared_storage",
+              "--kv-connector-config", f"@{config}", "--no-enable-prefix-caching")
+    assert out.returncode == 0, out.stderr
+    assert "resolved configuration" in out.stderr
+    for setting in ("num_kv_blocks", "40", "option max_num_seqs", "option kv_connector",
+                    "shared_storage", "option enable_prefix_caching", "attention_backend"):
+        assert setting in out.stderr
+    bad = run("generate", "Hello", "--kv-connector-config", "{not json")
+    assert bad.returncode == 2 and "argument --kv-connector-config: not valid JSON" in bad.stderr
+    bad = run("generate", "Hello", "--kv-connector-config", '{"path": "x"}')
+    assert bad.returncode == 2 and ("kv_connector_config and kv_load_failure_policy need a "
+                                    "kv_connector") in bad.stderr
 
 
 def test_generate_a_batch_from_a_prompts_file(tmp_path):

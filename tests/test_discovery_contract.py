@@ -110,12 +110,11 @@ def test_a_tie_in_rank_says_who_won_and_how_to_choose_the_other(site, fresh_disc
             in fresh_discovery.resolution().reason)
 
 
-def test_the_old_backend_name_is_a_deprecated_alias(fresh_discovery, monkeypatch, caplog):
+def test_the_old_backend_name_is_a_deprecated_alias(fresh_discovery, caplog):
     platform = fresh_discovery.current_platform()
-    monkeypatch.setenv("HWPLUG_ATTENTION_BACKEND", "REFERENCE")
     registries.attention_backends.entry("REFERENCE").warned = False
     with caplog.at_level(logging.WARNING):
-        selection = select_backend(platform, AttentionSpec(8, 2, 64, "float32"))
+        selection = select_backend(platform, AttentionSpec(8, 2, 64, "float32"), "REFERENCE")
     assert selection.backend.get_name() == "TORCH_PAGED" and selection.forced
     assert "attention backend 'REFERENCE' is deprecated; use 'TORCH_PAGED'" in caplog.text
     assert "REFERENCE" not in registries.attention_backends.names()  # listings omit aliases

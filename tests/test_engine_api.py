@@ -8,6 +8,7 @@ of its greedy ``generate``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from tiny_llama import SEP, VOCAB_SIZE, tiny_model_dir  # noqa: F401 (fixture)
 from transformers import LlamaForCausalLM
 
 import hwplug
-from hwplug.errors import ConfigError, ModelError
+from hwplug.errors import ConfigError, ModelError, UnknownNameError
 
 #: Max abs difference of a log-probability from transformers' (fp32, values O(10)).
 LOGPROB_ATOL = 1e-4
@@ -26,7 +27,7 @@ GREEDY = hwplug.SamplingParams(max_tokens=6, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(model_dir: Path) -> hwplug.LLM:
-    return hwplug.LLM(model_dir, num_kv_blocks=64)
+    return hwplug.LLM(model_dir, num_kv_blocks=64, dtype="float32")  # fp32, as transformers
 
 
 @pytest.fixture(scope="module")
@@ -69,18 +70,47 @@ def test_largest_seed_is_accepted(llm):
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(block_size=0), "block_size must be None .* or an integer >= 1, got 0"),
     (dict(block_size="16"), "block_size must be None .* or an integer >= 1, got '16'"),
-    (dict(block_size=7), "block_size 7 is not accepted by the TORCH_PAGED attention "
-                         "backend; it accepts 1, 8, 16"),
-    (dict(seed=-1), r"seed must be None or an integer in \[0, 2\*\*64\)"),
-    (dict(seed=2**64), r"seed must be None or an integer in \[0, 2\*\*64\)"),
+    (dict(block_size=7), "block_size 7 is not accepted by the attention backends that can "
+                         "serve this model: TORCH_PAGED accepts 1, 8, 16"),
+    (dict(seed=-1), r"seed must be None \(random\) or an integer in \[0, 2\*\*64 - 1\]"),
+    (dict(seed=2**64), r"seed must be None \(random\) or an integer in \[0, 2\*\*64 - 1\]"),
     (dict(num_kv_blocks=True), "num_kv_blocks must be None, a block count or a fraction"),
     (dict(num_kv_blocks="all"), "num_kv_blocks must be None, a block count or a fraction"),
     (dict(num_kv_blocks=1.5), r"fraction of free memory must be in \(0, 1\)"),
     (dict(max_num_seqs=2.0), "max_num_seqs must be an integer >= 1"),
+    (dict(step_graphs="no"), "step_graphs must be True or False, got str 'no'"),
+    (dict(kv_cache_dtype=""), "kv_cache_dtype must be one of .* or None"),
+    (dict(kv_load_failure_policy=""), "kv_load_failure_policy must be one of fail, recompute"),
+    (dict(calculate_kv_scales="no"), "calculate_kv_scales must be True or False"),
+    (dict(kv_connector=3), "kv_connector must name a registered connector or be a Connector "
+                           "subclass, got int 3"),
+    (dict(kv_connector="shared_storage", kv_connector_config=["a"]),
+     "kv_connector_config must be a mapping of option names to values, got list"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be an integer >= 1, got 0"),
+    (dict(max_num_sequences=4), "unknown LLM option max_num_sequences; options: model, dtype"),
 ])
 def test_llm_options_are_checked(model_dir, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         hwplug.LLM(model_dir, **kwargs)
+
+
+def test_an_option_not_given_takes_its_variable(model_dir, monkeypatch):
+    monkeypatch.setenv("HWPLUG_ATTENTION_BACKEND", "NOPE")
+    with pytest.raises(UnknownNameError, match="unknown attention backend 'NOPE'"):
+        hwplug.LLM(model_dir, num_kv_blocks=8)
+    monkeypatch.setenv("HWPLUG_ATTENTION_BACKEND", " ")
+    assert hwplug.LLM(model_dir, num_kv_blocks=8).config.attention_backend == "TORCH_PAGED"
+
+
+def test_the_resolved_configuration_says_what_was_settled(llm):
+    config = llm.config
+    assert (config.platform, config.attention_backend, config.num_kv_blocks) == (
+        "cpu", "TORCH_PAGED", 64)
+    assert config.options.num_kv_blocks == 64 and config.dtype == "float32"
+    assert config.describe()["options"] == {"model": config.options.model, "num_kv_blocks": 64,
+                                            "dtype": "float32"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.block_size = 8
 
 
 @pytest.mark.parametrize(("prompt", "message"), [
@@ -140,7 +170,8 @@ def test_prompt_logprobs_match_transformers(llm, reference):
 def test_prompt_logprobs_are_the_same_when_the_prompt_is_prefilled_in_chunks(model_dir, llm):
     params = hwplug.SamplingParams(max_tokens=2, prompt_logprobs=2)
     whole = llm.generate([PROMPT], params)[0]
-    chunked_llm = hwplug.LLM(model_dir, num_kv_blocks=64, max_num_batched_tokens=4)
+    chunked_llm = hwplug.LLM(model_dir, num_kv_blocks=64, max_num_batched_tokens=4,
+                             dtype="float32")
     chunked = chunked_llm.generate([PROMPT], params)[0]
     assert [None if e is None else {t: round(p.logprob, 4) for t, p in e.items()}
             for e in chunked.prompt_logprobs] == [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -78,13 +77,12 @@ def test_backend_validate_explains_each_reason():
     assert TorchPagedBackend.validate(AttentionSpec(8, 2, 64)) == []
 
 
-def test_backend_selection_and_override(fresh_discovery, monkeypatch):
+def test_backend_selection_and_override(fresh_discovery):
     platform = fresh_discovery.current_platform()
     spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_size=64)
     assert select_backend(platform, spec).backend.get_name() == "TORCH_PAGED"
-    monkeypatch.setenv("HWPLUG_ATTENTION_BACKEND", "NOPE")
     with pytest.raises(UnknownNameError, match="unknown attention backend 'NOPE'"):
-        select_backend(platform, spec)
+        select_backend(platform, spec, "NOPE")
 
 
 def test_platform_without_backends_says_so(fresh_discovery):
@@ -98,16 +96,18 @@ def test_platform_without_backends_says_so(fresh_discovery):
         select_backend(Bare(), AttentionSpec(4, 4, 64))
 
 
-def test_block_size_is_settled_at_configuration(fresh_discovery, caplog):
+def test_block_size_is_settled_at_configuration(fresh_discovery):
     platform = fresh_discovery.current_platform()
-    config = EngineConfig(num_heads=4, num_kv_heads=2, head_size=64)
+    config = EngineConfig(num_heads=4, num_kv_heads=2, head_size=64, dtype="float32")
     platform.check_and_update_config(config)
     assert (config.block_size, config.attention_backend, config.kv_cache_dtype) == (
         16, "TORCH_PAGED", "float32")
     odd = EngineConfig(num_heads=4, num_kv_heads=2, head_size=64, dtype="float32", block_size=24)
-    with caplog.at_level(logging.WARNING):
+    with pytest.raises(ConfigError, match="block_size 24 is not accepted by the attention "
+                                          "backends that can serve this model: TORCH_PAGED "
+                                          "accepts 1, 8, 16, 32"):
         settle_attention(platform, odd)
-    assert odd.block_size == 16 and "block size 24 matches no registered" in caplog.text
+    assert odd.block_size == 24 and odd.attention_backend is None  # nothing half-settled
     with pytest.raises(UnsupportedError, match="dtype 'fp8_e4m3' is not supported.*float32"):
         platform.check_and_update_config(EngineConfig(4, 2, 64, dtype="fp8_e4m3"))
 

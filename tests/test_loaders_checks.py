@@ -22,8 +22,10 @@ from tiny_checkpoints import (
     write_tiny_llama,
 )
 
+from hwplug import current_platform
 from hwplug.errors import ModelError
 from hwplug.model_zoo.context import build_model, create_context
+from hwplug.model_zoo.llm_config import LLMConfig
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.cache import entry_dir
 from hwplug.model_zoo.loaders.memory import estimate_memory
@@ -138,7 +140,8 @@ def test_memory_estimate_is_what_the_llm_allocates(tiny: Path):
 
     checkpoint = load_checkpoint(tiny)
     model_cls = get_model_class("LlamaForCausalLM")
-    ctx = create_context(model_cls, checkpoint.config, dtype="float32")
+    ctx = create_context(model_cls, checkpoint.config, current_platform(),
+                         LLMConfig(dtype="float32"))
     estimate = estimate_memory(model_cls, checkpoint.config, ctx)
     blocks = math.ceil(128 / ctx.engine_config.block_size)
     llm = LLM(str(tiny), dtype="float32", num_kv_blocks=blocks)
@@ -159,7 +162,8 @@ def test_a_model_that_does_not_fit_is_refused_before_allocation(tiny: Path, tmp_
         build_model(checkpoint, dtype="float32", platform=CpuPlatform())
     model_cls = get_model_class("LlamaForCausalLM")
     estimate = estimate_memory(model_cls, checkpoint.config,
-                               create_context(model_cls, checkpoint.config, dtype="float32"))
+                               create_context(model_cls, checkpoint.config, CpuPlatform(),
+                                              LLMConfig(dtype="float32")))
     kib = [f"{n / 1024:.2f} KiB" for n in (estimate.total, estimate.weights, estimate.kv_cache)]
     assert str(error.value) == (
         f"the model needs about {kib[0]} (weights {kib[1]} in float32 + KV cache of 128 tokens "

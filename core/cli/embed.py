@@ -11,7 +11,8 @@ import argparse
 from rich.console import Console
 
 from hwplug.cli.inputs import utf8_text
-from hwplug.cli.output import add_dtype_flag, add_json_flag, print_json, table
+from hwplug.cli.llm_flags import add_llm_flags, llm_options
+from hwplug.cli.output import add_json_flag, print_json, table
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
 #: Values shown per vector in the table.
@@ -21,16 +22,15 @@ SHOWN_VALUES = 6
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="+", metavar="TEXT", type=utf8_text,
                         help="texts to embed")
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"an encoder: path or alias (default: {DEFAULT_MODEL})")
-    add_dtype_flag(parser)
+    add_llm_flags(parser, ("model", "dtype", "max_num_seqs", "max_num_batched_tokens"),
+                  model=DEFAULT_MODEL)
     add_json_flag(parser)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from hwplug import LLM
 
-    llm = LLM(args.model, dtype=args.dtype)
+    llm = LLM(**llm_options(args))
     vectors = llm.embed(args.texts).tolist()
     if args.json:
         print_json(console, {"model": args.model, "dimension": len(vectors[0]),

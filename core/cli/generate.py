@@ -9,7 +9,8 @@ weights' quantization method (``gguf``, ``fp8``, ``unquantized``...), the parall
 (``tensor-parallel 2``) and the kernel variants that served each op the run called (rank
 0's under tensor parallelism; a torchrun rank > 0 prints nothing). Bad input (a missing
 model, an invalid sampling value) is a :class:`~hwplug.errors.HwplugError`, printed by
-``hwplug`` without a traceback.
+``hwplug`` without a traceback. The engine's flags are generated from ``LLM``'s options
+(:mod:`hwplug.cli.llm_flags`); ``--verbose`` first prints the resolved configuration.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from hwplug.cli.inputs import path_name, read_text_file, utf8_text
-from hwplug.cli.output import add_dtype_flag, add_kv_cache_flags
+from hwplug.cli.llm_flags import add_llm_flags, llm_options
+from hwplug.cli.output import table
 from hwplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", type=utf8_text,
                         help="the prompt (or use --prompts-file)")
-    parser.add_argument("--model", help="a .gguf file, a Hugging Face style directory, or an "
-                                        "alias (default: smollm2)")
     parser.add_argument("--prompts-file", type=path_name,
                         help="generate for every line of this file, as one batch")
     parser.add_argument("--chat", action="store_true",
@@ -43,27 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="sample from the k most likely "
                                                               "tokens (0 = all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    parser.add_argument("--seed", type=int, help="seed for sampling")
     parser.add_argument("--stop", nargs="+", default=[], metavar="STR", type=utf8_text,
                         help="stop when the text reaches one of these strings")
-    parser.add_argument("--dequantize", action="store_true",
-                        help="load a quantized checkpoint (e.g. a GGUF's blocks) as float "
-                             "weights in --dtype instead of keeping it quantized")
-    parser.add_argument("--no-step-graphs", dest="step_graphs", action="store_false",
-                        help="run every decode step eagerly instead of replaying recorded "
-                             "step graphs (docs/generation.md, \"Step graphs\")")
-    add_dtype_flag(parser)
-    add_kv_cache_flags(parser)
-    add_parallel_flags(parser)
-
-
-def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    """``--tensor-parallel-size`` and ``--data-parallel-size`` (see docs/generation.md)."""
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                        help="split the model over N processes (default 1; under torchrun: "
-                             "its WORLD_SIZE, and only rank 0 prints)")
-    parser.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
-                        help="run N engine replicas sharing the prompts (default 1)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print the resolved configuration (options and what the "
+                             "platform settled) on stderr")
+    add_llm_flags(parser)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -74,14 +59,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     prompts = [args.prompt] if args.prompts_file is None else _read_prompts(args.prompts_file)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, stop=tuple(args.stop))
-    llm = LLM(args.model, dtype=args.dtype, seed=args.seed, dequantize=args.dequantize,
-              kv_cache_dtype=args.kv_cache_dtype,
-              calculate_kv_scales=args.calculate_kv_scales is not None,
-              kv_scale_granularity=args.calculate_kv_scales or "tensor",
-              tensor_parallel_size=args.tensor_parallel_size,
-              data_parallel_size=args.data_parallel_size, step_graphs=args.step_graphs)
+    llm = LLM(**llm_options(args))
     if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0, which prints
         return 0
+    if args.verbose:
+        print_resolved(llm, Console(stderr=True))
     inputs = [llm.apply_chat_template(p) if args.chat else llm.tokenize(p) for p in prompts]
     if args.prompts_file is None:
         num_tokens, seconds, first_token = _stream(llm, inputs[0], sampling, console)
@@ -89,6 +71,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         num_tokens, seconds, first_token = _batch(llm, prompts, inputs, sampling, console)
     _report(llm, num_tokens, seconds, first_token, Console(stderr=True))
     return 0
+
+
+def print_resolved(llm: LLM, console: Console) -> None:
+    """The configuration ``llm`` runs with: settled values, then the options given."""
+    settled = llm.config.describe()
+    given = settled.pop("options")
+    console.print(table("resolved configuration", ("setting", "value"),
+                        [*settled.items(), *((f"option {k}", v) for k, v in given.items())]))
 
 
 def _read_prompts(file: Path) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from hwplug.cli.generate import add_parallel_flags
+from hwplug.cli.llm_flags import add_llm_flags
 from hwplug.cli.output import add_json_flag, print_json, table
 
 
@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
     parser.add_argument("--tracebacks", action="store_true",
                         help="show the full traceback of every failed plugin")
-    add_parallel_flags(parser)  # the sizes whose CPU binding plan to show
+    # the sizes whose CPU binding plan to show
+    add_llm_flags(parser, ("tensor_parallel_size", "data_parallel_size"),
+                  tensor_parallel_size=1, data_parallel_size=1)
 
 
 def cpu_binding(platform: Any, ranks: int) -> dict[str, Any]:
@@ -37,6 +39,15 @@ def cpu_binding(platform: Any, ranks: int) -> dict[str, Any]:
     return {"setting": envs.HWPLUG_CPU_BIND, "ranks": ranks, "plan": plan,
             "nodes": {node.index: describe_plan([node.cpus])[0].removeprefix("rank 0: cpus ")
                       for node in nodes}}
+
+
+def llm_option_table() -> list[dict[str, Any]]:
+    """Every ``LLM`` option as declared: its flag, ``HWPLUG_*`` variable, default and help."""
+    from hwplug.model_zoo.llm_config import options
+
+    return [{"option": name, "flag": "--" + name.replace("_", "-") if opt.cli else None,
+             "variable": opt.env, "default": default, "help": opt.help}
+            for name, (default, opt) in options().items()]
 
 
 def collect(ranks: int = 1) -> dict[str, Any]:
@@ -62,6 +73,7 @@ def collect(ranks: int = 1) -> dict[str, Any]:
             "kernels": {op: [v.name for v in kernels.variants(op)] for op in kernels.ops()},
         },
         "settings": envs.effective(),
+        "llm_options": llm_option_table(),
         "unknown_settings": list(envs.unknown()),
         "cpu_binding": cpu_binding(resolution.platform, ranks),
         "api_version": discovery.API_VERSION,
@@ -95,6 +107,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
                  "; ".join(f"{op}: {', '.join(v)}" for op, v in regs["kernels"].items())))
     console.print(table("registries", ("registry", "count", "names"), rows))
     console.print(table("settings", ("variable", "value"), data["settings"].items()))
+    console.print(table("LLM options (hwplug generate flags)",
+                        ("option", "flag", "variable", "default", "what"),
+                        ((o["option"], o["flag"] or "-", o["variable"] or "-", o["default"],
+                          o["help"]) for o in data["llm_options"])))
     binding = data["cpu_binding"]
     console.print(table(f"CPU binding of {binding['ranks']} rank(s), HWPLUG_CPU_BIND="
                         f"{binding['setting']}", ("", "cpus"),
