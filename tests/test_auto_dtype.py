@@ -14,6 +14,7 @@ from hwplug.model_zoo.models.llama import LlamaForCausalLM
 
 CPU_WITHOUT_BF16 = "fpu sse avx2 fma f16c"
 CPU_WITH_AMX = "fpu sse avx2 fma avx512f avx512_bf16 amx_tile amx_bf16"
+CPU_WITH_AVX512_BF16 = "fpu sse avx2 fma f16c avx512f avx512_bf16"  # Zen 4/5: no AMX
 
 
 @pytest.mark.parametrize("platform_dtypes, checkpoint, expected", [
@@ -42,6 +43,8 @@ def tiny_llama(dtype: str) -> LlamaConfig:
 
 @pytest.mark.parametrize("flags, checkpoint, expected", [
     (CPU_WITHOUT_BF16, "bfloat16", "float32"),
+    (CPU_WITH_AVX512_BF16, "bfloat16", "float32"),
+    (CPU_WITH_AVX512_BF16, None, "float32"),
     (CPU_WITH_AMX, "bfloat16", "bfloat16"),
     (CPU_WITH_AMX, "float16", "float32"),
 ])

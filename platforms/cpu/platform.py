@@ -16,8 +16,11 @@ _MEMINFO = re.compile(r"^(MemTotal|MemAvailable):\s*(\d+)\s*kB", re.MULTILINE)
 class CpuPlatform(Platform):
     """Any CPU, through torch's CPU kernels, hwplug's CPU variants and the references.
 
-    Facts from the probe: where the CPU has bf16 arithmetic (the ``bf16`` feature),
-    bfloat16 is the best dtype; elsewhere float32 is.
+    Facts from the probe: float32 is the best dtype, because hwplug's fast CPU paths (the
+    C kernels of a decode step, the C GEMM/GEMV, step graphs) compute in fp32, except
+    where the CPU has AMX-BF16 tiles (the ``amx_bf16`` feature), whose bf16 GEMMs through
+    oneDNN outrun any fp32 path. AVX512-BF16 alone (the ``bf16`` feature without AMX, as
+    on AMD Zen 4/5) keeps bfloat16 available, second.
     """
 
     name: ClassVar[str] = "cpu"
@@ -42,9 +45,9 @@ class CpuPlatform(Platform):
     process_env: ClassVar[dict[str, str]] = {"GOMP_SPINCOUNT": "10000000"}
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
-        if "bf16" in facts.features and "bfloat16" in facts.supported_dtypes:
+        if "amx_bf16" in facts.features and "bfloat16" in facts.supported_dtypes:
             best = ("bfloat16", *(d for d in facts.supported_dtypes if d != "bfloat16"))
-            return facts.narrowed("the CPU has bf16 arithmetic: bfloat16 ranks first",
+            return facts.narrowed("the CPU has AMX-BF16 tiles: bfloat16 ranks first",
                                   supported_dtypes=best)
         return facts
 
