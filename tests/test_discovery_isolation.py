@@ -3,19 +3,27 @@
 Each plugin is a real (temporary) distribution whose probe, import or hook calls
 ``sys.exit``, raises another BaseException, or blocks. ``HWPLUG_PROBE_TIMEOUT`` is set low so
 the hanging cases take a fraction of a second; a blocked probe waits on an event the test
-sets afterwards, releasing the thread it left behind.
+sets afterwards, releasing the thread it left behind. Hwplug's own probes are blocked the
+way real hosts block them: a device file in a fake probe root is a FIFO nobody writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 from fake_dists import add_platform, good_plugin
+from fake_hw import make_nvidia_tree, x86_cpuinfo
 
 from hwplug import registries
+from hwplug.discovery import state
 from hwplug.errors import PluginError
 from hwplug.kernel_registry import kernels
 
@@ -159,3 +167,104 @@ def test_a_slow_import_and_a_slow_hook_are_named_while_they_run(site, fresh_disc
         in caplog.text
     records = _records(fresh_discovery)
     assert records["slowimport"].status == records["slowhook"].status == "loaded"
+
+
+# --- hwplug's own probes reading a device file that blocks ----------------------------
+
+
+def _blocking_file(root: Path, relpath: str) -> Path:
+    """Replace ``root/relpath`` by a FIFO nobody writes: opening it for reading blocks."""
+    path = root / relpath
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+def _release(fifo: Path) -> None:
+    """Open ``fifo`` for writing and close it: every thread blocked opening it for reading
+    goes on and reads an empty file (nothing happens where none is blocked)."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader is waiting
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.fixture
+def blocked_nvidia_root(tmp_path):
+    """A fake NVIDIA host whose driver version file (read by the NVIDIA probe) blocks."""
+    make_nvidia_tree(tmp_path)
+    fifo = _blocking_file(tmp_path, "proc/driver/nvidia/version")
+    yield tmp_path
+    _release(fifo)
+
+
+def _discover_within(seconds: float, discovery):
+    """``discovery.discover()`` run in a thread: its result, failing the test (instead of
+    hanging it) when it has not answered within ``seconds``."""
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(value=discovery.discover()),
+                              daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"discover() did not answer within {seconds} s"
+    return outcome["value"]
+
+
+def _probe_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("hwplug: ")}
+
+
+def test_hwplug_info_answers_when_the_nvidia_driver_file_blocks(blocked_nvidia_root):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HWPLUG_PLATFORM", "HWPLUG_PLUGINS", "HWPLUG_STRICT_PLUGINS")}
+    env.update(HWPLUG_PROBE_TIMEOUT="2", HWPLUG_PROBE_ROOT=str(blocked_nvidia_root),
+               COLUMNS="500")  # one table row per line
+    out = subprocess.run([sys.executable, "-m", "hwplug", "info"], capture_output=True,
+                         text=True, env=env, timeout=10)
+    assert out.returncode == 0, out.stderr
+    timed_out = [line for line in out.stdout.splitlines() if "did not answer within 2 s" in line]
+    assert timed_out and all("cuda" in line for line in timed_out), out.stdout
+
+
+def test_a_blocked_probe_runs_once_per_discovery(blocked_nvidia_root, fresh_discovery,
+                                                 monkeypatch):
+    pytest.importorskip("hwplug_cuda")  # the cuda platform's probe is the NVIDIA one
+    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "0.5")
+    monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(blocked_nvidia_root))
+    before = _probe_threads()
+    resolution = _discover_within(5, fresh_discovery)
+    assert resolution.platform.name == "cpu"
+    cuda = next(c for c in resolution.candidates if c.name == "cuda")
+    assert cuda.status == "failed"
+    assert cuda.reason.startswith("the probe of platform cuda did not answer within 0.5 s")
+    assert resolution.probe_timeouts == {}  # not run again for hardware without its plugin
+    assert len(_probe_threads() - before) == 1  # the one thread it was left blocked in
+
+
+def test_a_blocked_probe_of_hardware_without_its_plugin_is_reported(
+        blocked_nvidia_root, fresh_discovery, monkeypatch):
+    installed = state.entry_points
+    monkeypatch.setattr(state, "entry_points", lambda group: [  # as if without hwplug-cuda
+        ep for ep in installed(group) if ep.name != "cuda"])
+    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "0.5")
+    monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(blocked_nvidia_root))
+    resolution = _discover_within(5, fresh_discovery)
+    assert "cuda" not in {c.name for c in resolution.candidates}
+    assert resolution.sightings == []
+    assert resolution.probe_timeouts == {"cuda": (
+        "the cuda hardware probe did not answer within 0.5 s (HWPLUG_PROBE_TIMEOUT) and was "
+        "left running in a background thread")}
+
+
+def test_a_blocked_cpu_probe_leaves_the_cpu_platform_without_its_sighting(
+        tmp_path, fresh_discovery, monkeypatch):
+    x86_cpuinfo(tmp_path, "avx2 fma")
+    fifo = _blocking_file(tmp_path, "proc/cpuinfo")
+    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "0.5")
+    monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(tmp_path))
+    try:
+        resolution = _discover_within(5, fresh_discovery)
+    finally:
+        _release(fifo)
+    assert (resolution.platform.name, resolution.platform.sighting) == ("cpu", None)
+    cpu = next(c for c in resolution.candidates[1:] if c.name == "cpu")
+    assert cpu.status == "failed"
+    assert cpu.reason.startswith("the probe of platform cpu did not answer within 0.5 s")

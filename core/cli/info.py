@@ -65,6 +65,8 @@ def collect(ranks: int = 1) -> dict[str, Any]:
         "hardware_without_plugin": [
             {"vendor": s.vendor, "devices": list(s.devices), "evidence": s.evidence,
              "install": s.install_hint} for s in resolution.sightings],
+        "hardware_probes_timed_out": [{"kind": kind, "reason": reason}
+                                      for kind, reason in resolution.probe_timeouts.items()],
         "registries": {
             "attention_backends": registries.attention_backends.names(),
             "quant_methods": registries.quant_methods.names(),
@@ -100,6 +102,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(table("hardware seen without its plugin", ("vendor", "devices", "install"),
                             ((s["vendor"], ", ".join(s["devices"]), s["install"])
                              for s in data["hardware_without_plugin"])))
+    if data["hardware_probes_timed_out"]:
+        console.print(table("hardware probes that did not answer", ("kind", "why"),
+                            ((p["kind"], p["reason"]) for p in data["hardware_probes_timed_out"])))
     regs = data["registries"]
     rows = [(kind, len(names), ", ".join(names)) for kind, names in regs.items()
             if kind != "kernels"]

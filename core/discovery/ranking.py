@@ -9,7 +9,8 @@ Candidates are ranked by class (accelerators above CPUs, plugins above hwplug's 
 platform, then ``priority``; ties by name) and the first whose
 :attr:`~hwplug.Platform.facts` say it is available in this process wins.
 ``HWPLUG_PLATFORM`` forces one instead; a forced platform that is not installed or whose
-probe sees nothing is an error.
+probe sees nothing is an error. Each probe runs once per discovery: where hwplug's own
+``cpu`` entry point failed, the built-in CPU platform stands in without rerunning it.
 """
 
 from __future__ import annotations
@@ -106,12 +107,34 @@ def probe(ep: importlib_metadata.EntryPoint, root: Path) -> Candidate:
     return candidate
 
 
-def builtin_candidate(root: Path) -> Candidate:
-    """The built-in CPU platform, for when hwplug's own ``cpu`` entry point is missing."""
+def builtin_candidate(root: Path, probed: bool = False) -> Candidate:
+    """The built-in CPU platform, for when hwplug's own ``cpu`` entry point is missing or
+    did not activate (``probed``: its probe ran and failed, and is not run again).
+
+    Its probe runs here, under ``HWPLUG_PROBE_TIMEOUT``, only when the entry point's has
+    not. A CPU is always there: a probe that failed or did not answer leaves the platform
+    without a sighting (one device named ``cpu``, no features), never missing.
+    """
     from hwplug.platforms.cpu.platform import CpuPlatform
+
+    sighting = None if probed else _cpu_sighting(root)
+    if sighting is None:
+        logger.warning("the built-in CPU platform stands in without a sighting: its probe "
+                       "failed or did not answer")
+    return Candidate(BUILTIN_PLATFORM, "hwplug", "active", "", CpuPlatform(sighting))
+
+
+def _cpu_sighting(root: Path) -> Sighting | None:
+    """What the built-in CPU probe sees under ``root``, within ``HWPLUG_PROBE_TIMEOUT``;
+    None (logged) when it does not answer in time."""
     from hwplug.platforms.cpu.probe import probe as probe_cpu
 
-    return Candidate(BUILTIN_PLATFORM, "hwplug", "active", "", CpuPlatform(probe_cpu(root)))
+    try:
+        return within_time_limit(lambda: probe_cpu(root),
+                                 f"the probe of platform {BUILTIN_PLATFORM}", BUILTIN_PLATFORM)
+    except ProbeTimeout as exc:
+        logger.warning("%s", exc)
+        return None
 
 
 def _install_hint(name: str) -> str:
@@ -182,7 +205,8 @@ def rank(eps: list[importlib_metadata.EntryPoint], root: Path
     """Probe every entry point and choose; returns (chosen, the other candidates)."""
     candidates = [probe(ep, root) for ep in eps]
     if BUILTIN_PLATFORM not in {c.name for c in candidates if c.status == "active"}:
-        candidates.append(builtin_candidate(root))
+        probed = any(c.name == BUILTIN_PLATFORM and c.source == "hwplug" for c in candidates)
+        candidates.append(builtin_candidate(root, probed))
     ranked = sorted((c for c in candidates if c.status == "active"), key=Candidate.rank,
                     reverse=True)
     chosen = next((c for c in ranked if _available(c)), None)

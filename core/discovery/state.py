@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from hwplug.discovery.plugins import (
     run_plugins,
 )
 from hwplug.discovery.ranking import Candidate, resolve
+from hwplug.discovery.watchdog import ProbeTimeout, within_time_limit
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +46,31 @@ class Resolution:
     plugins: list[PluginRecord] = field(default_factory=list)
     sightings: list[Any] = field(default_factory=list)  # hardware without its plugin
     probe_root: Path = Path("/")
+    #: device kind -> why its hardware probe (a kind without its plugin) gave no answer.
+    probe_timeouts: dict[str, str] = field(default_factory=dict)
 
 
-def _orphan_sightings(installed: Iterable[str], root: Path) -> list[Any]:
-    from hwplug.platforms.probes import probe_all
+def _orphan_sightings(installed: Iterable[str], root: Path
+                      ) -> tuple[list[Any], dict[str, str]]:
+    """What hwplug's probes see under ``root`` of the device kinds no ``installed`` platform
+    serves, and why each probe that did not answer within ``HWPLUG_PROBE_TIMEOUT`` did not
+    (device kind -> message). An installed kind is not probed here: its platform's own
+    probe ran (under the time limit) when ranking, or was not to run at all."""
+    from hwplug.platforms.probes import ALL_PROBES, probe_all
 
     names = set(installed)
-    return [s for s in probe_all(root) if s.device_kind not in names]
+    sightings: list[Any] = []
+    timeouts: dict[str, str] = {}
+    for kind, probe in ALL_PROBES.items():
+        if kind in names:
+            continue
+        try:
+            sightings += within_time_limit(partial(probe_all, root, probes={kind: probe}),
+                                           f"the {kind} hardware probe", None)
+        except ProbeTimeout as exc:
+            logger.warning("%s", exc)
+            timeouts[kind] = str(exc)
+    return sightings, timeouts
 
 
 def discover(root: Path | None = None) -> Resolution:
@@ -71,13 +91,13 @@ def discover(root: Path | None = None) -> Resolution:
     run_plugins(chosen.platform, loaded)
     register_model_entry_points()
     installed = {BUILTIN_PLATFORM, *(ep.name for ep in all_platform_eps)}
-    sightings = _orphan_sightings(installed, root)
+    sightings, probe_timeouts = _orphan_sightings(installed, root)
     for sighting in sightings:
         logger.info("%s hardware seen but no plugin installed: %s", sighting.vendor,
                     sighting.install_hint)
     logger.info("platform %s chosen: %s", chosen.name, chosen.reason)
     return Resolution(chosen.platform, chosen.reason, bool(envs.HWPLUG_PLATFORM),
-                      [chosen, *others], records, sightings, root)
+                      [chosen, *others], records, sightings, root, probe_timeouts)
 
 
 class _State:

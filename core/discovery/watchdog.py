@@ -66,15 +66,21 @@ def watchdog(what: str, name: str) -> Iterator[None]:
         timer.cancel()
 
 
-def _still_running(what: str, seconds: float, name: str) -> None:
-    logger.warning("%s is still running after %.1f s; %s", what, seconds, skip_hint(name))
+def _how_to_skip(name: str | None) -> str:
+    """``"; "`` and :func:`skip_hint` for entry point ``name``; nothing for None."""
+    return f"; {skip_hint(name)}" if name is not None else ""
 
 
-def within_time_limit(call: Callable[[], T], what: str, name: str) -> T:
+def _still_running(what: str, seconds: float, name: str | None) -> None:
+    logger.warning("%s is still running after %.1f s%s", what, seconds, _how_to_skip(name))
+
+
+def within_time_limit(call: Callable[[], T], what: str, name: str | None) -> T:
     """``call()`` run in a daemon thread: its result, or the exception it raised (any
     BaseException, e.g. ``SystemExit``), re-raised here. Logs like :func:`watchdog` at half
     of ``HWPLUG_PROBE_TIMEOUT``; raises :class:`ProbeTimeout` when ``call`` is still
-    running at the full limit, leaving its thread behind."""
+    running at the full limit, leaving its thread behind. The messages name ``what`` and
+    say how to skip entry point ``name`` (None: a probe no setting skips, no hint)."""
     limit = envs.HWPLUG_PROBE_TIMEOUT
     outcome: dict[str, Any] = {}
 
@@ -92,7 +98,7 @@ def within_time_limit(call: Callable[[], T], what: str, name: str) -> T:
         thread.join(limit / 2)
     if thread.is_alive():
         raise ProbeTimeout(f"{what} did not answer within {limit:g} s (HWPLUG_PROBE_TIMEOUT) "
-                           f"and was left running in a background thread; {skip_hint(name)}")
+                           f"and was left running in a background thread{_how_to_skip(name)}")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
