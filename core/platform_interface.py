@@ -29,6 +29,7 @@ from hwplug.platforms.device_names import canonical_device_name
 if TYPE_CHECKING:
     from hwplug.config import EngineConfig
     from hwplug.platforms.sighting import Sighting
+    from hwplug.step_replay import StepRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +266,12 @@ class Platform(StrictInterface):
         config.kv_cache_dtype = kv_dtype
         settle_attention(self, config)
 
+    def step_recorder(self) -> StepRecorder | None:
+        """How this platform replays a recorded step (see :mod:`hwplug.step_replay`), or
+        None, the default: every step runs eagerly and nothing is recorded. The CPU
+        platform records the native kernel calls of its C kernels."""
+        return None
+
     def execution_summary(self) -> str | None:
         """One line on how this process has run models so far, which ``hwplug generate``
         prints after its speed line: e.g. how many JIT compilations a compiling platform
@@ -292,6 +299,7 @@ class Platform(StrictInterface):
             "supported_kv_cache_dtypes": list(facts.supported_kv_cache_dtypes),
             "supported_quant_methods": list(facts.supported_quant_methods),
             "attention_backend_priority": list(facts.attention_backend_priority),
+            "step_replay": recorder.name if (recorder := self.step_recorder()) else None,
             "notes": list(facts.notes),
         }
 

@@ -193,9 +193,18 @@ class LLM:
             kv_cache_dtype=config.kv_cache_dtype, attention_backend=config.attention_backend,
             block_size=config.block_size, quant_method=self.ctx.quant_method.get_name(),
             num_kv_blocks=num_blocks,
-            step_graphs="on" if self.runner.graphs else (
-                "off" if not options.step_graphs else "off (tensor parallelism)"))
+            step_graphs=self._step_graphs_state(options, platform))
         self._loop.engine = self.engine
+
+    def _step_graphs_state(self, options: LLMConfig, platform: Platform) -> str:
+        """Whether decode steps replay step graphs here, and why not."""
+        if self.runner.graphs is not None:
+            return f"on ({self.runner.graphs.recorder.name})"
+        if not options.step_graphs:
+            return "off"
+        if self.parallelism.tensor_parallel_size > 1:
+            return "off (tensor parallelism)"
+        return f"off (platform {platform.name} replays no steps)"
 
     @property
     def kv_events(self) -> KVEventBus:

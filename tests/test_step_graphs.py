@@ -14,11 +14,16 @@ import logging
 
 import pytest
 import torch
+from model_harness import InMemoryCheckpoint
+from tiny_models import random_state
 
 import hwplug
 from hwplug.errors import ConfigError, UnsupportedError
-from hwplug.kernel_registry.step_graph import native_call, record, same_calls
+from hwplug.model_zoo.context import build_model
+from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner
 from hwplug.platforms.cpu.fused.ops import PORTABLE
+from hwplug.platforms.cpu.platform import CpuPlatform
+from hwplug.platforms.cpu.step_graph import native_call, record, same_calls
 
 EPS = 1e-6
 
@@ -184,6 +189,25 @@ def test_float_weights_replay_where_every_op_is_c_and_say_why_not_elsewhere(
         assert single[0].outputs[0].token_ids == pair[0].outputs[0].token_ids
     finally:
         llm.close()
+
+
+def test_a_platform_that_replays_no_steps_never_records():
+    """Graph replay is a platform capability: without a step recorder the runner makes no
+    decode graphs, whatever the kernels (the CPU platform's recorder is the native calls)."""
+    class EagerCpu(CpuPlatform):
+        def step_recorder(self) -> None:
+            return None
+
+    config, state = random_state("llama")
+    eager, platform = EagerCpu(), hwplug.current_platform()
+    assert platform.step_recorder().name == "native kernel calls"
+    assert platform.describe()["step_replay"] == "native kernel calls"
+    for where, graphs in ((eager, False), (platform, True)):
+        model, ctx = build_model(InMemoryCheckpoint(config, state), platform=where,
+                                 dtype="float32", block_size=8)
+        runner = ModelRunner(model, ctx, 16, step_graphs=GraphLimits(4, 64))
+        assert (runner.graphs is not None) == graphs
+    assert EagerCpu().describe()["step_replay"] is None
 
 
 def test_step_graphs_takes_a_bool():

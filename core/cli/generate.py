@@ -128,8 +128,8 @@ def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
     if summary:
         console.print(summary, highlight=False)
     graphs = llm.runner.graphs
-    console.print(graphs.describe() if graphs else "step graphs: off", highlight=False,
-                  soft_wrap=True)
+    console.print(graphs.describe() if graphs else f"step graphs: {llm.config.step_graphs}",
+                  highlight=False, soft_wrap=True)
     used = ", ".join(f"{name}={'+'.join(sorted(op.variants_used()))}"
                      for name, op in kernels.ops().items() if op.variants_used())
     parallel = llm.parallelism.describe()

@@ -1,4 +1,5 @@
-"""Decode steps replayed from step graphs (:mod:`hwplug.kernel_registry.step_graph`).
+"""Decode steps replayed from step graphs, recorded by the platform's
+:class:`~hwplug.step_replay.StepRecorder` (on CPUs: :mod:`hwplug.platforms.cpu.step_graph`).
 
 A pure decode step (one new token per sequence, each sampling) of ``n`` sequences runs as
 the graph of the smallest bucket of :data:`BUCKETS` that holds ``n``: the forward pass and
@@ -10,7 +11,7 @@ position 0, slot -1 (not written), one token of block 0 (read, never written).
 A bucket is recorded twice, over the shortest context (one token) and the longest
 (``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
-:func:`~hwplug.kernel_registry.step_graph.same_calls`): a kernel chosen in Python from a
+``StepRecorder.check_same``): a kernel chosen in Python from a
 step's lengths would change between them. The recordings write no KV (every slot
 negative); the long one costs one attention pass over ``max_model_len`` tokens per
 sequence of the bucket, once. A bucket whose step computes anything in torch (a platform or model
@@ -30,7 +31,7 @@ import torch
 
 from hwplug.attention import AttentionMetadata
 from hwplug.errors import UnsupportedError
-from hwplug.kernel_registry.step_graph import StepGraph, record, same_calls
+from hwplug.step_replay import RecordedStep, StepRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -59,17 +60,18 @@ class _Inputs:
 class DecodeGraphs:
     """Step graphs of ``step(input_ids, positions, metadata) -> logits`` for decode batches
     of up to ``max_num_seqs`` sequences of up to ``max_model_len`` tokens in blocks of
-    ``block_size``."""
+    ``block_size``, recorded by ``recorder``."""
 
     def __init__(self, step: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata],
-                                      torch.Tensor],
+                                      torch.Tensor], recorder: StepRecorder,
                  max_num_seqs: int, max_model_len: int, block_size: int) -> None:
-        self.step, self.max_model_len, self.block_size = step, max_model_len, block_size
+        self.step, self.recorder = step, recorder
+        self.max_model_len, self.block_size = max_model_len, block_size
         #: Block table entries of a sequence of ``max_model_len`` tokens.
         self.max_blocks = -(-max_model_len // block_size)
         self.buckets = sorted({b for b in BUCKETS if b < max_num_seqs}
                               | {min(max_num_seqs, BUCKETS[-1])})
-        self._graphs: dict[int, tuple[StepGraph, _Inputs]] = {}
+        self._graphs: dict[int, tuple[RecordedStep, _Inputs]] = {}
         #: bucket -> why it runs eagerly.
         self.refused: dict[int, str] = {}
         #: Decode steps served by a replay.
@@ -125,7 +127,7 @@ class DecodeGraphs:
         self.replays += 1
         return logits[:n]
 
-    def _record(self, bucket: int) -> tuple[StepGraph, _Inputs] | None:
+    def _record(self, bucket: int) -> tuple[RecordedStep, _Inputs] | None:
         inputs = _Inputs(
             torch.zeros(bucket, dtype=torch.int64), torch.zeros(bucket, dtype=torch.int64),
             AttentionMetadata(
@@ -144,7 +146,7 @@ class DecodeGraphs:
             inputs.metadata.slot_mapping.fill_(-2)
             second = self._recording(replace(inputs, metadata=replace(
                 inputs.metadata, max_seq_len=self.max_model_len)))
-            same_calls(first, second)
+            self.recorder.check_same(first, second)
         except Exception as exc:  # noqa: BLE001 - whatever failed, the eager step decides
             self.refused[bucket] = str(exc) if isinstance(exc, UnsupportedError) else (
                 f"recording failed: {type(exc).__name__}: {exc}")
@@ -159,7 +161,7 @@ class DecodeGraphs:
                     "calls", bucket, len(second.calls))
         return second, inputs
 
-    def _recording(self, inputs: _Inputs) -> StepGraph:
-        with record() as graph:
+    def _recording(self, inputs: _Inputs) -> RecordedStep:
+        with self.recorder.record() as graph:
             graph.outputs = self.step(inputs.input_ids, inputs.positions, inputs.metadata)
         return graph

@@ -5,10 +5,10 @@ The runner owns one KV cache per layer (shape from the attention backend's
 inputs and :class:`~hwplug.attention.AttentionMetadata` of the whole mixed batch
 (prefill chunks and decode tokens together) from plain lists, one ``torch.tensor`` call
 per tensor, runs the model under ``torch.inference_mode()``, computes logits only for
-the last token of each sequence that samples, and samples them. With ``step_graphs``, a
-pure decode step replays a recorded step graph instead
-(:class:`~hwplug.model_zoo.engine.decode_graphs.DecodeGraphs`) where its platform's
-kernels allow one.
+the last token of each sequence that samples, and samples them. With ``step_graphs``, on a
+platform that can replay steps (:meth:`~hwplug.Platform.step_recorder`), a pure decode
+step replays a recorded step graph instead
+(:class:`~hwplug.model_zoo.engine.decode_graphs.DecodeGraphs`) where its kernels allow one.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
 class ModelRunner:
     """Runs steps of ``model`` with ``num_blocks`` KV blocks per layer; decode steps of up
     to ``step_graphs.max_num_seqs`` sequences of up to ``max_model_len`` tokens replay step
-    graphs when ``step_graphs`` is given."""
+    graphs when ``step_graphs`` is given and the platform has a step recorder (else
+    :attr:`graphs` is None and nothing is ever recorded)."""
 
     def __init__(self, model: nn.Module, ctx: ModelContext, num_blocks: int,
                  generator: torch.Generator | None = None,
@@ -85,8 +86,10 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(model.num_layers)]
         #: The decode step graphs (None: every step runs eagerly).
-        self.graphs = None if step_graphs is None else DecodeGraphs(
-            self._logits, step_graphs.max_num_seqs, step_graphs.max_model_len, self.block_size)
+        recorder = ctx.platform.step_recorder()
+        self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(
+            self._logits, recorder, step_graphs.max_num_seqs, step_graphs.max_model_len,
+            self.block_size)
 
     def prepare(self, seqs: Seq[Sequence], num_new_tokens: Seq[int]) -> StepInputs:
         """Inputs of a step in which ``seqs[i]`` computes its next ``num_new_tokens[i]``

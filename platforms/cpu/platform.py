@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import os
 import re
-from typing import ClassVar
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, ClassVar
 
 from hwplug import envs
 from hwplug.platform_interface import DeviceFacts, MemoryInfo, Platform
 from hwplug.platforms._sysfs import read_text
 
+if TYPE_CHECKING:
+    from hwplug.step_replay import RecordedStep, StepRecorder
+
+class _NativeCallRecorder:
+    """The CPU platform's :class:`~hwplug.step_replay.StepRecorder` (torch is imported on
+    the first recording, not when a report asks for the recorder's name)."""
+
+    name = "native kernel calls"
+
+    def record(self) -> AbstractContextManager[RecordedStep]:
+        from hwplug.platforms.cpu.step_graph import record
+
+        return record()
+
+    def check_same(self, first: RecordedStep, second: RecordedStep) -> None:
+        from hwplug.platforms.cpu.step_graph import same_calls
+
+        same_calls(first, second)  # type: ignore[arg-type]
+
+
+_NATIVE_CALLS = _NativeCallRecorder()
 _MEMINFO = re.compile(r"^(MemTotal|MemAvailable):\s*(\d+)\s*kB", re.MULTILINE)
 
 
@@ -58,6 +80,11 @@ class CpuPlatform(Platform):
 
     def device_count(self) -> int:
         return 1
+
+    def step_recorder(self) -> StepRecorder:
+        """Steps recorded as the native calls of the CPU's C kernels (see
+        :mod:`hwplug.platforms.cpu.step_graph`)."""
+        return _NATIVE_CALLS
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
         """Total and available memory: ``MemTotal`` and ``MemAvailable`` of

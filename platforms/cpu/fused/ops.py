@@ -6,7 +6,7 @@ ctypes, fp32.
 :mod:`hwplug.platforms.cpu.ggml.build` the first time one of their ops is asked for, so a
 failed build is the variant's rejection reason. Each op checks nothing its ``*_supported``
 function checks (the registry asks that first) and allocates only its outputs: a call is
-one ctypes call (argtypes set once, made through :func:`~hwplug.kernel_registry.
+one ctypes call (argtypes set once, made through :func:`~hwplug.platforms.cpu.
 step_graph.native_call`, so a step of these ops can be a step graph) plus the outputs.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from hwplug.errors import UnsupportedError
-from hwplug.kernel_registry.step_graph import native_call
 from hwplug.platforms.cpu.ggml import build
+from hwplug.platforms.cpu.step_graph import native_call
 
 SOURCE = Path(__file__).with_name("kernels.c")
 #: Limits of the decode attention kernel's per-thread buffers (kernels.c).

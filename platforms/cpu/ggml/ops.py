@@ -27,9 +27,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
-from hwplug.kernel_registry.step_graph import native_call
 from hwplug.kernel_registry.tuning import TuningTable, read_layer
 from hwplug.platforms.cpu.ggml import build
+from hwplug.platforms.cpu.step_graph import native_call
 from hwplug.platforms.cpu.tiles import linear_by_tiles
 
 #: hwplug's layer of the ``ggml_linear`` tuning table: ``{device: {threads: {type name:
