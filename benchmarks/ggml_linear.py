@@ -43,9 +43,9 @@ import torch.nn.functional as F  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 
 from hwplug import kernels, ops  # noqa: E402
-from hwplug.conformance.ggml_weights import ggml_block, ggml_weight  # noqa: E402
 from hwplug.kernel_registry.ops_ggml import ggml_linear  # noqa: E402
 from hwplug.kernel_registry.reference.ggml import dequantize  # noqa: E402
+from hwplug.kernel_registry.reference.ggml_weights import ggml_block, ggml_weight  # noqa: E402
 from hwplug.platforms.cpu.ggml import ops as c_kernels  # noqa: E402
 
 #: (name, input, output) of SmolLM2-135M's GEMMs per decoder layer.

@@ -14,9 +14,9 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from hwplug.device import DeviceCapability
 from hwplug.errors import UnsupportedError
 from hwplug.interface import StrictInterface
-from hwplug.platform_interface import DeviceCapability
 
 if TYPE_CHECKING:
     import torch

@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()
 
+#: Collective libraries a platform may name (``Platform.dist_backend``) that
+#: torch.distributed registers under another backend name (the one to pass
+#: ``init_process_group``), and why.
+TORCH_DIST_ALIASES = {"rccl": ("nccl", "ROCm builds of torch register RCCL under it")}
+
 
 class DeviceCommunicator(StrictInterface):
     """Collectives over ``group`` (None: the default process group)."""

@@ -39,7 +39,7 @@ from hwplug.model_zoo.engine.block_hash import model_key, root_hash
 from hwplug.model_zoo.engine.engine_loop import EngineLoop, TextStream
 from hwplug.model_zoo.engine.kv_events import KVEventBus
 from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
-from hwplug.model_zoo.engine.model_runner import GraphLimits, kv_cache_bytes_per_block
+from hwplug.model_zoo.engine.model_runner import GraphLimits
 from hwplug.model_zoo.engine.zmq_events import ZmqEventPublisher
 from hwplug.model_zoo.llm_config import (
     DEFAULT_KV_CACHE_FRACTION,
@@ -48,6 +48,7 @@ from hwplug.model_zoo.llm_config import (
     signature,
 )
 from hwplug.model_zoo.llm_parallel import Parallelism
+from hwplug.model_zoo.loaders.memory import kv_cache_bytes_per_block
 from hwplug.model_zoo.loaders.resolve import checkpoint_format
 from hwplug.model_zoo.sampling import SamplingParams
 from hwplug.platform_interface import Platform

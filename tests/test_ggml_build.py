@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from hwplug import current_platform
-from hwplug.conformance.ggml_weights import ggml_weight
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import KernelRegistry
 from hwplug.kernel_registry.reference.ggml import ggml_linear
+from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
 from hwplug.platforms.cpu.ggml import build, ops
 
 

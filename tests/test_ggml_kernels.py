@@ -13,9 +13,9 @@ from plugin_checks import discovered
 
 from hwplug import current_platform, kernels
 from hwplug.conformance import check_variant
-from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry import ops, ops_ggml
+from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.kernel_registry.tuning import read_layer
 from hwplug.platforms.cpu.ggml import ops as c_ops
 

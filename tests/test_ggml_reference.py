@@ -74,7 +74,7 @@ def test_bad_weights_raise_typed_errors_naming_the_choices():
 @pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q6_K,
                                   GGMLQuantizationType.F16], ids=lambda t: t.name)
 def test_reference_linear_is_x_times_the_gguf_weight(kind):
-    from hwplug.conformance.ggml_weights import ggml_weight
+    from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
 
     generator = torch.Generator().manual_seed(1)
     if kind == GGMLQuantizationType.F16:

@@ -8,7 +8,8 @@ import pytest
 from fake_hw import make_numa_tree, write
 
 from hwplug.errors import ConfigError
-from hwplug.platforms.numa import binding_plan, describe_plan, parse_cpulist, read_topology
+from hwplug.model_zoo.engine.parallel.binding import binding_plan, describe_plan
+from hwplug.platforms.numa import parse_cpulist, read_topology
 
 
 def test_a_two_socket_host_reads_as_two_nodes(tmp_path):
@@ -47,5 +48,7 @@ def test_explicit_lists_and_none(tmp_path):
     with pytest.raises(ConfigError, match="lists 1 CPU sets; give one non-empty set per rank "
                                           r"\(2\)"):
         binding_plan("0-3", nodes, 2)
-    with pytest.raises(ConfigError, match="'3-1' in '3-1' is not a CPU range"):
+    with pytest.raises(ValueError, match="'3-1' in '3-1' is not a CPU range"):
         parse_cpulist("3-1")
+    with pytest.raises(ConfigError, match="HWPLUG_CPU_BIND='0-3|x': 'x' is not a CPU list"):
+        binding_plan("0-3|x", nodes, 2)

@@ -90,7 +90,7 @@ def _requantized(data: np.ndarray, kind: int, new_kind: Any) -> np.ndarray:
     try:
         return quants.quantize(values, new_kind)
     except NotImplementedError:  # gguf cannot quantize K-quants
-        from hwplug.conformance.ggml_weights import ggml_weight
+        from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
 
         rows = ggml_weight(torch.Generator().manual_seed(0), int(new_kind), *values.shape)
         return rows.numpy()

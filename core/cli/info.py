@@ -26,7 +26,8 @@ def cpu_binding(platform: Any, ranks: int) -> dict[str, Any]:
     ranks (or replicas) on ``platform``; CPU platforms only (accelerator ranks bind none)."""
     from hwplug import envs
     from hwplug.errors import ConfigError
-    from hwplug.platforms.numa import binding_plan, describe_plan, read_topology
+    from hwplug.model_zoo.engine.parallel.binding import binding_plan, describe_plan
+    from hwplug.platforms.numa import read_topology
 
     nodes = read_topology(envs.HWPLUG_PROBE_ROOT)
     if platform.device_type != "cpu":

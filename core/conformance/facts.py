@@ -9,6 +9,7 @@ whose facts are the class's.
 from __future__ import annotations
 
 from hwplug import registries
+from hwplug.communicator import TORCH_DIST_ALIASES
 from hwplug.conformance.result import Status
 from hwplug.conformance.target import Target
 from hwplug.dtypes import torch_dtype
@@ -17,9 +18,6 @@ from hwplug.platform_interface import Platform
 
 #: Distributed backends a platform may declare that ``torch.distributed`` does not know.
 NON_TORCH_DIST_BACKENDS = {"xla": "JAX/TPU collectives through XLA"}
-#: Collective libraries a platform may name that torch.distributed registers under another
-#: backend name (the one to pass ``init_process_group``), and why.
-TORCH_DIST_ALIASES = {"rccl": ("nccl", "ROCm builds of torch register RCCL under it")}
 
 
 def _dtype_problems(fact: str, names: tuple[str, ...]) -> list[str]:

@@ -9,8 +9,8 @@ import torch
 from hypothesis import strategies as st
 
 from hwplug.conformance.case import Case, leading_shape, randn, seeded
-from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.dtypes import FLOAT_DTYPES, torch_dtype
+from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 
 
 @st.composite

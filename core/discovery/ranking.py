@@ -115,13 +115,14 @@ def builtin_candidate(root: Path, probed: bool = False) -> Candidate:
     not. A CPU is always there: a probe that failed or did not answer leaves the platform
     without a sighting (one device named ``cpu``, no features), never missing.
     """
-    from hwplug.platforms.cpu.platform import CpuPlatform
+    from hwplug.platforms.cpu.probe import PLATFORM_CLASS
 
     sighting = None if probed else _cpu_sighting(root)
     if sighting is None:
         logger.warning("the built-in CPU platform stands in without a sighting: its probe "
                        "failed or did not answer")
-    return Candidate(BUILTIN_PLATFORM, "hwplug", "active", "", CpuPlatform(sighting))
+    return Candidate(BUILTIN_PLATFORM, "hwplug", "active", "",
+                     import_object(PLATFORM_CLASS)(sighting))
 
 
 def _cpu_sighting(root: Path) -> Sighting | None:

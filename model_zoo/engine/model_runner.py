@@ -55,15 +55,6 @@ def slot(block_table: Seq[int], position: int, block_size: int) -> int:
     return block_table[position // block_size] * block_size + position % block_size
 
 
-def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
-    """Bytes one block takes across all layers' caches."""
-    engine = ctx.engine_config
-    shape = ctx.attention_backend.kv_cache_shape(1, engine.block_size, engine.num_kv_heads,
-                                                 engine.head_size)
-    element = torch.empty((), dtype=torch_dtype(engine.kv_cache_dtype)).element_size()
-    return num_layers * element * int(torch.Size(shape).numel())
-
-
 class ModelRunner:
     """Runs steps of ``model`` with ``num_blocks`` KV blocks per layer; decode steps of up
     to ``step_graphs.max_num_seqs`` sequences of up to ``max_model_len`` tokens replay step

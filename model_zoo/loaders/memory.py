@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hwplug.dtypes import torch_dtype
 from hwplug.errors import ModelError
 
 if TYPE_CHECKING:
@@ -67,9 +68,6 @@ def estimate_memory(model_cls: Any, hf_config: Any, ctx: ModelContext,
     sequence, the least :class:`hwplug.LLM` allocates. Layers are counted as the model
     counts them (``num_layers``). Nothing is allocated.
     """
-    # Imported here: the engine imports model_zoo.context, which imports this module.
-    from hwplug.model_zoo.engine.model_runner import kv_cache_bytes_per_block
-
     with torch.device("meta"):
         skeleton = model_cls(hf_config, ctx)
     weights = sum(t.numel() * t.element_size()
@@ -79,6 +77,15 @@ def estimate_memory(model_cls: Any, hf_config: Any, ctx: ModelContext,
     blocks = -(-tokens // engine.block_size)
     kv_cache = blocks * kv_cache_bytes_per_block(ctx, skeleton.num_layers)
     return MemoryEstimate(weights, kv_cache, tokens, engine.dtype, engine.kv_cache_dtype)
+
+
+def kv_cache_bytes_per_block(ctx: ModelContext, num_layers: int) -> int:
+    """Bytes one block takes across all layers' caches."""
+    engine = ctx.engine_config
+    shape = ctx.attention_backend.kv_cache_shape(1, engine.block_size, engine.num_kv_heads,
+                                                 engine.head_size)
+    element = torch.empty((), dtype=torch_dtype(engine.kv_cache_dtype)).element_size()
+    return num_layers * element * int(torch.Size(shape).numel())
 
 
 def check_memory(estimate: MemoryEstimate, platform: Platform) -> None:

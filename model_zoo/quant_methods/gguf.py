@@ -119,7 +119,11 @@ class GgufMethod(QuantMethod):
                            generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Random rows of a quantized type whose blocks fit ``input_size`` values (drawn
         with ``generator``)."""
-        from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
+        from hwplug.kernel_registry.reference.ggml_weights import (
+            GGML_TYPES,
+            ggml_block,
+            ggml_weight,
+        )
 
         fitting = [kind for kind in GGML_TYPES if input_size % ggml_block(kind) == 0]
         if not fitting:

@@ -16,13 +16,13 @@ import multiprocessing
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from hwplug.errors import WorkerError
+from hwplug.registry import import_object
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,11 @@ def ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _run(target: str, *args: Any) -> None:
+    """A worker process's entry: import the function ``target`` names and call it."""
+    import_object(target)(*args)
+
+
 class WorkerProcesses:
     """The spawned workers of one engine, each called a ``what`` (``"tensor-parallel
     rank"``) in messages. Thread-safe."""
@@ -65,11 +70,12 @@ class WorkerProcesses:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
 
-    def spawn(self, rank: int, target: Callable[..., Any], *args: Any) -> Connection:
+    def spawn(self, rank: int, target: str, *args: Any) -> Connection:
         """Start ``target(conn, *args)`` in a new daemon process; returns this side's end
-        of ``conn``. ``target`` and ``args`` must pickle (a module-level function)."""
+        of ``conn``. ``target`` names a module-level function (``"module:function"``,
+        imported in the new process); ``args`` must pickle."""
         here, there = self._context.Pipe()
-        process = self._context.Process(target=target, args=(there, *args), daemon=True,
+        process = self._context.Process(target=_run, args=(target, there, *args), daemon=True,
                                         name=f"hwplug {self.what} {rank}")
         process.start()
         there.close()

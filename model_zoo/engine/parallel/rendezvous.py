@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from hwplug.conformance.facts import TORCH_DIST_ALIASES
+from hwplug.communicator import TORCH_DIST_ALIASES
 from hwplug.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:

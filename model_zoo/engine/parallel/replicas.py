@@ -2,9 +2,10 @@
 
 Replica 0 is the driver's own engine; :class:`Replicas` starts replicas 1..N-1, each a
 full ``LLM`` built from the driver's options (sampling seed ``seed + i``) in its own
-process (:func:`serve_replica`), bound to its CPUs of the binding plan. A generate call's
-prompts are dealt round robin over the replicas, the turn carrying on across calls (so
-one-prompt calls spread too), and the outputs come back in request order. A replica
+process (:func:`hwplug.model_zoo.workers.serve_replica`), bound to its CPUs of the
+binding plan. A generate call's prompts are dealt round robin over the replicas, the turn
+carrying on across calls (so one-prompt calls spread too), and the outputs come back in
+request order. A replica
 serves the calls it gets on threads of its own, so concurrent calls batch there as they
 do in one engine. A replica that dies fails its pending calls with a
 :class:`~hwplug.errors.WorkerError` naming it.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -23,14 +23,16 @@ from typing import Any
 
 from hwplug.errors import EngineStoppedError, WorkerError
 from hwplug.model_zoo.engine.output import Output
-from hwplug.model_zoo.engine.parallel.binding import Plan, bind_thread
-from hwplug.model_zoo.engine.parallel.processes import WorkerProcesses, ignore_interrupts
+from hwplug.model_zoo.engine.parallel.binding import Plan
+from hwplug.model_zoo.engine.parallel.processes import WorkerProcesses
 
 logger = logging.getLogger(__name__)
 
 #: Seconds replicas get to close their engines before they are terminated.
 STOP_TIMEOUT = 30.0
 MAX_SEED = 2**64
+#: The program a replica's process runs (named: it builds an ``LLM``, a layer above this).
+SERVE_REPLICA = "hwplug.model_zoo.workers:serve_replica"
 
 
 class _Link:
@@ -112,7 +114,7 @@ class Replicas:
         seed = options.get("seed")
         for index in range(1, self.count):
             conn = self.processes.spawn(
-                index, serve_replica,
+                index, SERVE_REPLICA,
                 {**options, "seed": None if seed is None else (seed + index) % MAX_SEED},
                 plan[index] if plan else None)
             self._links.append(_Link(index, conn, self.processes))
@@ -147,41 +149,3 @@ class Replicas:
         for link in self._links:
             link.stop()
         self.processes.stop(STOP_TIMEOUT)
-
-
-def serve_replica(conn: Connection, options: dict[str, Any], cpus: tuple[int, ...] | None
-                  ) -> None:
-    """A replica's process: bind (before any thread starts, so its engine thread inherits
-    the CPUs), build the ``LLM``, then run each call the driver sends on a thread of its
-    own until the driver says stop or goes away."""
-    ignore_interrupts()
-    from hwplug.model_zoo.llm import LLM
-
-    lock = threading.Lock()
-
-    def reply(call_id: int | None, ok: bool, value: Any) -> None:
-        with lock:
-            conn.send((call_id, ok, value))
-
-    try:
-        bind_thread(cpus)
-        llm = LLM(**options)
-    except BaseException as exc:
-        logger.error("data-parallel replica failed to start", exc_info=True)
-        reply(None, False, f"{type(exc).__name__}: {exc}")
-        raise SystemExit(1) from None
-    reply(None, True, os.getpid())
-
-    def handle(call_id: int, method: str, args: tuple[Any, ...]) -> None:
-        try:
-            reply(call_id, True, getattr(llm, method)(*args))
-        except Exception as exc:
-            reply(call_id, False, f"{type(exc).__name__}: {exc}")
-
-    try:
-        while (message := conn.recv()) is not None:
-            threading.Thread(target=handle, args=message, daemon=True).start()
-    except EOFError:  # the driver is gone
-        pass
-    finally:
-        llm.close()

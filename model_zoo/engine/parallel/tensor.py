@@ -3,7 +3,7 @@
 The driver (rank 0, the process that made the ``LLM``) runs the engine on its shard,
 wrapped in a :class:`~.commands.DriverModel`; ranks 1..N-1 build their shards with the
 same options and :meth:`TensorParallelGroup.serve` the driver's commands until it stops
-them. Spawned, those ranks are processes the driver started (:func:`run_rank`: an ``LLM``
+them. Spawned, those ranks are processes the driver started (:data:`RUN_RANK`: an ``LLM``
 built from the driver's options, joining through the same torchrun variables); under
 torchrun they are the script's ``LLM(...)`` calls on ranks > 0.
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,7 +29,7 @@ from hwplug.errors import ConfigError, WorkerError
 from hwplug.model_zoo.engine.model_runner import ModelRunner, StepInputs
 from hwplug.model_zoo.engine.parallel.binding import Plan, plan_setting
 from hwplug.model_zoo.engine.parallel.commands import CommandChannel, DriverModel
-from hwplug.model_zoo.engine.parallel.processes import WorkerProcesses, ignore_interrupts
+from hwplug.model_zoo.engine.parallel.processes import WorkerProcesses
 from hwplug.model_zoo.engine.parallel.rendezvous import (
     ProcessGroups,
     Rendezvous,
@@ -44,6 +43,9 @@ if TYPE_CHECKING:
     from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
+
+#: The program a spawned rank's process runs (named: it builds an ``LLM``, a layer above).
+RUN_RANK = "hwplug.model_zoo.workers:run_rank"
 
 #: Seconds workers get to exit after the stop command before they are terminated.
 STOP_TIMEOUT = 30.0
@@ -70,7 +72,7 @@ class TensorParallelGroup:
         self.processes = WorkerProcesses("tensor-parallel rank")
         for rank in range(1, self.size):
             env = {**self.rendezvous.worker_env(rank), "HWPLUG_CPU_BIND": plan_setting(plan)}
-            self.processes.spawn(rank, run_rank, env, options)
+            self.processes.spawn(rank, RUN_RANK, env, options)
 
     @property
     def size(self) -> int:
@@ -186,19 +188,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def run_rank(conn: Connection, env: dict[str, str], options: dict[str, Any]) -> None:
-    """A spawned rank's process: join as a torchrun rank would (``env``) and serve the
-    driver from an ``LLM`` built with its ``options``; a failure is reported on ``conn``
-    and ends the process with code 1."""
-    ignore_interrupts()
-    os.environ.update(env)
-    from hwplug.model_zoo.llm import LLM
-
-    try:
-        LLM(**options).close()
-    except BaseException as exc:
-        logger.error("tensor-parallel rank %s failed", env["RANK"], exc_info=True)
-        conn.send(f"{type(exc).__name__}: {exc}")
-        raise SystemExit(1) from None

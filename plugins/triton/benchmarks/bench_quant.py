@@ -81,8 +81,8 @@ def run(shapes: Shapes, device: str) -> str:
 
 
 def ggml_section(shapes: Shapes, device: str, timer: Callable) -> list[str]:
-    from hwplug.conformance.ggml_weights import ggml_weight
     from hwplug.kernel_registry.reference import ggml
+    from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
     from hwplug_triton.kernels.ggml_linear import ggml_linear
 
     lines = ["## ggml_linear (GGUF weights, bf16 activations)", "",

@@ -14,12 +14,12 @@ import pytest
 import torch
 from triton_cases import DTYPES, ON_GPU, assert_matches, fresh_registry, random
 
-from hwplug.conformance.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.conformance.variants import check_variant
 from hwplug.dtypes import dtype_name
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import kernels, reference
 from hwplug.kernel_registry.reference import ggml
+from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug_triton import FP8_OPS, register
 from hwplug_triton.kernels import ggml_embedding, ggml_linear, scaled_mm
 
