@@ -40,9 +40,9 @@ class CpuPlatform(Platform):
 
     Facts from the probe: float32 is the best dtype, because hwplug's fast CPU paths (the
     C kernels of a decode step, the C GEMM/GEMV, step graphs) compute in fp32, except
-    where the CPU has AMX-BF16 tiles (the ``amx_bf16`` feature), whose bf16 GEMMs through
-    oneDNN outrun any fp32 path. AVX512-BF16 alone (the ``bf16`` feature without AMX, as
-    on AMD Zen 4/5) keeps bfloat16 available, second.
+    where the CPU has bf16 matrix instructions (``_bf16_first_with``: x86's AMX-BF16
+    tiles), whose bf16 GEMMs through oneDNN outrun any fp32 path. AVX512-BF16 alone (the
+    ``bf16`` feature without AMX, as on AMD Zen 4/5) keeps bfloat16 available, second.
     """
 
     name: ClassVar[str] = "cpu"
@@ -65,12 +65,15 @@ class CpuPlatform(Platform):
     #: 25.1 ACTIVE, 23.7 default; idle 0.16 cores busy in the first 2 s vs 1.00 ACTIVE.
     #: Under oversubscription libgomp lowers the spin by itself.
     process_env: ClassVar[dict[str, str]] = {"GOMP_SPINCOUNT": "10000000"}
+    #: Device features (any of them) that rank bfloat16 first: bf16 matrix instructions.
+    _bf16_first_with: ClassVar[tuple[str, ...]] = ("amx_bf16",)
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
-        if "amx_bf16" in facts.features and "bfloat16" in facts.supported_dtypes:
+        matrix = sorted(set(self._bf16_first_with) & facts.features)
+        if matrix and "bfloat16" in facts.supported_dtypes:
             best = ("bfloat16", *(d for d in facts.supported_dtypes if d != "bfloat16"))
-            return facts.narrowed("the CPU has AMX-BF16 tiles: bfloat16 ranks first",
-                                  supported_dtypes=best)
+            return facts.narrowed(f"the CPU has bf16 matrix instructions ({', '.join(matrix)}):"
+                                  " bfloat16 ranks first", supported_dtypes=best)
         return facts
 
     def apply_process_env(self) -> dict[str, str]:

@@ -16,6 +16,8 @@ class ArmCpuPlatform(CpuPlatform):
     vendor: ClassVar[str] = "arm"
     families: ClassVar[tuple[str, ...]] = ("cpu",)
     priority: ClassVar[int] = 10
+    #: Arm's bf16 extension includes BFMMLA, a bf16 matrix multiply: bfloat16 ranks first.
+    _bf16_first_with: ClassVar[tuple[str, ...]] = ("bf16",)
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
         facts = super().derive_facts(facts)
