@@ -96,6 +96,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     platform = hwplug.current_platform()
+    for build in (fused.AVX2, fused.PORTABLE):  # the columns call them directly
+        build.ensure_built()
     print(f"CPU: {platform.facts.device_name}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, fp32, SmolLM2-135M shapes")
     print(f"{'op':<17}{'shape':<28}{'before':>14}{'us':>9}{'fused':>9}{'portable':>9}"

@@ -118,6 +118,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     platform = hwplug.current_platform()
+    for build in (c_kernels.AVX2, c_kernels.PORTABLE):  # the columns call them directly
+        build.ensure_built()
     print(f"CPU: {platform.facts.device_name} ({host.machine()}, features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; weights of {args.layers} layers cycled")

@@ -114,10 +114,16 @@ _DECLARED = [
     EnvVar("HWPLUG_STRICT_KERNELS", "flag", False,
            "Never fall back: if the best variant for a call cannot serve it, raise.", _flag,
            _FLAG_CHOICES),
+    EnvVar("HWPLUG_BUILD_KERNELS", "auto | never", "auto",
+           "When native kernel libraries (the CPU's C kernels) are compiled: auto builds one "
+           "when a kernel variant needing it is first bound for calls; never runs no compiler "
+           "at runtime, so only libraries built ahead of time by `hwplug build` serve.",
+           str.lower, ("auto", "never")),
     EnvVar("HWPLUG_ATTENTION_BACKEND", "backend name", None,
            "Use this attention backend instead of the platform's priority list.", str),
     EnvVar("HWPLUG_CACHE_DIR", "path", Path.home() / ".cache" / "hwplug",
-           "Where converted tokenizers and dequantised weights are cached.", Path),
+           "Where converted tokenizers, dequantised weights and compiled kernel libraries "
+           "(and their remembered build failures) are cached.", Path),
     EnvVar("HWPLUG_TUNING_DIR", "path", None,
            "Directory of user kernel tuning tables (JSON), layered over plugin defaults.", Path),
     EnvVar("HWPLUG_LOG_LEVEL", "log level", "warning",

@@ -50,6 +50,11 @@ class UnsupportedError(HwplugError, ValueError):
     """A backend, kernel or platform cannot serve the request; the message says why."""
 
 
+class BuildError(UnsupportedError):
+    """A native kernel library could not be built (no compiler, a failing compiler, an
+    unwritable cache); the message names the library and the compiler's reason."""
+
+
 class ModelError(HwplugError, ValueError):
     """A model could not be found, loaded or run with the given input."""
 

@@ -5,6 +5,12 @@ first call for a key asks the registry to explain the choice and caches the resu
 variant's function itself when it has no per-call ``supports`` check (so a steady-state
 call costs one dict lookup), else a small chain that falls back along the ranked order.
 Any registry change empties the cache.
+
+Binding a variant builds its native library (:meth:`~hwplug.kernel_registry.native.
+NativeLibrary.ensure_built`) unless it is built, before its first call: the chosen one when
+the key is resolved, a fallback the first time it accepts a call. A build that fails
+rejects the variant (a warning, once per variant) and the next in the chain serves.
+Explaining builds nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.native import explain_build
 
 if TYPE_CHECKING:
     from hwplug.kernel_registry.registry import KernelRegistry
@@ -24,18 +31,26 @@ logger = logging.getLogger(__name__)
 
 
 class _FallbackChain:
-    """Calls the first variant whose ``supports`` accepts the call; logs each fallback once."""
+    """Calls the first variant whose ``supports`` accepts the call; logs each fallback once.
 
-    def __init__(self, op: str, key: tuple[Any, ...], chain: list[Variant]) -> None:
-        self.op, self.key, self.chain = op, key, chain
+    A variant with a native library is built (``build``: why it cannot be, or None) the
+    first time it accepts a call; one that fails to build leaves the chain."""
+
+    def __init__(self, op: str, key: tuple[Any, ...], chain: list[Variant],
+                 build: Callable[[Variant], str | None]) -> None:
+        self.op, self.key, self.chain, self.build = op, key, chain, build
         self.logged: set[str] = set()
         #: Names of the variants that have served a call.
         self.used: set[str] = set()
+        #: Names of the variants whose native library is not bound yet.
+        self.unbuilt = {v.name for v in chain if v.native is not None}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         reasons = []
         for variant in self.chain:
             reason = variant.supports(*args, **kwargs) if variant.supports else None
+            if reason is None and self.unbuilt and variant.name in self.unbuilt:
+                reason = self._bind(variant)
             if reason is None:
                 self.used.add(variant.name)
                 if reasons and variant.name not in self.logged:
@@ -46,6 +61,14 @@ class _FallbackChain:
             reasons.append(f"{variant.name}: {reason}")
         raise UnsupportedError(f"no variant of {self.op} can serve this call: "
                                f"{'; '.join(reasons)}")
+
+    def _bind(self, variant: Variant) -> str | None:
+        """Build ``variant``'s native library; drop the variant if that fails (why)."""
+        self.unbuilt.discard(variant.name)
+        reason = self.build(variant)
+        if reason is not None:
+            self.chain = [v for v in self.chain if v is not variant]
+        return reason
 
 
 class Op:
@@ -58,6 +81,8 @@ class Op:
         self._cache: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._first_choice: dict[tuple[Any, ...], str] = {}
         self._edges: list[int] = []
+        #: Keys of the variants whose failed native build was warned about (once each).
+        self._warned: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x = args[self.dispatch_arg]
@@ -113,14 +138,35 @@ class Op:
             dtype_text = str(dtype).removeprefix("torch.")
         explanation = self.registry.explain(self.name, current_platform(), device_type,
                                             dtype_text, self.bucket_tokens(bucket))
-        if not explanation.chain:
+        chain = explanation.chain
+        while chain and chain[0].supports is None and (reason := self._build(chain[0])):
+            explanation.rejected[chain.pop(0).name] = reason  # it would serve every call
+        if not chain:
             detail = "; ".join(f"{n}: {r}" for n, r in explanation.rejected.items())
             raise UnsupportedError(f"no variant of {self.name} can serve {device_type} "
                                    f"{dtype_text}: {detail}")
-        chain = explanation.chain
         target = (chain[0].impl if chain[0].supports is None
-                  else _FallbackChain(self.name, key, chain))
+                  else _FallbackChain(self.name, key, chain, self._build))
         logger.debug("%s %s -> %s", self.name, key, chain[0].name)
         self._first_choice[key] = chain[0].name
         self._cache[key] = target  # type: ignore[assignment]
         return target  # type: ignore[return-value]
+
+    def _build(self, variant: Variant) -> str | None:
+        """Bind ``variant``: build and load its native library, if it has one, unless its
+        status rules that out (a remembered failure; not built under
+        ``HWPLUG_BUILD_KERNELS=never``). Why it cannot serve, or None; the first failure of
+        each variant is logged as a warning."""
+        if variant.native is None:
+            return None
+        native = variant.native
+        try:
+            reason, _ = explain_build(native)  # type: ignore[arg-type]
+            if reason is None:
+                native.ensure_built()  # type: ignore[union-attr]
+        except Exception as exc:  # a build that fails rejects the variant, never the call
+            reason = f"not built: {exc}"
+        if reason is not None and variant.key not in self._warned:
+            self._warned.add(variant.key)
+            logger.warning("kernel variant %s is not used: %s", variant.key, reason)
+        return reason

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from hwplug import envs
 from hwplug.errors import ConfigError, DuplicateNameError, UnknownNameError
 from hwplug.kernel_registry.dispatch import Op
+from hwplug.kernel_registry.native import NativeLibrary, explain_build
 from hwplug.kernel_registry.variant import Variant
 from hwplug.registry import Registry, current_source
 
@@ -25,14 +26,20 @@ REFERENCE_PRIORITY = -(10**9)
 
 @dataclass
 class Explanation:
-    """Why each variant of ``op`` was or was not chosen for one dispatch key."""
+    """Why each variant of ``op`` was or was not chosen for one dispatch key.
+
+    ``chain``: the eligible variants, best first; ``rejected``: variant name -> why not;
+    ``notes``: variant name -> what else to know of an eligible one (its native library
+    not built yet: :data:`~hwplug.kernel_registry.native.BUILT_ON_FIRST_USE`).
+    """
 
     op: str
     device_type: str
     dtype: str
     num_tokens: int | None
-    chain: list[Variant] = field(default_factory=list)  # eligible, best first
+    chain: list[Variant] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> Variant | None:
@@ -124,7 +131,13 @@ class KernelRegistry(Registry[Variant]):
 
     def explain(self, op: str, platform: Platform, device_type: str, dtype: str,
                 num_tokens: int | None = None) -> Explanation:
-        """Rank ``op``'s variants for one dispatch key, with a reason for each rejection."""
+        """Rank ``op``'s variants for one dispatch key, with a reason for each rejection.
+
+        No side effects beyond importing the eligible variants: a variant's native library
+        is judged by its build status alone (no compiler runs here). A remembered build
+        failure rejects the variant; a library not built yet leaves it eligible with the
+        note "built on first use", unless ``HWPLUG_BUILD_KERNELS=never`` rejects it.
+        """
         result = Explanation(op, device_type, dtype, num_tokens)
         disabled = self.disabled()
         for variant in self._preferred_order(op):
@@ -132,6 +145,10 @@ class KernelRegistry(Registry[Variant]):
                       else variant.static_rejection(platform, device_type, dtype, num_tokens))
             if reason is None:
                 reason = _import_failure(variant)
+            if reason is None and variant.native is not None:
+                reason, note = _build_state(variant)
+                if note:
+                    result.notes[variant.name] = note
             if reason is None:
                 result.chain.append(variant)
             else:
@@ -141,6 +158,22 @@ class KernelRegistry(Registry[Variant]):
                 result.rejected[variant.name] = "no fallback: HWPLUG_STRICT_KERNELS is set"
             del result.chain[1:]
         return result
+
+    def native_libraries(self, platform: Platform) -> list[tuple[NativeLibrary, list[str]]]:
+        """The native libraries that the variants serving ``platform``'s device need
+        (platform, device features, capability and version gates met; dtypes aside), each
+        once, with the keys of the variants needing it, by op and preference. Imports the
+        libraries' modules (raising what that raises); builds nothing."""
+        from hwplug.registry import import_object
+
+        found: dict[int, tuple[NativeLibrary, list[str]]] = {}
+        for variant in (v for op in self._ops for v in self.variants(op)):
+            if variant.native is None or variant.device_rejection(platform):
+                continue
+            native = variant.native
+            library = import_object(native) if isinstance(native, str) else native
+            found.setdefault(id(library), (library, []))[1].append(variant.key)
+        return list(found.values())
 
     def preferred(self) -> dict[str, tuple[str, ...]]:
         """``HWPLUG_PREFERRED_KERNELS`` (op -> variant names, best first), checked whole:
@@ -163,6 +196,17 @@ class KernelRegistry(Registry[Variant]):
         preferred = self.preferred().get(op, ())
         rank = {name: index for index, name in enumerate(preferred)}
         return sorted(self.variants(op), key=lambda v: rank.get(v.name, len(rank)))
+
+
+def _build_state(variant: Variant) -> tuple[str | None, str | None]:
+    """:func:`explain_build` of a loaded variant's native library; a status that raises
+    (a plugin's library) is a rejection reason instead."""
+    try:
+        return explain_build(variant.native)  # type: ignore[arg-type]
+    except Exception as exc:
+        logger.warning("kernel variant %s: its native library's status failed: %r",
+                       variant.key, exc)
+        return f"build status unknown: {exc!r}", None
 
 
 def _import_failure(variant: Variant) -> str | None:

@@ -13,6 +13,7 @@ from packaging.version import InvalidVersion, Version
 from hwplug.platform_interface import DeviceCapability
 
 if TYPE_CHECKING:
+    from hwplug.kernel_registry.native import NativeLibrary
     from hwplug.platform_interface import Platform
 
 #: ``supports(*args, **kwargs)`` of a variant: None if it can serve this call, else why not.
@@ -31,7 +32,11 @@ class Variant:
     version gates, and the ``num_tokens`` range ``[low, high)`` of the dispatch tensor's
     leading dimension. ``supports`` (a callable or a
     lazy ``"module:function"``, imported with ``impl``) is checked on every call for what
-    only the call's shapes can tell; leave it None where possible.
+    only the call's shapes can tell; leave it None where possible. ``native`` is the
+    compiled library ``impl`` calls, if any (a :class:`~hwplug.kernel_registry.native.
+    NativeLibrary` or a lazy ``"module:attribute"`` naming one): importing it builds
+    nothing; the registry explains from its build status and builds it when it binds the
+    variant for calls.
     """
 
     op: str
@@ -47,6 +52,7 @@ class Variant:
     packages: dict[str, str] = field(default_factory=dict)
     num_tokens: tuple[int, int | None] | None = None
     supports: SupportsFn | str | None = None
+    native: NativeLibrary | str | None = None
     description: str = ""
 
     @property
@@ -54,26 +60,42 @@ class Variant:
         return f"{self.op}/{self.name}"
 
     def load(self) -> None:
-        """Import a lazy ``impl`` and ``supports`` in place (import errors propagate)."""
+        """Import a lazy ``impl``, ``supports`` and ``native`` in place (import errors
+        propagate). Nothing is built: see :attr:`native`."""
         from hwplug.registry import import_object
 
         if isinstance(self.impl, str):
             self.impl = import_object(self.impl)
         if isinstance(self.supports, str):
             self.supports = import_object(self.supports)
+        if isinstance(self.native, str):
+            self.native = import_object(self.native)
 
     def static_rejection(self, platform: Platform, device_type: str, dtype: str,
                          num_tokens: int | None) -> str | None:
         """Why this variant cannot serve the dispatch key, or None if it can."""
         if self.platforms:
             if not platform.matches(self.platforms):
-                return f"serves platform {', '.join(self.platforms)}, not {platform.name}"
+                return self._platform_rejection(platform)
             if device_type != platform.device_type:
                 return f"needs tensors on {platform.device_type}, got {device_type}"
         if self.dtypes and dtype not in self.dtypes:
             return f"dtype {dtype} not in {', '.join(self.dtypes)}"
+        return self._gate_rejection(platform) or self._tokens_rejection(num_tokens)
+
+    def device_rejection(self, platform: Platform) -> str | None:
+        """Why this variant can serve no call at all on ``platform``'s device (its platform,
+        device features, capability or version gates), or None."""
+        if self.platforms and not platform.matches(self.platforms):
+            return self._platform_rejection(platform)
+        return self._gate_rejection(platform)
+
+    def _platform_rejection(self, platform: Platform) -> str:
+        return f"serves platform {', '.join(self.platforms)}, not {platform.name}"
+
+    def _gate_rejection(self, platform: Platform) -> str | None:
         return (self._feature_rejection(platform) or self._capability_rejection(platform)
-                or self._version_rejection(platform) or self._tokens_rejection(num_tokens))
+                or self._version_rejection(platform))
 
     def _feature_rejection(self, platform: Platform) -> str | None:
         missing = [f for f in self.features if f not in platform.facts.features]

@@ -19,10 +19,11 @@ OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention", "resha
 
 
 def variant(op: str, name: str):
-    """The variant ``op/name`` the cpu plugin registers, loaded (built on first use)."""
+    """The variant ``op/name`` the cpu plugin registers, loaded and its library built."""
     current_platform()  # discovery loads the plugins
     found = kernels.get(f"{op}/{name}")
     found.load()
+    found.native.ensure_built()
     return found
 
 

@@ -1,5 +1,6 @@
-"""Building the ggml C kernels on first use: the cache, the compiler's flags, and a broken
-compiler as the variant's stated rejection reason (never a crash)."""
+"""Building the ggml C kernels: the cache, the compiler's flags, and a broken compiler as the
+variant's stated rejection reason (never a crash). tests/test_native_build.py has the build
+step's status, remembered failures, the registry's use of them and ``hwplug build``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from hwplug import current_platform
-from hwplug.errors import UnsupportedError
+from hwplug.errors import BuildError, UnsupportedError
 from hwplug.kernel_registry import KernelRegistry
 from hwplug.kernel_registry.reference.ggml import ggml_linear
 from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
@@ -48,11 +49,14 @@ def quick_build() -> str:
 @pytest.mark.slow
 def test_the_library_is_built_once_then_loaded_from_the_cache(cache, compiles):
     name = quick_build()
-    path = build.build(name)
+    built = build.build(name)
+    path = built.path
+    assert built.state == "built" and built.seconds > 0
     assert path.parent == cache and path.name.startswith(f"{name}-") and path.suffix == ".so"
     assert len(compiles) == 1 and "-O3" in compiles[0] and "-fopenmp" in compiles[0]
     assert sorted(p.name for p in cache.iterdir()) == [path.name]  # no temporary file left
-    assert build.build(name) == path and len(compiles) == 1  # cached: no compiler run
+    again = build.build(name)
+    assert (again.path, again.seconds) == (path, None) and len(compiles) == 1  # cached
     assert build.load(name).hwplug_ggml_linear  # loads; its entry points are there
 
 
@@ -84,9 +88,11 @@ def wrapper(tmp_path: Path, body: str) -> str:
 @pytest.mark.slow
 def test_flags_the_compiler_rejects_are_dropped(cache, compiles, monkeypatch, tmp_path):
     cc, _ = build.compiler()
-    monkeypatch.setenv("CC", wrapper(tmp_path, 'case "$*" in *-march=native*) echo "no such '
-                                               f'flag" >&2; exit 1;; esac\nexec {cc[0]} "$@"'))
+    monkeypatch.setenv("CC", wrapper(tmp_path, 'case "$*" in *-march=native*) echo "cc1: error: '
+                                               "bad value 'native' for -march= switch\" >&2; "
+                                               f'exit 1;; esac\nexec {cc[0]} "$@"'))
     kernels = ops.GgmlKernels(quick_build())  # a build of its own, with the wrapper
+    kernels.ensure_built()
     qweight = ggml_weight(torch.Generator().manual_seed(0), 8, 4, 64)  # Q8_0
     x = torch.randn(2, 64)
     out = kernels.linear(x, qweight, 8)
@@ -102,9 +108,10 @@ def test_flags_the_compiler_rejects_are_dropped(cache, compiles, monkeypatch, tm
 ])
 def test_a_broken_compiler_is_a_typed_error_and_no_library(cache, monkeypatch, cc, reason):
     monkeypatch.setenv("CC", cc)
-    with pytest.raises(UnsupportedError, match=reason):
+    with pytest.raises(BuildError, match=reason):
         build.build("portable")
-    assert not cache.exists() or not any(cache.iterdir())  # nothing half-written
+    left = sorted(p.suffix for p in cache.iterdir()) if cache.exists() else []
+    assert left in ([], [".failed"])  # nothing half-written; a compiler's failure remembered
 
 
 def test_a_broken_compiler_is_the_variants_rejection_reason(cache, monkeypatch,
@@ -112,15 +119,15 @@ def test_a_broken_compiler_is_the_variants_rejection_reason(cache, monkeypatch,
     """Through the registry, as ``hwplug kernels`` shows it: the variant is rejected with
     the reason, and the reference serves."""
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.delitem(ops.PORTABLE.__dict__, "library", raising=False)  # not yet built
     registry = KernelRegistry()
     registry.define_op("ggml_linear", "hwplug.kernel_registry.reference.ggml:ggml_linear",
                        doc="", tolerances={"float32": (6e-2, 1e-2)})
     registry.register_variant("ggml_linear", "ggml_c",
-                              "hwplug.platforms.cpu.ggml.ops:PORTABLE.linear")
+                              "hwplug.platforms.cpu.ggml.ops:PORTABLE.linear",
+                              native="hwplug.platforms.cpu.ggml.ops:PORTABLE")
     why = registry.explain("ggml_linear", current_platform(), "cpu", "float32")
     assert why.chosen.name == "reference"
-    assert why.rejected["ggml_c"].startswith("import failed: UnsupportedError(\"no C compiler")
+    assert why.rejected["ggml_c"].startswith("not built: no C compiler to build the CPU kernels")
 
 
 def test_unknown_builds_are_named_with_the_known_ones():
@@ -133,7 +140,7 @@ def test_unknown_builds_are_named_with_the_known_ones():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_the_kernels_share_torchs_openmp_runtime(fresh_discovery):
     """One OpenMP thread pool: a second libgomp would spin its own threads beside torch's."""
-    ops.AVX2.linear  # noqa: B018  (built and loaded)
+    ops.AVX2.ensure_built()  # built and loaded
     maps = Path("/proc/self/maps").read_text().splitlines()
     runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) == 1, runtimes

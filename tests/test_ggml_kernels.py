@@ -25,11 +25,11 @@ Q = GGMLQuantizationType
 
 
 def variant(op: str, name: str):
-    """The variant ``op/name`` the cpu plugin registers, loaded (its library built on first
-    use)."""
+    """The variant ``op/name`` the cpu plugin registers, loaded and its library built."""
     current_platform()  # discovery loads the plugins
     found = kernels.get(f"{op}/{name}")
     found.load()
+    found.native.ensure_built()
     return found
 
 
@@ -174,6 +174,7 @@ def test_int16_activations_keep_the_outputs_far_closer_than_int8(fresh_discovery
     """int16 steps are 258 times finer than int8's: measured worst errors over these calls
     (every type, both builds) 9.7e-5 for int16, 6e-3 to 2.8e-2 per type for int8."""
     build = BUILDS[name]
+    build.ensure_built()
     qweight, cols = weight_for(kind, 40, seed=kind + 2)
     generator = torch.Generator().manual_seed(4)
     bias = torch.randn(40, generator=generator)
@@ -192,6 +193,7 @@ def test_int16_dots_hold_the_largest_weights_and_activations_exactly(fresh_disco
     """The int32 lanes' worst cases: Q8_0 quants of -128 and Q6_K's (0 - 32) * -128 = 4096
     against activations that all round to 32767; every output is exact in fp32."""
     build = BUILDS[name]
+    build.ensure_built()
     one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
     q8 = torch.cat([one, torch.full((32,), 0x80, dtype=torch.uint8)]).repeat(2, 16)
     q6 = torch.cat([torch.zeros(192, dtype=torch.uint8), torch.full((16,), 0x80, dtype=torch.uint8),

@@ -28,6 +28,12 @@ from hwplug.platforms.cpu.step_graph import native_call, record, same_calls
 EPS = 1e-6
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _portable_built() -> None:
+    """The C kernels the recorder is checked on, built (or found built) first."""
+    PORTABLE.ensure_built()
+
+
 def _norm_then_silu(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     return PORTABLE.silu_and_mul(PORTABLE.rms_norm(x, weight, eps))
 

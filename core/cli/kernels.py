@@ -1,4 +1,9 @@
-"""``hwplug kernels``: per op and dtype, the variant chosen here and why others were not."""
+"""``hwplug kernels``: per op and dtype, the variant chosen here and why others were not.
+
+Side-effect free: a variant's native library is shown as the registry explains it from its
+build status (a remembered build failure rejects the variant, one not built yet is noted
+"built on first use"); nothing is compiled here (``hwplug build`` does that).
+"""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
                 "chosen": why.chosen.name if why.chosen else None,
                 "fallbacks": [v.name for v in why.chain[1:]],
                 "rejected": why.rejected,
+                "notes": why.notes,
                 "num_tokens": {v.name: list(v.num_tokens) for v in why.chain if v.num_tokens},
             }
     for name in registries.attention_backends.names():
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for op, by_dtype in data["ops"].items():
         for dtype, why in by_dtype.items():
             rejected = "; ".join(f"{n}: {r}" for n, r in why["rejected"].items())
-            chosen, *fallbacks = (_with_tokens(name, why["num_tokens"])
+            chosen, *fallbacks = (_annotated(name, why)
                                   for name in (why["chosen"] or "NONE", *why["fallbacks"]))
             rows.append((op, dtype, chosen, ", ".join(fallbacks), rejected))
     console.print(table(f"kernels on platform {data['platform']}",
@@ -72,9 +78,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _with_tokens(name: str, ranges: dict[str, list[int | None]]) -> str:
-    """``name``, with the ``[low, high)`` token range it is limited to, if any."""
-    if name not in ranges:
-        return name
-    low, high = ranges[name]
-    return f"{name} (tokens [{low}, {high if high is not None else 'inf'}))"
+def _annotated(name: str, why: dict[str, Any]) -> str:
+    """``name``, with the ``[low, high)`` token range it is limited to and its note (e.g.
+    "built on first use"), if any."""
+    label = name
+    if name in why["num_tokens"]:
+        low, high = why["num_tokens"][name]
+        label = f"{name} (tokens [{low}, {high if high is not None else 'inf'}))"
+    note = why["notes"].get(name)
+    return f"{label} ({note})" if note else label

@@ -144,6 +144,11 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
         variant.load()
     except Exception as exc:
         return "failed", f"fails to import: {exc!r}"
+    if variant.native is not None:
+        try:
+            variant.native.ensure_built()  # type: ignore[union-attr]
+        except Exception as exc:
+            return "failed", f"its native library does not build: {exc}"
     tally = _Tally()
     strategy = st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant)))
     failure = first_failure(strategy, _case_body(variant, placement, tally), examples)

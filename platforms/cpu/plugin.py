@@ -22,12 +22,13 @@ _LINEAR = "hwplug.platforms.cpu.onednn:linear"
 _INT8 = "hwplug.platforms.cpu.int8:"
 _ONEDNN = "oneDNN matmul on a weight reordered once into its blocked layout"
 _GGML = "hwplug.platforms.cpu.ggml.ops:"
-#: The C kernel over GGUF blocks, built on first use: name -> (build, features, priority).
+#: The C kernel over GGUF blocks (its library, each variant's ``native``, built when first
+#: bound or by ``hwplug build``): name -> (build, features, priority).
 _GGML_BUILDS = {"ggml_avx2": ("AVX2", ("x86_64", "avx2", "fma", "f16c"), 10),
                 "ggml_c": ("PORTABLE", (), 5)}
 _FUSED = "hwplug.platforms.cpu.fused.ops:"
-#: The fused C kernels of a decode step's small ops, built on first use: name -> (build,
-#: features, priority), above the torch variants (priority 10) that they beat
+#: The fused C kernels of a decode step's small ops (built like the GGUF kernel): name ->
+#: (build, features, priority), above the torch variants (priority 10) that they beat
 #: (benchmarks/cpu_small_ops.py).
 _FUSED_BUILDS = {"fused_avx2": ("AVX2", ("x86_64", "avx2", "fma", "f16c"), 30),
                  "fused_c": ("PORTABLE", (), 20)}
@@ -59,7 +60,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     # 1.1-1.2x, 1024 rows 1.0-1.1x; no packed second copy of the weight; and C, so a decode
     # step can be a step graph
     *(dict(op="linear", name=name, impl=_FUSED + "AVX2.linear", num_tokens=tokens,
-           supports=_FUSED + "linear_supported", dtypes=("float32",),
+           supports=_FUSED + "linear_supported", native=_FUSED + "AVX2", dtypes=("float32",),
            features=("x86_64", "avx2", "fma", "f16c"), priority=priority, description=description)
       for name, tokens, priority, description in (
           ("gemv_avx2", (1, 2), 20, "C (avx2): one activation row; each thread streams its "
@@ -86,22 +87,23 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          supports=_KERNELS + "decode_supported", dtypes=("float32",),
          description="decode batches up to 16 MiB of K/V: gather the blocks, one SDPA call"),
     *(dict(op="ggml_linear", name=name, impl=f"{_GGML}{build}.linear", features=features,
-           supports=_GGML + "linear_supported", dtypes=FLOAT_DTYPES, priority=priority,
+           supports=_GGML + "linear_supported", native=_GGML + build, dtypes=FLOAT_DTYPES,
+           priority=priority,
            description=f"C ({build.lower()}): int16 (tuned: int8) dot products on the GGUF "
                        "blocks; past a tuned row count, fp32 tiles of the weight through "
                        "torch's GEMM")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
     *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding", features=features,
-           supports=_GGML + "embedding_supported", priority=priority,
+           supports=_GGML + "embedding_supported", native=_GGML + build, priority=priority,
            description=f"C ({build.lower()}): dequantizes the rows it reads")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
     # torch's lookup is as fast; a C call lets a float model's decode step be a step graph
     *(dict(op="embedding", name=name, impl=f"{_GGML}{build}.lookup", features=features,
-           supports=_GGML + "lookup_supported", priority=priority,
+           supports=_GGML + "lookup_supported", native=_GGML + build, priority=priority,
            description=f"C ({build.lower()}): copies the fp32 rows it reads")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
     *(dict(op=op, name=name, impl=f"{_FUSED}{build}.{method}", supports=_FUSED + supported,
-           dtypes=("float32",), features=features, priority=priority,
+           native=_FUSED + build, dtypes=("float32",), features=features, priority=priority,
            description=f"C ({build.lower()}): {what}")
       for op, (method, supported, what) in _FUSED_OPS.items()
       for name, (build, features, priority) in _FUSED_BUILDS.items()),

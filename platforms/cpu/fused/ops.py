@@ -3,11 +3,13 @@
 ctypes, fp32.
 
 :data:`AVX2` and :data:`PORTABLE` are the two builds, compiled and cached by
-:mod:`hwplug.platforms.cpu.ggml.build` the first time one of their ops is asked for, so a
-failed build is the variant's rejection reason. Each op checks nothing its ``*_supported``
-function checks (the registry asks that first) and allocates only its outputs: a call is
-one ctypes call (argtypes set once, made through :func:`~hwplug.platforms.cpu.
-step_graph.native_call`, so a step of these ops can be a step graph) plus the outputs.
+:mod:`hwplug.platforms.cpu.ggml.build` when the registry binds a variant naming one as its
+``native`` library (or by ``hwplug build``), so a failed build is the variant's rejection
+reason; calling an op before its library is built raises. Each op checks nothing its
+``*_supported`` function checks (the registry asks that first) and allocates only its
+outputs: a call is one ctypes call (argtypes set once, made through
+:func:`~hwplug.platforms.cpu.step_graph.native_call`, so a step of these ops can be a step
+graph) plus the outputs.
 """
 
 from __future__ import annotations
@@ -39,22 +41,16 @@ _SIGNATURES = {
 
 
 class FusedKernels(build.Library):
-    """One build of ``kernels.c``; its attributes are the ops, with the ops' signatures
-    (asking for one builds the library first, see :class:`~hwplug.platforms.cpu.ggml.build.
-    BuiltOp`)."""
+    """One build of ``kernels.c``; its methods are the ops, with the ops' signatures (built
+    by :meth:`~hwplug.platforms.cpu.ggml.build.Library.ensure_built` first)."""
 
     source = SOURCE
     signatures = _SIGNATURES
-    rms_norm = build.BuiltOp()
-    silu_and_mul = build.BuiltOp()
-    rotary_embedding = build.BuiltOp()
-    paged_attention = build.BuiltOp()
-    reshape_and_cache = build.BuiltOp()
-    linear = build.BuiltOp()
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                  residual: torch.Tensor | None = None
-                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The ``rms_norm`` op on calls :func:`rms_norm_supported` accepts."""
         out = torch.empty_like(x)
         summed = None if residual is None else torch.empty_like(x)
         hidden = x.shape[-1]
@@ -64,16 +60,18 @@ class FusedKernels(build.Library):
                     x.numel() // max(hidden, 1), hidden, eps, torch.get_num_threads())
         return out if summed is None else (out, summed)
 
-    def _silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``silu_and_mul`` op on calls :func:`silu_and_mul_supported` accepts."""
         half = x.shape[-1] // 2
         out = torch.empty((*x.shape[:-1], half), dtype=x.dtype)
         native_call(self.library.hwplug_silu_and_mul, x.data_ptr(), out.data_ptr(),
                     x.numel() // x.shape[-1], half, torch.get_num_threads())
         return out
 
-    def _rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                          cos_sin_cache: torch.Tensor, is_neox: bool
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                         cos_sin_cache: torch.Tensor, is_neox: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``rotary_embedding`` op on calls :func:`rotary_supported` accepts."""
         tokens, heads, size = query.shape
         q_out = torch.empty((tokens, heads, size), dtype=query.dtype)
         k_out = torch.empty(key.shape, dtype=key.dtype)
@@ -85,13 +83,14 @@ class FusedKernels(build.Library):
             check=partial(_positions_outside, positions, cos_sin_cache.shape[0]))
         return q_out, k_out
 
-    def _paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
-                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                         query_start_loc: torch.Tensor, scale: float, causal: bool = True,
-                         sliding_window: int | None = None, soft_cap: float | None = None,
-                         max_query_len: int | None = None, max_seq_len: int | None = None,
-                         k_scale: torch.Tensor | None = None,
-                         v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        query_start_loc: torch.Tensor, scale: float, causal: bool = True,
+                        sliding_window: int | None = None, soft_cap: float | None = None,
+                        max_query_len: int | None = None, max_seq_len: int | None = None,
+                        k_scale: torch.Tensor | None = None,
+                        v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode ``paged_attention`` op on calls :func:`decode_supported` accepts."""
         _, num_blocks, block_size, kv_heads, size = kv_cache.shape
         out = torch.empty((query.shape[0], query.shape[1], size), dtype=query.dtype)
         native_call(
@@ -102,10 +101,11 @@ class FusedKernels(build.Library):
             torch.get_num_threads(), check=partial(_blocks_outside, num_blocks))
         return out
 
-    def _reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
-                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                           k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None) -> None:
+    def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
+                          kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                          k_scale: torch.Tensor | None = None,
+                          v_scale: torch.Tensor | None = None) -> None:
+        """The ``reshape_and_cache`` op on calls :func:`cache_write_supported` accepts."""
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
         native_call(
             self.library.hwplug_cache_write, key.data_ptr(), key.stride(0), value.data_ptr(),
@@ -113,8 +113,9 @@ class FusedKernels(build.Library):
             slot_mapping.data_ptr(), key.shape[0],
             check=partial(_slots_outside, slot_mapping, num_slots))
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """The fp32 ``linear`` op on calls :func:`linear_supported` accepts."""
         n, k = weight.shape
         out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
         native_call(self.library.hwplug_linear_f32, x.data_ptr(), x.numel() // k,

@@ -1,9 +1,10 @@
 """The ``ggml_linear`` and ``ggml_embedding`` variants that call ``kernels.c`` through ctypes.
 
-:data:`AVX2` and :data:`PORTABLE` are the two builds (see :mod:`.build`); each builds its
-library the first time one of its functions is asked for, so the registry's lazy
-``"hwplug.platforms.cpu.ggml.ops:AVX2.linear"`` builds when the variant is first
-considered, and a failed build is the variant's rejection reason.
+:data:`AVX2` and :data:`PORTABLE` are the two builds (see :mod:`.build`), each a native
+library that the variants name (``native``): the registry builds one when it binds a
+variant for calls (``ensure_built``), or ``hwplug build`` ahead of time; importing or
+reading an op builds nothing, and calling one before its library is built raises
+:class:`~hwplug.errors.UnsupportedError`.
 
 ``linear`` computes ``x @ W.T`` two ways, chosen by the number of activation rows ``M``:
 :meth:`GgmlKernels.linear_blocks`, the C kernel's integer dot products straight from the
@@ -99,8 +100,8 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 
 class GgmlKernels(build.Library):
-    """One build of ``kernels.c``: its ``linear`` and ``embedding`` have the ops' signatures
-    (asking for one builds the library first, see :class:`~.build.BuiltOp`)."""
+    """One build of ``kernels.c``: its ``linear``, ``embedding`` and ``lookup`` have the ops'
+    signatures (built by :meth:`~.build.Library.ensure_built` first)."""
 
     signatures = {
         "hwplug_ggml_linear": [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr,
@@ -108,12 +109,12 @@ class GgmlKernels(build.Library):
         "hwplug_ggml_dequantize": [ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr,
                                    ctypes.c_int],
     }
-    linear = build.BuiltOp()
-    embedding = build.BuiltOp()
-    lookup = build.BuiltOp()
 
-    def _linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``ggml_linear`` op on calls :func:`linear_supported` accepts: the integer dots
+        below :func:`tiled_from`'s rows, the dequantized tiles from there; in ``x``'s
+        dtype."""
         # a decode step calls this ~120 times: the 2-D fp32 case skips reshape, to and view
         flat = x.dim() == 2
         rows, threads = x if flat else x.reshape(-1, x.shape[-1]), torch.get_num_threads()
@@ -149,15 +150,16 @@ class GgmlKernels(build.Library):
 
         return linear_by_tiles(_fp32(x), qweight.shape[0], fill, _fp32(bias))
 
-    def _embedding(self, ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
-                   ) -> torch.Tensor:
+    def embedding(self, ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
+                  ) -> torch.Tensor:
+        """The ``ggml_embedding`` op on calls :func:`embedding_supported` accepts."""
         index = ids.to(torch.int64).contiguous()
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         out = torch.empty((index.shape[0], qweight.shape[1] // size * block))
         self._dequantize(qweight, ggml_type, index, out)
         return out
 
-    def _lookup(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def lookup(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The ``embedding`` op on an fp32 table: its rows copied as GGUF F32 rows."""
         index = ids.to(torch.int64).contiguous()
         out = torch.empty((index.shape[0], weight.shape[1]))
