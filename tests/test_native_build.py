@@ -1,6 +1,6 @@
 """The native build step: a library's status (no side effects), ``ensure_built`` (a failure
 remembered beside where the library would be), the registry explaining from the status and
-building only when it binds a variant, and ``HWPLUG_BUILD_KERNELS``.
+building only when it binds a variant, ``HWPLUG_BUILD_KERNELS`` and ``hwplug build``.
 
 The subprocess tests run hwplug as a user does, with ``CC`` a compiler that logs each run
 and fails, so the log counts the compiler runs."""
@@ -232,3 +232,42 @@ def test_never_runs_no_compiler_and_the_fallbacks_serve(tmp_path):
     out = hwplug("generate", "Hello", "--max-tokens", "4", "--dtype", "float32", env=env)
     assert out.returncode == 0, out.stderr
     assert "rms_norm=torch_fused" in out.stderr and runs(log) == []
+
+
+@pytest.mark.slow
+def test_hwplug_build_builds_and_reports_what_is_already_built(tmp_path):
+    env = {"HWPLUG_CACHE_DIR": str(tmp_path / "cache"), "HWPLUG_BUILD_KERNELS": "never"}
+    first = hwplug("build", "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    libraries = json.loads(first.stdout)["libraries"]
+    names = {lib["library"] for lib in libraries}
+    assert {"ggml (portable)", "fused (portable)"} <= names
+    assert all(lib["state"] == "built now" and Path(lib["path"]).exists() for lib in libraries)
+    assert "rms_norm/fused_c" in {v for lib in libraries for v in lib["variants"]}
+    second = json.loads(hwplug("build", "--json", env=env).stdout)["libraries"]
+    assert [(lib["library"], lib["state"]) for lib in second] == [
+        (name["library"], "already built") for name in libraries]
+    table = hwplug("build", env=env)
+    assert table.returncode == 0 and "already built" in table.stdout
+    why = json.loads(hwplug("kernels", "--json", "--op", "rms_norm", env=env).stdout)
+    assert why["ops"]["rms_norm"]["float32"]["chosen"].startswith("fused_")  # under never
+
+
+def test_hwplug_build_with_a_failing_compiler_exits_2_and_remembers(tmp_path):
+    script, log = compiler(tmp_path)
+    env = {"CC": str(script), "HWPLUG_CACHE_DIR": str(tmp_path / "cache"),
+           "HWPLUG_BUILD_KERNELS": "never"}
+    failed = hwplug("build", "--json", env=env)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    libraries = json.loads(failed.stdout)["libraries"]
+    assert {lib["state"] for lib in libraries} == {"failed"}
+    assert f"BuildError: {len(libraries)} of {len(libraries)} native kernel libraries failed" \
+           in failed.stderr and "failing-cc failed to build the ggml CPU kernels" in failed.stderr
+    assert sorted(builds_run(log).items()) == sorted(
+        ((lib["library"].split()[0], lib["library"].split()[1].strip("()")), 1)
+        for lib in libraries)  # one compiler run per build
+    again = hwplug("build", env=env)
+    assert again.returncode == 2 and "remembered in" in again.stderr
+    assert len(runs(log)) == len(libraries)  # remembered: no compiler run
+    assert hwplug("build", "--force", env=env).returncode == 2
+    assert len(runs(log)) == 2 * len(libraries)

@@ -28,6 +28,8 @@ RUNS_MODELS = ("generate", "embed")
 COMMANDS = {
     "info": ("hwplug.cli.info", "show the resolved platform, plugins, registries, settings"),
     "kernels": ("hwplug.cli.kernels", "show the kernel variant chosen per op and why"),
+    "build": ("hwplug.cli.build", "build the native kernel libraries this machine can use, "
+                                  "ahead of time"),
     "models": ("hwplug.cli.models", "list registered model architectures"),
     "generate": ("hwplug.cli.generate", "generate text with a model"),
     "embed": ("hwplug.cli.embed", "embed text with an encoder model"),
