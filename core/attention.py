@@ -14,9 +14,9 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.device import DeviceCapability
 from hwplug.errors import UnsupportedError
 from hwplug.interface import StrictInterface
+from hwplug.requirements import Requirements
 
 if TYPE_CHECKING:
     import torch
@@ -125,13 +125,17 @@ class AttentionBackend(StrictInterface, abc.ABC):
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
+    def requirements(cls) -> Requirements:
+        """The platform, model-dtype and capability requirements the class attributes state
+        (override to add device features, toolkit or packages)."""
+        return Requirements(platforms=cls.platforms, dtypes=cls.supported_dtypes,
+                            min_capability=cls.min_capability,
+                            max_capability=cls.max_capability)
+
+    @classmethod
     def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
         """Reasons this backend cannot serve ``spec`` on ``platform``; empty means it can."""
-        reasons = []
-        if platform is not None and not platform.matches(cls.platforms):
-            reasons.append(f"runs on {', '.join(cls.platforms)}, not {platform.name}")
-        if spec.dtype not in cls.supported_dtypes:
-            reasons.append(f"dtype {spec.dtype} not in {', '.join(cls.supported_dtypes)}")
+        reasons = cls.requirements().reasons(platform, spec.dtype)
         kv_dtype = spec.kv_cache_dtype or spec.dtype
         if kv_dtype not in cls.supported_kv_cache_dtypes:
             reasons.append(f"KV-cache dtype {kv_dtype} not in "
@@ -155,21 +159,7 @@ class AttentionBackend(StrictInterface, abc.ABC):
                            f"{spec.num_kv_heads} KV heads")
         elif spec.num_heads != spec.num_kv_heads and not cls.supports_gqa:
             reasons.append("grouped-query attention not supported")
-        reasons.extend(cls._capability_reasons(platform))
         return reasons
-
-    @classmethod
-    def _capability_reasons(cls, platform: Platform | None) -> list[str]:
-        if platform is None or (cls.min_capability is None and cls.max_capability is None):
-            return []
-        current = platform.facts.capability
-        if current is None:
-            return ["needs a device capability, the platform reports none"]
-        if cls.min_capability and current < DeviceCapability.parse(cls.min_capability):
-            return [f"capability {current} below {cls.min_capability}"]
-        if cls.max_capability and current > DeviceCapability.parse(cls.max_capability):
-            return [f"capability {current} above {cls.max_capability}"]
-        return []
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        metadata: AttentionMetadata) -> None:

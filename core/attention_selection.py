@@ -2,7 +2,7 @@
 
 :func:`select_backend` asks every registered backend to :meth:`~hwplug.AttentionBackend.validate`
 the model's :class:`~hwplug.attention.AttentionSpec` on the platform, then takes the first
-of the platform's ``facts.attention_backend_priority`` that accepts (or the one the
+of the platform's :meth:`~hwplug.Platform.attention_backends` that accepts (or the one the
 configuration names: ``LLM(attention_backend=...)`` or ``HWPLUG_ATTENTION_BACKEND``).
 :func:`settle_attention` runs it once, at configuration time, and settles the block size
 with the chosen backend; a block size that no backend able to serve the model accepts is
@@ -59,7 +59,7 @@ def select_backend(platform: Platform, spec: AttentionSpec,
 
     ``requested`` forces a backend: if it cannot serve the spec that is an error listing
     its reasons and the backends that can. Otherwise the first backend of
-    ``platform.facts.attention_backend_priority`` that validates wins.
+    ``platform.attention_backends()`` that validates wins.
     """
     reasons = _rejections(platform, spec)
     able = [name for name, why in reasons.items() if not why]
@@ -72,8 +72,7 @@ def select_backend(platform: Platform, spec: AttentionSpec,
                 f"{'; '.join(reasons[requested])}. Backends that can: {', '.join(able) or 'none'}"
             )
         return Selection(backend, {n: r for n, r in reasons.items() if n != requested}, True)
-    priority = [registries.attention_backends.current_name(n)
-                for n in platform.facts.attention_backend_priority]
+    priority = list(platform.attention_backends())
     if not priority:
         raise UnsupportedError(
             f"platform {platform.name!r} declares no attention backend: its plugin has not "

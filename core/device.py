@@ -62,7 +62,7 @@ class DeviceFacts:
     features: frozenset[str]
     supported_dtypes: tuple[str, ...]
     supported_kv_cache_dtypes: tuple[str, ...]
-    supported_quant_methods: tuple[str, ...]
+    supported_quant_methods: tuple[str, ...] | None
     attention_backend_priority: tuple[str, ...]
     available: bool
     notes: tuple[str, ...] = ()

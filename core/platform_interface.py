@@ -12,6 +12,7 @@ it). Facts are computed once, by :meth:`Platform.derive_facts`, and read by rank
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hwplug import registries
 from hwplug.device import DeviceCapability, DeviceFacts, MemoryInfo
 from hwplug.dtypes import AUTO, auto_dtype
 from hwplug.errors import UnsupportedError
@@ -67,9 +69,12 @@ class Platform(StrictInterface):
     supported_dtypes: ClassVar[tuple[str, ...]] = ()
     #: KV-cache dtypes the kind can store (fp8 names only where the hardware can).
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ()
-    #: Quantization method names it can run.
-    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
-    #: Attention backends to try, best first.
+    #: Quantization methods it may run: None (the default) lets every registered method
+    #: whose requirements the device meets run (see :meth:`quant_methods`); a tuple
+    #: restricts them to those names (a veto by omission, e.g. no fp8 on one GPU family).
+    supported_quant_methods: ClassVar[tuple[str, ...] | None] = None
+    #: Attention backends to try first, best first; registered backends declared for this
+    #: platform follow them (see :meth:`attention_backends`).
     attention_backend_priority: ClassVar[tuple[str, ...]] = ()
     #: Block size used when a configuration does not ask for one.
     default_block_size: ClassVar[int] = 16
@@ -120,6 +125,47 @@ class Platform(StrictInterface):
         ``names`` is empty (any platform), or holds its name or one of its families."""
         wanted = set(names)
         return not wanted or bool(wanted & {self.name, *self.families})
+
+    # --- what is registered for this device ------------------------------------------
+
+    def quant_methods(self) -> tuple[str, ...]:
+        """The registered quant methods this device runs, in registration order: each whose
+        :meth:`~hwplug.QuantMethod.requirements` it meets (a capability bound applies only
+        where the device reports a capability: a CPU emulates), within
+        ``facts.supported_quant_methods`` when that is a tuple."""
+        return tuple(name for name in registries.quant_methods.names()
+                     if not self.quant_method_reasons(name))
+
+    def quant_method_reasons(self, name: str) -> list[str]:
+        """Why the registered quant method ``name`` cannot run here (empty: it can)."""
+        allowed = self.facts.supported_quant_methods
+        if allowed is not None and name not in allowed:
+            return [f"the platform allows only {', '.join(allowed) or 'none'}"]
+        try:
+            requirements = registries.quant_methods.get(name).requirements()
+        except Exception as exc:  # a method that fails to import runs nowhere
+            return [f"failed to import: {exc!r}"]
+        if self.facts.capability is None:
+            requirements = dataclasses.replace(requirements, min_capability=None,
+                                               max_capability=None)
+        return requirements.reasons(self)
+
+    def attention_backends(self) -> tuple[str, ...]:
+        """Attention backends to try, best first: ``facts.attention_backend_priority``, then
+        every other registered backend declared for this platform or a family of it
+        (``platforms`` not empty), in registration order."""
+        listed = [registries.attention_backends.current_name(name)
+                  for name in self.facts.attention_backend_priority]
+        for name in registries.attention_backends.names():
+            if name in listed:
+                continue
+            try:
+                declared = registries.attention_backends.get(name).platforms
+            except Exception:  # reported by selection, which imports every backend too
+                continue
+            if declared and self.matches(declared):
+                listed.append(name)
+        return tuple(listed)
 
     def apply_process_env(self) -> dict[str, str]:
         """Set each :attr:`process_env` variable the environment lacks; return what was set.
@@ -231,8 +277,8 @@ class Platform(StrictInterface):
             "dist_backend": self.dist_backend,
             "supported_dtypes": list(facts.supported_dtypes),
             "supported_kv_cache_dtypes": list(facts.supported_kv_cache_dtypes),
-            "supported_quant_methods": list(facts.supported_quant_methods),
-            "attention_backend_priority": list(facts.attention_backend_priority),
+            "quant_methods": list(self.quant_methods()),
+            "attention_backends": list(self.attention_backends()),
             "step_replay": recorder.name if (recorder := self.step_recorder()) else None,
             "notes": list(facts.notes),
         }

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.interface import StrictInterface
+from hwplug.requirements import Requirements
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +78,12 @@ class QuantMethod(StrictInterface, abc.ABC):
     @abc.abstractmethod
     def get_name(cls) -> str:
         """The registered name, matching ``quant_method`` in a checkpoint's config."""
+
+    @classmethod
+    def requirements(cls) -> Requirements:
+        """Where the method runs: its :attr:`supported_dtypes` and :attr:`min_capability`
+        (override to add platforms, device features or packages)."""
+        return Requirements(dtypes=cls.supported_dtypes, min_capability=cls.min_capability)
 
     @classmethod
     def from_config(cls, quant_config: dict[str, Any] | None) -> QuantMethod:

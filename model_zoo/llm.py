@@ -385,11 +385,11 @@ def dequantize_needed(path: os.PathLike[str], dequantize: bool, platform: Platfo
     no kernels on GGUF blocks (``gguf`` not among its quant methods; logged)."""
     if dequantize or checkpoint_format(path) != "gguf":
         return dequantize
-    if "gguf" in platform.facts.supported_quant_methods:
+    runs = platform.quant_methods()
+    if "gguf" in runs:
         return False
     logger.info("loading %s dequantized: platform %s runs no kernels on GGUF blocks (its "
-                "quant methods: %s)", os.fspath(path), platform.name,
-                ", ".join(platform.facts.supported_quant_methods))
+                "quant methods: %s)", os.fspath(path), platform.name, ", ".join(runs))
     return True
 
 

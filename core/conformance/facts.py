@@ -105,7 +105,8 @@ def check_facts(target: Target) -> tuple[Status, str]:
     if cls.device_communicator is not None and ":" not in cls.device_communicator:
         problems.append(f"device_communicator {cls.device_communicator!r} is not "
                         "'module:Class'")
-    unregistered = [q for q in facts.supported_quant_methods if q not in registries.quant_methods]
+    unregistered = [q for q in facts.supported_quant_methods or ()
+                    if q not in registries.quant_methods]
     if unregistered:
         notes.append(f"quant methods not registered yet: {', '.join(unregistered)}")
     source = "with its probe's sighting" if platform.sighting is not None else (

@@ -34,7 +34,6 @@ from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import torch_dtype
 from hwplug.errors import ConfigError, UnsupportedError
-from hwplug.platform_interface import DeviceCapability
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 
 #: Scale parameters are filled from [SCALE_MIN, SCALE_MAX].
@@ -196,13 +195,13 @@ def _body(method: QuantMethod, placement: Placement, done: Counter[str],
 
 
 def _device_gap(cls: type[QuantMethod], placement: Placement) -> str | None:
-    """Why the present device cannot run the method (its ``min_capability``), or None."""
+    """Why the present device cannot run the method (its requirements, the platform's
+    judgement: :meth:`~hwplug.Platform.quant_method_reasons`), or None."""
     platform = placement.platform
-    capability = platform.facts.capability if platform is not None else None
-    if cls.min_capability and capability is not None and capability < \
-            DeviceCapability.parse(cls.min_capability):
-        return f"needs capability {cls.min_capability}; {platform.name} here has {capability}"
-    return None
+    if platform is None:
+        return None
+    reasons = platform.quant_method_reasons(cls.get_name())
+    return f"{'; '.join(reasons)} ({platform.name} here)" if reasons else None
 
 
 def _outcome(cls: type[QuantMethod], placement: Placement, count: int) -> tuple[Status, str]:

@@ -13,7 +13,7 @@ from typing import Any
 from hwplug import registries
 from hwplug.errors import UnsupportedError
 from hwplug.model_zoo.quant_methods.formats import method_name
-from hwplug.platform_interface import DeviceCapability, Platform
+from hwplug.platform_interface import Platform
 from hwplug.quantization import QuantMethod
 
 
@@ -22,23 +22,20 @@ def quant_method_for(quant_config: dict[str, Any] | None, platform: Platform,
     """The quant method of a checkpoint with ``quant_config`` on ``platform``, computing in
     ``dtype``.
 
-    Gates, each a typed error naming what is supported: the method must be registered (a
-    removed one raises :class:`~hwplug.errors.RemovedError` naming its replacement), among
-    the platform's ``facts.supported_quant_methods``, at or above its ``min_capability``
-    where the device reports a capability, and able to compute in ``dtype``.
+    The method must be registered (a removed one raises
+    :class:`~hwplug.errors.RemovedError` naming its replacement), run on the platform
+    (:meth:`~hwplug.Platform.quant_method_reasons`: its requirements, and the platform's
+    list where it has one) and compute in ``dtype``; otherwise an
+    :class:`UnsupportedError` says why.
     """
     name = method_name(quant_config)
     cls = registries.quant_methods.get(name)  # unknown -> lists; removed -> replacement
-    facts = platform.facts
-    if name not in facts.supported_quant_methods:
-        raise UnsupportedError(f"quantization {name!r} is not supported on platform "
-                               f"{platform.name!r}; supported: "
-                               f"{', '.join(facts.supported_quant_methods)}")
-    needed = cls.min_capability
-    if needed and facts.capability is not None and facts.capability < DeviceCapability.parse(
-            needed):
-        raise UnsupportedError(f"quantization {name!r} needs device capability {needed}; "
-                               f"{facts.device_name} has {facts.capability}")
+    reasons = platform.quant_method_reasons(name)
+    if reasons:
+        raise UnsupportedError(f"quantization {name!r} cannot run on platform "
+                               f"{platform.name!r} ({platform.facts.device_name}): "
+                               f"{'; '.join(reasons)}; methods it runs: "
+                               f"{', '.join(platform.quant_methods()) or 'none'}")
     if dtype not in cls.supported_dtypes:
         raise UnsupportedError(f"quantization {name!r} computes in "
                                f"{', '.join(cls.supported_dtypes)}, not {dtype}")

@@ -53,8 +53,6 @@ class CpuPlatform(Platform):
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
         "float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
-    supported_quant_methods: ClassVar[tuple[str, ...]] = (
-        "unquantized", "fp8", "int8", "int4", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = ("TORCH_PAGED",)
     #: libgomp's workers spin up to 10M iterations (milliseconds) between parallel regions,
     #: then sleep. A decode step is hundreds of small ops whose gaps are microseconds, so

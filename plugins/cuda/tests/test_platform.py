@@ -94,7 +94,8 @@ def test_fp8_quantization_needs_capability_8_9(nvidia_host):
     from hwplug.model_zoo.quant_methods import quant_method_for
 
     a100 = nvidia_host("NVIDIA A100-SXM4-80GB", 0x20B2)
-    with pytest.raises(UnsupportedError, match="quantization 'fp8' needs device capability "
-                                               "8.9; NVIDIA A100-SXM4-80GB has 8.0"):
+    with pytest.raises(UnsupportedError, match=r"quantization 'fp8' cannot run on platform "
+                                               r"'cuda' \(NVIDIA A100-SXM4-80GB\): capability "
+                                               r"8.0 below 8.9"):
         quant_method_for({"quant_method": "fp8"}, a100, "bfloat16")
     assert quant_method_for({"quant_method": "int8"}, a100, "bfloat16").get_name() == "int8"

@@ -40,6 +40,9 @@ class TpuPlatform(Platform):
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
     attention_backend_priority: ClassVar[tuple[str, ...]] = ("PALLAS_RPA",)
+    #: Its JAX ops cover float weights only: a GGUF loads dequantized, other quantized
+    #: checkpoints are refused (their GEMMs would run the torch references on the host).
+    supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized",)
 
     @property
     def _stands_in(self) -> bool:
