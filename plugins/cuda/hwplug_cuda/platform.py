@@ -5,25 +5,22 @@ from __future__ import annotations
 from functools import cache
 from typing import ClassVar
 
-from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
+from hwplug.platform_interface import DeviceCapability, DeviceFacts
+from hwplug_triton.platform import TritonGpuPlatform
 
 #: fp8 KV caches need Ada/Hopper (capability 8.9) or newer.
 FP8_MIN_CAPABILITY = DeviceCapability(8, 9)
 FP8_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
 
-class CudaPlatform(Platform):
+class CudaPlatform(TritonGpuPlatform):
     """One or more NVIDIA GPUs. Device queries ask torch.cuda where this process can
     drive the GPU, else the probe's sighting (name, and capability by PCI id)."""
 
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
     vendor: ClassVar[str] = "nvidia"
-    #: Runs what is written for Triton GPUs.
-    families: ClassVar[tuple[str, ...]] = ("triton",)
-    is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "nccl"
-    supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
         "bfloat16", "float16", "float32", *FP8_KV_DTYPES)
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "int8", "gguf")
@@ -37,20 +34,6 @@ class CudaPlatform(Platform):
                                f"device has {capability or 'none known'}")
         return facts
 
-    def is_available(self) -> bool:
-        import torch
-
-        return torch.cuda.is_available()
-
-    def device_count(self) -> int:
-        import torch
-
-        return torch.cuda.device_count() if self.is_available() else super().device_count()
-
-    def get_device_name(self, device_id: int = 0) -> str:
-        return _device_name(device_id) if self.is_available() else super().get_device_name(
-            device_id)
-
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
         if self.is_available():
             return DeviceCapability(*_capability(device_id))
@@ -61,19 +44,6 @@ class CudaPlatform(Platform):
         import torch
 
         return torch.version.cuda
-
-    def memory_info(self, device_id: int = 0) -> MemoryInfo:
-        import torch
-
-        free, total = torch.cuda.mem_get_info(device_id)
-        return MemoryInfo(total=total, free=free)
-
-
-@cache
-def _device_name(device_id: int) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(device_id)
 
 
 @cache

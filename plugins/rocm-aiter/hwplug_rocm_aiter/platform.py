@@ -7,8 +7,9 @@ from functools import cache
 from typing import ClassVar
 
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
-from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
+from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo
 from hwplug.platforms.amd import gfx_capability
+from hwplug_triton.platform import TritonGpuPlatform
 
 #: The fp8 flavour each ISA computes in. hwplug's fp8 KV caches (``fp8_e4m3``,
 #: ``fp8_e5m2``) are the OCP formats (torch ``float8_e4m3fn`` / ``float8_e5m2``); gfx942
@@ -17,7 +18,7 @@ FP8_FLAVOURS = {"gfx942": "e4m3fnuz", "gfx950": "e4m3fn", "gfx1200": "e4m3fn",
                 "gfx1201": "e4m3fn"}
 
 
-class RocmPlatform(Platform):
+class RocmPlatform(TritonGpuPlatform):
     """AMD GPUs. torch exposes them as the ``cuda`` device type; RCCL is the collective
     library (torch's ROCm build registers it under the ``nccl`` backend name).
 
@@ -29,11 +30,7 @@ class RocmPlatform(Platform):
     name: ClassVar[str] = "rocm"
     device_type: ClassVar[str] = "cuda"
     vendor: ClassVar[str] = "amd"
-    #: Runs what is written for Triton GPUs.
-    families: ClassVar[tuple[str, ...]] = ("triton",)
-    is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "rccl"
-    supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (*FLOAT_DTYPES, *FP8_KV_DTYPES)
     #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "gguf")
@@ -59,19 +56,7 @@ class RocmPlatform(Platform):
     def is_available(self) -> bool:
         import torch
 
-        return torch.cuda.is_available() and torch.version.hip is not None
-
-    def device_count(self) -> int:
-        import torch
-
-        return torch.cuda.device_count() if self.is_available() else super().device_count()
-
-    def get_device_name(self, device_id: int = 0) -> str:
-        if not self.is_available():
-            return super().get_device_name(device_id)
-        import torch
-
-        return torch.cuda.get_device_name(device_id)
+        return torch.version.hip is not None and super().is_available()
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
         if self.is_available():
@@ -88,13 +73,8 @@ class RocmPlatform(Platform):
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
         """From torch where it drives the GPU, else amdgpu's VRAM counters the probe read."""
-        if self.is_available():
-            import torch
-
-            free, total = torch.cuda.mem_get_info(device_id)
-            return MemoryInfo(total=total, free=free)
         total = self._sighting_detail("vram_total")
-        if not total:
+        if self.is_available() or not total:
             return super().memory_info(device_id)
         return MemoryInfo(total=int(total),
                           free=int(total) - int(self._sighting_detail("vram_used", "0")))

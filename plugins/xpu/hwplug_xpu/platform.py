@@ -7,7 +7,8 @@ from functools import cache
 from typing import TYPE_CHECKING, ClassVar
 
 from hwplug import registries
-from hwplug.platform_interface import DeviceFacts, MemoryInfo, Platform
+from hwplug.platform_interface import DeviceFacts, MemoryInfo
+from hwplug_triton.platform import TritonGpuPlatform
 from hwplug_xpu.devices import has_xmx, model_name
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class XpuPlatform(Platform):
+class XpuPlatform(TritonGpuPlatform):
     """Intel Data Center GPU Max / Flex and Arc GPUs. Device queries ask torch.xpu where
     this process can drive the GPU, else the probe's sighting (PCI ids, named by
     :mod:`hwplug_xpu.devices`). intel-extension-for-pytorch is optional (extra ``ipex``)."""
@@ -24,13 +25,9 @@ class XpuPlatform(Platform):
     name: ClassVar[str] = "xpu"
     device_type: ClassVar[str] = "xpu"
     vendor: ClassVar[str] = "intel"
-    #: Runs what is written for Triton GPUs (Intel's Triton backend compiles it).
-    families: ClassVar[tuple[str, ...]] = ("triton",)
-    is_accelerator: ClassVar[bool] = True
     dist_backend: ClassVar[str] = "xccl"
     #: All-to-all as all-gather + reduce-scatter (vLLM #32654).
     device_communicator: ClassVar[str | None] = "hwplug_xpu.communicator:XpuCommunicator"
-    supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "gguf")
@@ -47,20 +44,9 @@ class XpuPlatform(Platform):
         return facts.narrowed(f"{facts.device_name} is not a GPU known to have XMX matrix "
                               "engines: IPEX's kernels are not used")
 
-    def is_available(self) -> bool:
-        import torch
-
-        return hasattr(torch, "xpu") and torch.xpu.is_available()
-
-    def device_count(self) -> int:
-        import torch
-
-        return torch.xpu.device_count() if self.is_available() else super().device_count()
-
     def get_device_name(self, device_id: int = 0) -> str:
-        if self.is_available():
-            return _device_name(device_id)
-        return model_name(super().get_device_name(device_id))
+        name = super().get_device_name(device_id)
+        return name if self.is_available() else model_name(name)
 
     def toolkit_version(self) -> str | None:
         import torch
@@ -102,10 +88,3 @@ def _warn_dtype_fallback(backends: tuple[str, ...], dtype: str, chosen: str) -> 
     """Warn once per process and case."""
     logger.warning("%s has no %s kernels: the %s model runs on %s instead (vLLM #31762)",
                    ", ".join(backends), dtype, dtype, chosen)
-
-
-@cache
-def _device_name(device_id: int) -> str:
-    import torch
-
-    return torch.xpu.get_device_name(device_id)
