@@ -72,12 +72,32 @@ def _scale_parameter(descriptor: ScaleDescriptor, input_size: int, output_size: 
 
 
 class ScaledLinearMethod(QuantMethod):
-    """Quantized weights and scales per a :class:`LinearScheme`; ``scaled_mm`` GEMMs."""
+    """Quantized weights and scales per a :class:`LinearScheme`; ``scaled_mm`` GEMMs.
+
+    A subclass names itself (``_name``), the dtype its weights are stored in
+    (``_weight_dtype``) and its scheme for a config that gives none (``_default_scheme``)."""
 
     gemm_op: ClassVar[str] = "scaled_mm"
+    _name: ClassVar[str]
+    _weight_dtype: ClassVar[str]
 
     def __init__(self, scheme: LinearScheme) -> None:
         self.scheme = scheme
+
+    @classmethod
+    def get_name(cls) -> str:
+        return cls._name
+
+    @staticmethod
+    def _default_scheme() -> LinearScheme:
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, quant_config: dict[str, Any] | None) -> ScaledLinearMethod:
+        scheme = _scheme(quant_config, cls._default_scheme())
+        if scheme.weight.dtype != cls._weight_dtype:
+            raise ConfigError(f"the {cls._name} method got {scheme.weight} weights")
+        return cls(scheme)
 
     def describe(self) -> str:
         activation = self.scheme.activation or "not quantized"
@@ -147,17 +167,12 @@ class Fp8LinearMethod(ScaledLinearMethod):
 
     #: fp8 tensor cores: Ada / Hopper. CPUs (no capability) run the reference.
     min_capability: ClassVar[str | None] = "8.9"
+    _name: ClassVar[str] = "fp8"
+    _weight_dtype: ClassVar[str] = "fp8_e4m3"
 
-    @classmethod
-    def get_name(cls) -> str:
-        return "fp8"
-
-    @classmethod
-    def from_config(cls, quant_config: dict[str, Any] | None) -> Fp8LinearMethod:
-        scheme = _scheme(quant_config, fp8_scheme({}))
-        if scheme.weight.dtype != "fp8_e4m3":
-            raise ConfigError(f"the fp8 method got {scheme.weight} weights")
-        return cls(scheme)
+    @staticmethod
+    def _default_scheme() -> LinearScheme:
+        return fp8_scheme({})
 
 
 class Int8LinearMethod(ScaledLinearMethod):
@@ -167,16 +182,10 @@ class Int8LinearMethod(ScaledLinearMethod):
 
     #: int8 tensor cores: Turing and newer. CPUs (no capability) are gated by their facts.
     min_capability: ClassVar[str | None] = "7.5"
+    _name: ClassVar[str] = "int8"
+    _weight_dtype: ClassVar[str] = "int8"
 
-    @classmethod
-    def get_name(cls) -> str:
-        return "int8"
-
-    @classmethod
-    def from_config(cls, quant_config: dict[str, Any] | None) -> Int8LinearMethod:
-        default = LinearScheme(ScaleDescriptor("int8", "channel"),
-                               ScaleDescriptor("int8", "token", dynamic=True))
-        scheme = _scheme(quant_config, default)
-        if scheme.weight.dtype != "int8":
-            raise ConfigError(f"the int8 method got {scheme.weight} weights")
-        return cls(scheme)
+    @staticmethod
+    def _default_scheme() -> LinearScheme:
+        return LinearScheme(ScaleDescriptor("int8", "channel"),
+                            ScaleDescriptor("int8", "token", dynamic=True))
