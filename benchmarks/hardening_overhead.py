@@ -53,14 +53,16 @@ def probes(repeat: int) -> None:
 
 
 def memory_estimate(model: str | None, repeat: int) -> None:
+    from hwplug import current_platform
     from hwplug.model_zoo.context import build_model, create_context
     from hwplug.model_zoo.loaders import load_checkpoint
     from hwplug.model_zoo.loaders.memory import estimate_memory
     from hwplug.model_zoo.registry import get_model_class
 
+    platform = current_platform()
     checkpoint = load_checkpoint(model)
     model_cls = get_model_class(checkpoint.config.architectures[0])
-    ctx = create_context(model_cls, checkpoint.config)
+    ctx = create_context(model_cls, checkpoint.config, platform)
     estimate = estimate_memory(model_cls, checkpoint.config, ctx)
     alone = best_seconds(lambda: estimate_memory(model_cls, checkpoint.config, ctx), repeat)
     build = best_seconds(lambda: build_model(checkpoint), repeat)

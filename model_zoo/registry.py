@@ -20,10 +20,8 @@ def register_model(architecture: str, target: type | str, *, override: bool = Fa
 
 
 def get_model_class(architecture: str) -> Any:
-    """The class registered for ``architecture`` (discovery runs first, for plugins)."""
-    from hwplug.discovery import current_platform
-
-    current_platform()
+    """The class registered for ``architecture`` (registered in code, or by plugins once
+    discovery ran: the entry points ``LLM`` and ``build_model`` run it first)."""
     if architecture not in registries.models:
         raise UnknownNameError("model architecture", architecture, registries.models.names(),
                                _HOW_TO)

@@ -26,12 +26,15 @@ from pathlib import Path
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from hwplug import envs
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
 from hwplug.kernel_registry.tuning import TuningTable, read_layer
 from hwplug.platforms.cpu.ggml import build
+from hwplug.platforms.cpu.probe import probe
 from hwplug.platforms.cpu.step_graph import native_call
 from hwplug.platforms.cpu.tiles import linear_by_tiles
+from hwplug.platforms.device_names import canonical_device_name
 
 #: hwplug's layer of the ``ggml_linear`` tuning table: ``{device: {threads: {type name:
 #: activation rows from which it takes the tiles, "activations": {type name: "int16" |
@@ -58,14 +61,19 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 F32 = int(GGMLQuantizationType.F32)
 
 
+@functools.cache
+def _cpu_name() -> str:
+    """This CPU's canonical name (``"epyc-9654"``), from the CPU probe: the tuning tables'
+    device key."""
+    return canonical_device_name(probe(envs.HWPLUG_PROBE_ROOT).devices[0])
+
+
 def _config(threads: int) -> dict:
     """The ``ggml_linear`` tuning table's entry on this CPU with ``threads`` threads
-    (:data:`TUNING` < ``$HWPLUG_TUNING_DIR/ggml_linear.json``), keyed by the platform's
-    canonical device name (else ``default``) and bucketed by thread count. A type the
-    user's entry leaves out keeps hwplug's values."""
-    from hwplug.discovery import current_platform
-
-    device = current_platform().canonical_device_name()
+    (:data:`TUNING` < ``$HWPLUG_TUNING_DIR/ggml_linear.json``), keyed by the CPU's
+    canonical name (else ``default``) and bucketed by thread count. A type the user's
+    entry leaves out keeps hwplug's values."""
+    device = _cpu_name()
     layer = read_layer(TUNING)
     own = TuningTable("ggml_linear", layer, user_dir=TUNING.parent)  # no user file there
     user = TuningTable("ggml_linear", layer).lookup(device, threads)

@@ -2,8 +2,9 @@
 
 ``tables/default.json`` holds a config for every kernel (so a lookup never raises on the
 hot path); ``tables/<vendor>_<device>.json`` (``nvidia_h100.json``, ``amd_mi300x.json``,
-``intel_max1550.json``) holds one device's, keyed by the platform's canonical device name
-(``current_platform().canonical_device_name(index)``: ``h100``, ``mi300x``, ``max1550``).
+``intel_max1550.json``) holds one device's, keyed by the device's canonical name (from
+the name torch gives it, :func:`hwplug.platforms.device_names.canonical_device_name`:
+``h100``, ``mi300x``, ``max1550``).
 Each file is ``{"device", "source", "kernels": {kernel: {bucket: config}}}``; ``source``
 says where its numbers come from (hand-set, or ``benchmarks/tune_triton.py`` on the
 device, with the date). The bucket of each kernel:
@@ -37,9 +38,9 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hwplug.discovery import current_platform
 from hwplug.errors import ConfigError, UnknownNameError
 from hwplug.kernel_registry.tuning import TuningTable
+from hwplug.platforms.device_names import canonical_device_name
 
 if TYPE_CHECKING:
     import torch
@@ -77,22 +78,29 @@ def launch_config(kernel: str, device: torch.device, size: int) -> dict[str, Any
 
 @cache
 def device_key(device_type: str, index: int | None) -> str:
-    """The tables' key of a device: the platform's canonical name of it (``"mi300x"``), or
-    ``"default"`` on CPU (the Triton interpreter) and for a device no table knows."""
+    """The tables' key of a device: its canonical name (``"mi300x"``, from the name torch
+    gives the device), or ``"default"`` on CPU (the Triton interpreter) and for a device no
+    table knows."""
     if device_type == "cpu":
         return DEFAULT
-    platform = current_platform()
-    name = platform.canonical_device_name(index or 0)
+    device_name = torch_device_name(device_type, index or 0)
+    name = canonical_device_name(device_name)
     if any(name in table(kernel).devices() for kernel in CONFIG_KEYS):
         logger.debug("tuning tables of %s:%s read as %r", device_type, index, name)
         return name
     logger.warning(
-        "no Triton tuning table for %s (%r, platform %s): its kernels use the 'default' "
-        "table. To add one, run `python benchmarks/tune_triton.py` on it (writes %s), or put "
-        "<kernel>.json files mapping {%r: {bucket: config}} in HWPLUG_TUNING_DIR",
-        platform.get_device_name(index or 0), name, platform.name,
-        TABLE_DIR / table_file_name(platform.vendor, name), name)
+        "no Triton tuning table for %s (%r): its kernels use the 'default' table. To add "
+        "one, run `python benchmarks/tune_triton.py` on it (writes %s/<vendor>_%s.json), or "
+        "put <kernel>.json files mapping {%r: {bucket: config}} in HWPLUG_TUNING_DIR",
+        device_name, name, TABLE_DIR, name, name)
     return DEFAULT
+
+
+def torch_device_name(device_type: str, index: int) -> str:
+    """The name torch's ``device_type`` module gives device ``index`` (the driver's)."""
+    import torch
+
+    return getattr(torch, device_type).get_device_name(index)
 
 
 def table_file_name(vendor: str, device: str) -> str:
