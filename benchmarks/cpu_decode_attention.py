@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.kernel_registry import ops
 
 #: The issue's goal: paged decode within this factor of contiguous SDPA.
@@ -90,11 +91,12 @@ def run(args: argparse.Namespace, dtype: torch.dtype) -> tuple[float, float, flo
     inputs = make_inputs(args, dtype)
     scale = args.head_size ** -0.5
     batch, num_heads, head_size = inputs["query"].shape
+    metadata = AttentionMetadata(torch.zeros(batch, dtype=torch.int64), inputs["block_tables"],
+                                 inputs["seq_lens"], inputs["query_start_loc"], 1, args.context)
+    params = PagedAttentionParams(scale)
 
     def paged() -> torch.Tensor:
-        return ops.paged_attention(inputs["query"], inputs["kv_cache"], inputs["block_tables"],
-                               inputs["seq_lens"], inputs["query_start_loc"], scale,
-                               max_query_len=1, max_seq_len=args.context)
+        return ops.paged_attention(inputs["query"], inputs["kv_cache"], metadata, params)
 
     def contiguous() -> torch.Tensor:
         out = F.scaled_dot_product_attention(inputs["query"].unsqueeze(2), inputs["keys"],

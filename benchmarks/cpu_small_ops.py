@@ -26,6 +26,7 @@ hwplug.current_platform().apply_process_env()  # before torch loads, as `hwplug 
 import torch  # noqa: E402
 
 from hwplug import kernels, ops  # noqa: E402
+from hwplug.attention import PagedAttentionParams  # noqa: E402
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step  # noqa: E402
 from hwplug.platforms.cpu.fused import ops as fused  # noqa: E402
 
@@ -70,9 +71,8 @@ def cases(tokens: int) -> list[tuple[str, str, tuple, dict]]:
                                generator=generator)
         query = torch.randn(tokens, HEADS, HEAD_SIZE, generator=generator)
         found.append(("paged_attention", f"decode x{tokens}, context {context}",
-                      (query, kv_cache, batch.block_tables, batch.seq_lens,
-                       batch.query_start_loc, HEAD_SIZE ** -0.5),
-                      {"max_query_len": 1, "max_seq_len": context}))
+                      (query, kv_cache, batch.metadata(), PagedAttentionParams(HEAD_SIZE ** -0.5)),
+                      {}))
     return found
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
+
 #: kernel -> the candidate grid: each key's values, combined.
 GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
     "rms_norm": {"num_warps": (1, 2, 4, 8, 16)},
@@ -88,7 +90,7 @@ def cases(kernel: str, bucket: int, device: torch.device
                   for _ in range(2)]
 
         def write(fn: Callable[..., None], target: torch.Tensor) -> torch.Tensor:
-            fn(key, value, target, slots)
+            fn(key, value, target, slots, PagedAttentionParams(1.0))
             return target
         return (lambda: write(cache.reshape_and_cache, caches[0]),
                 lambda: write(reference.reshape_and_cache, caches[1]), kernel)
@@ -101,10 +103,11 @@ def cases(kernel: str, bucket: int, device: torch.device
     queries = 1 if decode else context
     query = randn(seqs * queries, HEADS[0], head_size)
     starts = torch.arange(0, seqs * queries + 1, queries, device=device, dtype=torch.int32)
-    args = (query, kv_cache, tables, seq_lens, starts, head_size ** -0.5)
-    maxima = {"max_query_len": queries, "max_seq_len": context}
-    return (lambda: attention.paged_attention(*args, **maxima),
-            lambda: reference.paged_attention(*args, **maxima), "paged_attention")
+    metadata = AttentionMetadata(torch.zeros(0, dtype=torch.int64, device=device), tables,
+                                 seq_lens, starts, queries, context)
+    args = (query, kv_cache, metadata, PagedAttentionParams(head_size ** -0.5))
+    return (lambda: attention.paged_attention(*args),
+            lambda: reference.paged_attention(*args), "paged_attention")
 
 
 def candidates(kernel: str) -> list[dict[str, int]]:

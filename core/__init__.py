@@ -25,6 +25,7 @@ _LAZY = {
     "AttentionBackend": "hwplug.attention",
     "AttentionSpec": "hwplug.attention",
     "AttentionMetadata": "hwplug.attention",
+    "PagedAttentionParams": "hwplug.attention",
     "QuantMethod": "hwplug.quantization",
     "ScaleDescriptor": "hwplug.quantization",
     "Connector": "hwplug.connector",

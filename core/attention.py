@@ -48,11 +48,16 @@ class AttentionSpec:
 
 @dataclass
 class AttentionMetadata:
-    """Where a batch's tokens sit in the paged KV cache (see the ``paged_attention`` op).
+    """Where one step's tokens sit in the paged KV cache, shared by every layer (see the
+    ``paged_attention`` op).
 
-    ``slot_mapping[t]`` is the cache slot of token t (negative = padding, not written);
-    sequence i's queries are ``query[query_start_loc[i]:query_start_loc[i+1]]``, the last
-    tokens of its context of ``seq_lens[i]`` tokens stored in blocks ``block_tables[i]``.
+    ``slot_mapping [T]`` int64: the cache slot of token t (negative = padding, not
+    written); sequence i's queries are ``query[query_start_loc[i]:query_start_loc[i+1]]``
+    (``query_start_loc [B+1]`` int32), the last tokens of its context of ``seq_lens[i]``
+    tokens (``seq_lens [B]`` int32) stored in blocks ``block_tables[i]`` (``[B,
+    max_blocks]`` int32; entries past a sequence's last block may be any block id or
+    negative). ``max_query_len`` / ``max_seq_len`` are the host-side maxima of the query
+    lengths and of ``seq_lens``, so no kernel needs to read them from the device.
     """
 
     slot_mapping: torch.Tensor
@@ -61,6 +66,39 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+
+
+@dataclass(frozen=True)
+class PagedAttentionParams:
+    """What every ``paged_attention`` / ``reshape_and_cache`` call of one layer shares,
+    beside the step's :class:`AttentionMetadata`. A backend builds it once per layer, not
+    per call (see the ops' contracts in :mod:`hwplug.kernel_registry.ops`).
+
+    ``scale`` multiplies ``q.k``. Key ``k`` is visible to the query at position ``p`` iff
+    ``(not causal or k <= p)`` and ``(sliding_window is None or p - k < sliding_window)``;
+    logits are soft-capped as ``soft_cap * tanh(logits / soft_cap)`` when ``soft_cap`` is
+    set. ``k_scale`` / ``v_scale`` are a quantized (fp8) cache's scales, float32 ``[]`` (per
+    tensor) or ``[Hkv]`` (per KV head): stored = ``(x / scale)`` in the cache dtype, read as
+    ``stored.float() * scale``; None for a cache that needs none. Raises
+    :class:`~hwplug.errors.UnsupportedError` for a window without ``causal`` (a window
+    trails its query), a window below 1 or a soft cap that is not positive.
+    """
+
+    scale: float
+    causal: bool = True
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and not self.causal:
+            raise UnsupportedError("sliding_window needs causal=True (a window trails its "
+                                   "query)")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise UnsupportedError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        if self.soft_cap is not None and self.soft_cap <= 0:
+            raise UnsupportedError(f"soft_cap must be > 0, got {self.soft_cap}")
 
 
 @dataclass(frozen=True)

@@ -57,27 +57,29 @@ reshape_and_cache = kernels.define_op("reshape_and_cache", _REF + "reshape_and_c
                                       tolerances={**_ELEMENTWISE, **_FP8_STORED}, doc="""
 reshape_and_cache(key [T, Hkv, D], value [T, Hkv, D],
                   kv_cache [2, num_blocks, block_size, Hkv, D], slot_mapping [T] int64,
-                  k_scale=None, v_scale=None)
+                  params: PagedAttentionParams)
     In place, layout NHD: key[t] -> kv_cache[0, slot // block_size, slot % block_size],
     value[t] -> kv_cache[1, ...], cast to the cache dtype. A negative slot is skipped.
-    k_scale / v_scale (float32, [] per tensor or [Hkv] per KV head; given for fp8 caches)
-    divide what is stored: stored = (key / k_scale).to(cache dtype), fp8 saturating.
+    params.k_scale / params.v_scale (float32, [] per tensor or [Hkv] per KV head; given for
+    fp8 caches) divide what is stored: stored = (key / k_scale).to(cache dtype), fp8
+    saturating.
 """)
 
 paged_attention = kernels.define_op("paged_attention", _REF + "paged_attention",
                                     tolerances=_ATTENTION, doc="""
 paged_attention(query [T, Hq, D], kv_cache [2, num_blocks, block_size, Hkv, D],
-                block_tables [B, max_blocks] int32, seq_lens [B] int32,
-                query_start_loc [B+1] int32, scale, causal=True, sliding_window=None,
-                soft_cap=None, max_query_len=None, max_seq_len=None, k_scale=None,
-                v_scale=None) -> [T, Hq, D]
-    Sequence i's queries query[qsl[i]:qsl[i+1]] are the last tokens of its context of
-    seq_lens[i] tokens (already cached). Key k is visible to the query at position p iff
-    (not causal or k <= p) and (sliding_window is None or p - k < sliding_window).
-    logits = scale * q.k, soft-capped as soft_cap * tanh(logits / soft_cap) if set;
-    softmax in fp32; GQA: query head h reads KV head h // (Hq // Hkv). Covers prefill,
-    chunked prefill and decode, mixed in one batch. Cached K / V read as
-    stored.float() * k_scale / * v_scale when the scales are given (see reshape_and_cache).
+                metadata: AttentionMetadata, params: PagedAttentionParams) -> [T, Hq, D]
+    metadata: the step's block_tables [B, max_blocks] int32, seq_lens [B] int32,
+    query_start_loc [B+1] int32 and host-side max_query_len / max_seq_len (its
+    slot_mapping is not read); params: the layer's scale, causal, sliding_window, soft_cap,
+    k_scale, v_scale. Sequence i's queries query[qsl[i]:qsl[i+1]] are the last tokens of its
+    context of seq_lens[i] tokens (already cached). Key k is visible to the query at
+    position p iff (not causal or k <= p) and (sliding_window is None or
+    p - k < sliding_window). logits = scale * q.k, soft-capped as
+    soft_cap * tanh(logits / soft_cap) if set; softmax in fp32; GQA: query head h reads KV
+    head h // (Hq // Hkv). Covers prefill, chunked prefill and decode, mixed in one batch.
+    Cached K / V read as stored.float() * k_scale / * v_scale when the scales are given
+    (see reshape_and_cache).
 """)
 
 linear = kernels.define_op("linear", _REF + "linear",

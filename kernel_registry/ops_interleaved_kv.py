@@ -23,17 +23,14 @@ reshape_and_cache_interleaved = kernels.define_op(
     "reshape_and_cache_interleaved", _REF + "reshape_and_cache_interleaved",
     tolerances=reshape_and_cache.tolerances, doc=f"""
 reshape_and_cache_interleaved(key [T, Hkv, D], value [T, Hkv, D], kv_pages,
-                              slot_mapping [T] int64, k_scale=None, v_scale=None)
+                              slot_mapping [T] int64, params: PagedAttentionParams)
     reshape_and_cache into {_CACHE}
 """)
 
 paged_attention_interleaved = kernels.define_op(
     "paged_attention_interleaved", _REF + "paged_attention_interleaved",
     tolerances=paged_attention.tolerances, doc=f"""
-paged_attention_interleaved(query [T, Hq, D], kv_pages, block_tables [B, max_blocks] int32,
-                            seq_lens [B] int32, query_start_loc [B+1] int32, scale,
-                            causal=True, sliding_window=None, soft_cap=None,
-                            max_query_len=None, max_seq_len=None, k_scale=None,
-                            v_scale=None) -> [T, Hq, D]
+paged_attention_interleaved(query [T, Hq, D], kv_pages, metadata: AttentionMetadata,
+                            params: PagedAttentionParams) -> [T, Hq, D]
     paged_attention over {_CACHE}
 """)

@@ -22,16 +22,14 @@ reshape_and_cache_rocm_pa = kernels.define_op(
     "reshape_and_cache_rocm_pa", _REF + "reshape_and_cache_rocm_pa",
     tolerances=reshape_and_cache.tolerances, doc=f"""
 reshape_and_cache_rocm_pa(key [T, Hkv, D], value [T, Hkv, D], kv_cache, slot_mapping [T] int64,
-                          k_scale=None, v_scale=None)
+                          params: PagedAttentionParams)
     reshape_and_cache into {_CACHE}
 """)
 
 paged_attention_rocm_pa = kernels.define_op(
     "paged_attention_rocm_pa", _REF + "paged_attention_rocm_pa",
     tolerances=paged_attention.tolerances, doc=f"""
-paged_attention_rocm_pa(query [T, Hq, D], kv_cache, block_tables [B, max_blocks] int32,
-                        seq_lens [B] int32, query_start_loc [B+1] int32, scale, causal=True,
-                        sliding_window=None, soft_cap=None, max_query_len=None,
-                        max_seq_len=None, k_scale=None, v_scale=None) -> [T, Hq, D]
+paged_attention_rocm_pa(query [T, Hq, D], kv_cache, metadata: AttentionMetadata,
+                        params: PagedAttentionParams) -> [T, Hq, D]
     paged_attention over {_CACHE}
 """)

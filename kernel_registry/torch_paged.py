@@ -8,6 +8,9 @@ backends that only add facts about which variants must serve them (hwplug-triton
 ``TRITON_ATTN`` family). KV layout ``NHD``: one layer's cache is ``[2, num_blocks,
 block_size, Hkv, D]``; a backend of another layout names the pair of ops that layout has
 (``_cache_op``, ``_attention_op``, with the same arguments) and its ``kv_cache_shape``.
+The layer's :class:`~hwplug.attention.PagedAttentionParams` are built once, on the first
+call (the model layer sets ``k_scale`` / ``v_scale`` after building the backend, and
+``forward`` brings the scale), and reused by every later call.
 Registered also under its old name ``REFERENCE``, a deprecated alias.
 """
 
@@ -15,7 +18,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec
+from hwplug.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    PagedAttentionParams,
+)
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
 from hwplug.kernel_registry import kernels
 
@@ -42,22 +50,31 @@ class TorchPagedBackend(AttentionBackend):
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self._write, self._attend = kernels.op(self._cache_op), kernels.op(self._attention_op)
+        self._params: PagedAttentionParams | None = None
 
     @classmethod
     def get_name(cls) -> str:
         return "TORCH_PAGED"
 
+    def _layer_params(self, scale: float | None) -> PagedAttentionParams:
+        """This layer's :class:`PagedAttentionParams`, built on first use and again only
+        when ``scale`` (None: any) or the k/v scales the model layer set have changed."""
+        params = self._params
+        if (params is None or (scale is not None and params.scale != scale)
+                or params.k_scale is not self.k_scale or params.v_scale is not self.v_scale):
+            spec = self.spec
+            params = self._params = PagedAttentionParams(
+                spec.head_size ** -0.5 if scale is None else scale, spec.causal,
+                spec.sliding_window, spec.soft_cap, self.k_scale, self.v_scale)
+        return params
+
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        metadata: AttentionMetadata) -> None:
-        self._write(key, value, kv_cache, metadata.slot_mapping, self.k_scale, self.v_scale)
+        self._write(key, value, kv_cache, metadata.slot_mapping, self._layer_params(None))
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: AttentionMetadata,
                 scale: float) -> torch.Tensor:
-        self.write_kv_cache(key, value, kv_cache, metadata)
-        spec = self.spec
-        return self._attend(
-            query, kv_cache, metadata.block_tables, metadata.seq_lens,
-            metadata.query_start_loc, scale, spec.causal, spec.sliding_window,
-            spec.soft_cap, metadata.max_query_len, metadata.max_seq_len, self.k_scale,
-            self.v_scale)
+        params = self._layer_params(scale)
+        self._write(key, value, kv_cache, metadata.slot_mapping, params)
+        return self._attend(query, kv_cache, metadata, params)

@@ -69,16 +69,14 @@ class WrongLayout(TorchPagedBackend):
         return (2, num_blocks, num_kv_heads, block_size, head_size)
 
     def write_kv_cache(self, key, value, kv_cache, metadata):
-        ops.reshape_and_cache(key, value, kv_cache.transpose(2, 3), metadata.slot_mapping)
+        ops.reshape_and_cache(key, value, kv_cache.transpose(2, 3), metadata.slot_mapping,
+                              self._layer_params(None))
 
     def forward(self, query, key, value, kv_cache, metadata, scale):
         self.write_kv_cache(key, value, kv_cache, metadata)
         two, blocks, heads, block_size, size = kv_cache.shape
         as_nhd = kv_cache.view(two, blocks, block_size, heads, size)
-        spec = self.spec
-        return ops.paged_attention(query, as_nhd, metadata.block_tables, metadata.seq_lens,
-                                   metadata.query_start_loc, scale, spec.causal,
-                                   spec.sliding_window, spec.soft_cap)
+        return ops.paged_attention(query, as_nhd, metadata, self._layer_params(scale))
 
 
 class CarelessWrite(WrongLayout):
@@ -91,7 +89,8 @@ class CarelessWrite(WrongLayout):
         return "CARELESS_WRITE"
 
     def write_kv_cache(self, key, value, kv_cache, metadata):
-        ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping,
+                              self._layer_params(None))
 
 
 class Lax(TorchPagedBackend):

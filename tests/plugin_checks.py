@@ -7,13 +7,16 @@ probe's options, and platforms are made by discovery itself, pointed at that tre
 
 from __future__ import annotations
 
+from dataclasses import fields
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hwplug import discovery
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.platform_interface import Platform
 from hwplug.registry import import_object
 
@@ -44,3 +47,17 @@ def discovered(monkeypatch: pytest.MonkeyPatch, root: Path, name: str) -> Platfo
     assert platform.sighting.evidence.startswith(str(root)), platform.sighting.evidence
     return platform
 
+
+
+def attention_call(**flat: Any) -> dict[str, Any]:
+    """A ``paged_attention`` call as keyword arguments (``query``, ``kv_cache``,
+    ``metadata``, ``params``), from ``flat``: ``query``, ``kv_cache`` and the fields of
+    :class:`AttentionMetadata` and :class:`PagedAttentionParams` by name (no
+    ``slot_mapping`` needed). Tensors go to the meta device: a ``supports`` check reads
+    shapes, never values."""
+    moved = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in flat.items()}
+    moved.setdefault("slot_mapping", torch.zeros(0, dtype=torch.int64, device="meta"))
+    return {"query": moved.pop("query"), "kv_cache": moved.pop("kv_cache"),
+            **{name: cls(**{f.name: moved[f.name] for f in fields(cls) if f.name in moved})
+               for name, cls in (("metadata", AttentionMetadata),
+                                 ("params", PagedAttentionParams))}}

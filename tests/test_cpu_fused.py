@@ -4,11 +4,14 @@ references, both builds, what they decline, which a CPU gets, and the conformanc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from plugin_checks import discovered
 
 from hwplug import current_platform, kernels, ops
+from hwplug.attention import PagedAttentionParams
 from hwplug.conformance import check_variant
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step
 from hwplug.errors import UnsupportedError
@@ -71,27 +74,26 @@ def test_rotary_embedding_full_and_partial_on_strided_heads(fresh_discovery, nam
 
 def decode_batch(seed: int, seq_lens: list[int], block_size: int, kv_heads: int, group: int,
                  head_size: int = 64, pad: int = 0):
-    """A decode batch (one new token per sequence) over shuffled blocks, and its kwargs."""
+    """A decode batch (one new token per sequence) over shuffled blocks: query, cache and
+    metadata."""
     generator = torch.Generator().manual_seed(seed)
     layout = BlockLayout.shuffled(generator, seq_lens, block_size)
     batch = PagedBatch.build(layout, [Step(n - 1, 1) for n in seq_lens], pad=pad)
     query = torch.randn(len(seq_lens), kv_heads * group, head_size, generator=generator)
     kv_cache = torch.randn(2, layout.num_blocks, block_size, kv_heads, head_size,
                            generator=generator)
-    args = (query, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            head_size ** -0.5)
-    return args, {"max_query_len": 1, "max_seq_len": batch.max_seq_len}
+    return query, kv_cache, batch.metadata()
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("heads", [(9, 3), (4, 1), (2, 2)], ids=["9/3", "4/1", "2/2"])
 def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
     hq, hkv = heads
-    args, kwargs = decode_batch(hq, [37, 5, 64, 100, 1], 16, hkv, hq // hkv, pad=-1)
+    batch = decode_batch(hq, [37, 5, 64, 100, 1], 16, hkv, hq // hkv, pad=-1)
     for window, cap in ((None, None), (20, None), (None, 5.0), (7, 30.0), (1, None)):
-        check("paged_attention", name, *args, **kwargs, sliding_window=window, soft_cap=cap)
-    args, kwargs = decode_batch(5, [3000, 700], 32, hkv, hq // hkv, head_size=128)  # threads
-    check("paged_attention", name, *args, **kwargs, causal=False)
+        check("paged_attention", name, *batch, PagedAttentionParams(0.125, True, window, cap))
+    batch = decode_batch(5, [3000, 700], 32, hkv, hq // hkv, head_size=128)  # threads
+    check("paged_attention", name, *batch, PagedAttentionParams(128 ** -0.5, causal=False))
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -105,9 +107,10 @@ def test_reshape_and_cache_writes_strided_rows_into_their_slots(fresh_discovery,
     want = torch.randn(2, 2, 8, 3, 8, generator=generator)  # [2, blocks, block, Hkv, D]
     got = want.clone()
     impl = variant("reshape_and_cache", name)
-    assert impl.supports(key, value, got, slots) is None
-    impl.impl(key, value, got, slots)
-    op_defs.reshape_and_cache.reference(key, value, want, slots)
+    params = PagedAttentionParams(1.0)
+    assert impl.supports(key, value, got, slots, params) is None
+    impl.impl(key, value, got, slots, params)
+    op_defs.reshape_and_cache.reference(key, value, want, slots, params)
     assert torch.equal(got, want)
 
 
@@ -155,17 +158,19 @@ def test_c_linear_is_what_every_float32_linear_gets(fresh_discovery):
 
 
 def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh_discovery):
-    args, kwargs = decode_batch(0, [20, 9], 8, 2, 2)
-    query, kv_cache = args[:2]
+    query, kv_cache, metadata = decode_batch(0, [20, 9], 8, 2, 2)
+    params = PagedAttentionParams(0.125)
     attention = variant("paged_attention", "fused_avx2")
-    assert "decode-only" in attention.supports(*args, **{**kwargs, "max_query_len": 2})
+    assert "decode-only" in attention.supports(query, kv_cache,
+                                               replace(metadata, max_query_len=2), params)
     fp8 = kv_cache.to(torch.float8_e4m3fn)
-    assert "fp8 not done" in attention.supports(query, fp8, *args[2:], **kwargs)
-    assert "fp8 not done" in attention.supports(*args, **kwargs, k_scale=torch.tensor(1.0))
+    assert "fp8 not done" in attention.supports(query, fp8, metadata, params)
+    assert "fp8 not done" in attention.supports(query, kv_cache, metadata,
+                                                replace(params, k_scale=torch.tensor(1.0)))
     odd = decode_batch(0, [20, 9], 8, 2, 2, head_size=12)
-    assert "multiple of 8 up to 256, got 12" in attention.supports(*odd[0], **odd[1])
+    assert "multiple of 8 up to 256, got 12" in attention.supports(*odd, params)
     wide = decode_batch(0, [20], 8, 1, 32)
-    assert "up to 16 query heads per KV head, got 32/1" in attention.supports(*wide[0], **wide[1])
+    assert "up to 16 query heads per KV head, got 32/1" in attention.supports(*wide, params)
     norm = variant("rms_norm", "fused_c")
     x = torch.randn(2, 8)
     assert "float32 only, got torch.bfloat16" in norm.supports(x.bfloat16(), torch.ones(8), 1e-6)
@@ -180,9 +185,9 @@ def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh
     write = variant("reshape_and_cache", "fused_c")
     kv = torch.zeros(2, 2, 4, 2, 16)
     slots = torch.tensor([1, 2])
-    assert "fp32 KV cache" in write.supports(k, k, kv.to(torch.float8_e4m3fn), slots)
-    assert "does not match" in write.supports(q, q, kv, slots)
-    assert "int64" in write.supports(k, k, kv, slots.int())
+    assert "fp32 KV cache" in write.supports(k, k, kv.to(torch.float8_e4m3fn), slots, params)
+    assert "does not match" in write.supports(q, q, kv, slots, params)
+    assert "int64" in write.supports(k, k, kv, slots.int(), params)
     gemv, weight = variant("linear", "gemv_avx2"), torch.randn(4, 16)
     assert "a multiple of 8, got [4, 12]" in gemv.supports(torch.randn(1, 12), torch.randn(4, 12))
     assert "float32 only" in gemv.supports(torch.randn(1, 16), weight.bfloat16())
@@ -196,13 +201,14 @@ def test_indices_out_of_range_are_typed_errors_not_reads(fresh_discovery):
     q, k = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
     with pytest.raises(UnsupportedError, match=r"positions must lie in \[0, 10\).* 3 \.\. 10"):
         rotary.impl(torch.tensor([3, 10]), q, k, cache, True)
-    args, kwargs = decode_batch(0, [20, 9], 8, 2, 2)
-    args[2][1, 0] = args[1].shape[1]  # one past the cache's blocks
+    query, kv_cache, metadata = decode_batch(0, [20, 9], 8, 2, 2)
+    metadata.block_tables[1, 0] = kv_cache.shape[1]  # one past the cache's blocks
+    params = PagedAttentionParams(0.125)
     with pytest.raises(UnsupportedError, match="outside the cache's 7 blocks"):
-        variant("paged_attention", "fused_c").impl(*args, **kwargs)
+        variant("paged_attention", "fused_c").impl(query, kv_cache, metadata, params)
     kv = torch.zeros(2, 2, 4, 2, 16)
     with pytest.raises(UnsupportedError, match="past the cache's 8 slots"):
-        variant("reshape_and_cache", "fused_c").impl(k, k, kv, torch.tensor([1, 8]))
+        variant("reshape_and_cache", "fused_c").impl(k, k, kv, torch.tensor([1, 8]), params)
     assert not kv.any()  # checked before anything was written
 
 

@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.discovery import current_platform
 from hwplug.kernel_registry import kernels, ops, reference
 from hwplug.platforms.cpu import bf16, tiles
@@ -134,6 +135,13 @@ def test_disabling_the_c_linear_and_onednn_falls_back_to_reference(fresh_discove
     assert why.rejected["onednn_packed"] == "disabled by HWPLUG_DISABLED_KERNELS"
 
 
+def _metadata(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_lens: list[int],
+              max_seq_len: int) -> AttentionMetadata:
+    starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    return AttentionMetadata(torch.zeros(0, dtype=torch.int64), block_tables, seq_lens, starts,
+                             max(query_lens), max_seq_len)
+
+
 @pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 5), (False, None)],
                          ids=["causal", "window5", "non-causal"])
 def test_sdpa_decode_matches_reference(fresh_discovery, causal, window):
@@ -142,8 +150,8 @@ def test_sdpa_decode_matches_reference(fresh_discovery, causal, window):
     kv_cache = torch.randn(2, 12, 16, 2, 32, generator=gen)
     block_tables = torch.tensor([[7, -1, -1], [3, 0, -1], [11, 5, 9]], dtype=torch.int32)
     query = torch.randn(3, 8, 32, generator=gen)  # GQA: 8 query heads over 2 KV heads
-    args = (query, kv_cache, block_tables, seq_lens, torch.arange(4, dtype=torch.int32), 0.2,
-            causal, window, None, 1, 40)
+    args = (query, kv_cache, _metadata(block_tables, seq_lens, [1, 1, 1], 40),
+            PagedAttentionParams(0.2, causal, window))
     current_platform()  # discovery registers the variants
     chosen = kernels.get("paged_attention/sdpa_decode")  # behind the fused C kernel
     chosen.load()
@@ -159,17 +167,16 @@ def test_sdpa_decode_declines_prefill_and_soft_cap(fresh_discovery):
     chosen.load()
     query, kv_cache = torch.randn(4, 2, 16), torch.randn(2, 4, 16, 2, 16)
     tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
-    prefill = (query, kv_cache, tables, lens, torch.tensor([0, 4], dtype=torch.int32), 0.25)
-    assert "decode-only" in chosen.supports(*prefill, max_query_len=4, max_seq_len=20)
-    decode = (query[:1], kv_cache, tables, lens, torch.tensor([0, 1], dtype=torch.int32), 0.25)
-    assert "soft cap" in chosen.supports(*decode, soft_cap=30.0, max_query_len=1, max_seq_len=20)
-    bf16_cache = (decode[0], kv_cache.bfloat16(), *decode[2:])
-    assert "KV cache in the query's dtype" in chosen.supports(*bf16_cache, max_query_len=1,
-                                                              max_seq_len=20)
+    params = PagedAttentionParams(0.25)
+    prefill = (query, kv_cache, _metadata(tables, lens, [4], 20), params)
+    assert "decode-only" in chosen.supports(*prefill)
+    decode = _metadata(tables, lens, [1], 20)
+    assert "soft cap" in chosen.supports(query[:1], kv_cache, decode,
+                                         PagedAttentionParams(0.25, soft_cap=30.0))
+    bf16_cache = (query[:1], kv_cache.bfloat16(), decode, params)
+    assert "KV cache in the query's dtype" in chosen.supports(*bf16_cache)
     # and the op still serves it, through the reference
-    torch.testing.assert_close(
-        ops.paged_attention(*bf16_cache, max_query_len=1, max_seq_len=20),
-        reference.paged_attention(*bf16_cache, max_query_len=1, max_seq_len=20))
-    many = (query[:1].expand(64, -1, -1), kv_cache, tables.expand(64, -1), lens.expand(64),
-            torch.arange(65, dtype=torch.int32), 0.25)
-    assert "MiB of K/V" in chosen.supports(*many, max_query_len=1, max_seq_len=8192)
+    torch.testing.assert_close(ops.paged_attention(*bf16_cache),
+                               reference.paged_attention(*bf16_cache))
+    many = _metadata(tables.expand(64, -1), lens.expand(64), [1] * 64, 8192)
+    assert "MiB of K/V" in chosen.supports(query[:1].expand(64, -1, -1), kv_cache, many, params)

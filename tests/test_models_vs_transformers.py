@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from hwplug import registries
+from hwplug.attention import PagedAttentionParams
 from hwplug.discovery import current_platform
 from hwplug.errors import ModelError
 from hwplug.kernel_registry import ops
@@ -92,9 +93,8 @@ class WriteFirstBackend(TorchPagedBackend):
         return "TEST_WRITE_FIRST"
 
     def forward(self, query, key, value, kv_cache, metadata, scale):
-        return ops.paged_attention(query, kv_cache, metadata.block_tables, metadata.seq_lens,
-                                   metadata.query_start_loc, scale, self.spec.causal,
-                                   self.spec.sliding_window)
+        return ops.paged_attention(query, kv_cache, metadata, PagedAttentionParams(
+            scale, self.spec.causal, self.spec.sliding_window))
 
 
 @pytest.fixture

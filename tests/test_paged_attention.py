@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.kernel_registry.reference import attention, paged_attention
 
 #: (atol, rtol) of the reference against the fp64 oracle. fp32 accumulates in fp32;
@@ -97,15 +98,20 @@ def dense_attention(batch: Batch, scale: float, causal: bool, sliding_window: in
     return torch.cat(outputs)
 
 
-def assert_matches_dense(batch: Batch, scale: float, causal: bool = True,
-                         sliding_window: int | None = None, soft_cap: float | None = None,
-                         pass_max_lens: bool = True) -> None:
+def metadata(batch: Batch, block_tables: torch.Tensor | None = None) -> AttentionMetadata:
+    """The batch's metadata (no slots: the cache is written already)."""
     query_lens = (batch.query_start_loc[1:] - batch.query_start_loc[:-1]).tolist()
-    max_lens = {"max_query_len": max(query_lens), "max_seq_len": int(batch.seq_lens.max())}
-    out = paged_attention(batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens,
-                          batch.query_start_loc, scale, causal=causal,
-                          sliding_window=sliding_window, soft_cap=soft_cap,
-                          **(max_lens if pass_max_lens else {}))
+    return AttentionMetadata(torch.zeros(0, dtype=torch.int64),
+                             batch.block_tables if block_tables is None else block_tables,
+                             batch.seq_lens, batch.query_start_loc, max(query_lens),
+                             int(batch.seq_lens.max()))
+
+
+def assert_matches_dense(batch: Batch, scale: float, causal: bool = True,
+                         sliding_window: int | None = None,
+                         soft_cap: float | None = None) -> None:
+    params = PagedAttentionParams(scale, causal, sliding_window, soft_cap)
+    out = paged_attention(batch.query, batch.kv_cache, metadata(batch), params)
     expected = dense_attention(batch, scale, causal, sliding_window, soft_cap)
     assert out.shape == batch.query.shape and out.dtype == batch.query.dtype
     atol, rtol = TOLERANCES[batch.query.dtype]
@@ -139,19 +145,16 @@ def sequences(draw: st.DrawFn) -> tuple[list[int], list[int]]:
     soft_cap=st.none() | st.floats(1.0, 30.0),
     scale=st.floats(0.05, 0.5),
     one_block_tiles=st.booleans(),
-    pass_max_lens=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_matches_dense_attention(lens, num_kv_heads, group, head_size, block_size, dtype,
-                                 causal, window, soft_cap, scale, one_block_tiles,
-                                 pass_max_lens, seed):
+                                 causal, window, soft_cap, scale, one_block_tiles, seed):
     seq_lens, query_lens = lens
     batch = make_batch(seq_lens, query_lens, num_kv_heads * group, num_kv_heads, head_size,
                        block_size, dtype, seed)
     tile_bytes = ONE_BLOCK_TILES if one_block_tiles else attention._TILE_BYTES
     with mock.patch.object(attention, "_TILE_BYTES", tile_bytes):
-        assert_matches_dense(batch, scale, causal, window if causal else None, soft_cap,
-                             pass_max_lens)
+        assert_matches_dense(batch, scale, causal, window if causal else None, soft_cap)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -173,22 +176,24 @@ def test_mixed_batch_with_long_contexts(dtype, soft_cap):
     assert_matches_dense(batch, 0.125, sliding_window=96, soft_cap=soft_cap)
 
 
-def test_sliding_window_needs_causal():
-    batch = make_batch([8], [8], 2, 1, 8, 16, torch.float32, seed=0)
-    with pytest.raises(ValueError, match="sliding_window"):
-        paged_attention(batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens,
-                        batch.query_start_loc, 0.3, causal=False, sliding_window=4)
+@pytest.mark.parametrize(("options", "match"), [
+    ({"causal": False, "sliding_window": 4}, "sliding_window needs causal"),
+    ({"sliding_window": 0}, "sliding_window must be >= 1"),
+    ({"soft_cap": 0.0}, "soft_cap must be > 0"),
+])
+def test_params_refuse_masks_the_op_does_not_define(options, match):
+    with pytest.raises(ValueError, match=match):
+        PagedAttentionParams(0.3, **options)
 
 
 def test_query_heads_must_be_a_multiple_of_kv_heads():
     batch = make_batch([8], [8], 3, 2, 8, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match=r"query heads \(3\).*KV heads \(2\)"):
-        paged_attention(batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens,
-                        batch.query_start_loc, 0.3)
+        paged_attention(batch.query, batch.kv_cache, metadata(batch), PagedAttentionParams(0.3))
 
 
 def test_block_tables_must_cover_max_seq_len():
     batch = make_batch([40], [1], 2, 1, 8, 16, torch.float32, seed=0)  # 3 blocks + 1 spare
     with pytest.raises(ValueError, match="block_tables has 2 columns; 40 tokens need 3"):
-        paged_attention(batch.query, batch.kv_cache, batch.block_tables[:, :2], batch.seq_lens,
-                        batch.query_start_loc, 0.3)
+        paged_attention(batch.query, batch.kv_cache, metadata(batch, batch.block_tables[:, :2]),
+                        PagedAttentionParams(0.3))

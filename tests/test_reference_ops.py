@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from hwplug.attention import PagedAttentionParams
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry.reference import (
     build_cos_sin_cache,
@@ -203,7 +204,7 @@ def test_reshape_and_cache_writes_exactly_the_slots(cache_dtype):
     value = randn(6, num_kv_heads, head_size, seed=2)
     slot_mapping = torch.tensor([17, -1, 0, 22, -1, 3])  # blocks 4, 0, 5, 0; two padding
 
-    reshape_and_cache(key, value, kv_cache, slot_mapping)
+    reshape_and_cache(key, value, kv_cache, slot_mapping, PagedAttentionParams(1.0))
 
     expected = before.clone()
     for token, slot in enumerate(slot_mapping.tolist()):

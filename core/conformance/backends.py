@@ -27,7 +27,12 @@ import torch
 from hypothesis import strategies as st
 
 from hwplug import ops
-from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec
+from hwplug.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    PagedAttentionParams,
+)
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.explore import CannotRun, Failure, first_failure, guarded, judge
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
@@ -159,6 +164,9 @@ class _Episode:
         self.cache = torch.zeros(self.declared, dtype=kv_dtype, device=device)
         self.ref_cache = torch.zeros((2, *self.geometry), dtype=kv_dtype, device=device)
         self.scale = spec.head_size ** -0.5
+        #: The reference's parameters (the backend builds its own from the spec).
+        self.params = PagedAttentionParams(self.scale, spec.causal, spec.sliding_window,
+                                           spec.soft_cap)
 
     def _randn(self, tokens: int, heads: int) -> torch.Tensor:
         shape = (tokens, heads, self.spec.head_size)
@@ -172,10 +180,7 @@ class _Episode:
         query = torch.cat([self._randn(s.new, self.spec.num_heads) for _, s in active])
         key = torch.cat([self.keys[i][s.context:s.context + s.new] for i, s in active])
         value = torch.cat([self.values[i][s.context:s.context + s.new] for i, s in active])
-        metadata = AttentionMetadata(
-            batch.slot_mapping.to(self.device), batch.block_tables.to(self.device),
-            batch.seq_lens.to(self.device), batch.query_start_loc.to(self.device),
-            batch.max_query_len, batch.max_seq_len)
+        metadata = batch.metadata(self.device)
         where = f"step {index + 1} of 2, batch {batch.label}, {self.example.label()}"
         return _StepInputs(query.to(dtype), key.to(dtype), value.to(dtype), metadata, where)
 
@@ -198,12 +203,10 @@ class _Episode:
 
     def reference(self, step: _StepInputs) -> torch.Tensor:
         """The same step through the pure-torch references over the NHD cache."""
-        spec, meta = self.spec, step.metadata
-        ops.reshape_and_cache.reference(step.key, step.value, self.ref_cache, meta.slot_mapping)
-        return ops.paged_attention.reference(
-            step.query, self.ref_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            self.scale, spec.causal, spec.sliding_window, spec.soft_cap, meta.max_query_len,
-            meta.max_seq_len)
+        ops.reshape_and_cache.reference(step.key, step.value, self.ref_cache,
+                                        step.metadata.slot_mapping, self.params)
+        return ops.paged_attention.reference(step.query, self.ref_cache, step.metadata,
+                                             self.params)
 
 
 class _Run:

@@ -7,7 +7,7 @@ reproducible; :meth:`Case.to` moves one to the device under test.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 import torch
@@ -33,13 +33,19 @@ class Case:
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Case:
         def one(value: Any) -> Any:
-            return fn(value) if isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                return fn(value)
+            if is_dataclass(value) and not isinstance(value, type):  # metadata, params
+                return replace(value, **{f.name: one(getattr(value, f.name))
+                                         for f in fields(value) if f.init})
+            return value
 
         return replace(self, args=tuple(one(a) for a in self.args),
                        kwargs={k: one(v) for k, v in self.kwargs.items()})
 
     def to(self, device: str | torch.device) -> Case:
-        """The same case with every tensor on ``device``."""
+        """The same case with every tensor on ``device`` (also those inside dataclass
+        arguments such as the attention metadata and params)."""
         return self._map(lambda t: t.to(device))
 
     def clone(self) -> Case:

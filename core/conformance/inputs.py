@@ -19,6 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 from hwplug import ops
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
 from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
@@ -91,7 +92,9 @@ def reshape_and_cache(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int
     scales, scales_label = _kv_scales(draw, rng, kv_dtype, num_kv_heads)
     label = (f"key/value {tuple(key.shape)} {dtype} into {kv_dtype} cache "
              f"{tuple(kv_cache.shape)}{scales_label}, {padded} padding slots")
-    return Case((key, value, kv_cache, slots), scales, (dtype, kv_dtype), label, mutated=(2,))
+    params = PagedAttentionParams(head_size ** -0.5, **scales)
+    return Case((key, value, kv_cache, slots, params), {}, (dtype, kv_dtype), label,
+                mutated=(2,))
 
 
 def _kv_scales(draw: st.DrawFn, rng: torch.Generator, kv_dtype: str, num_kv_heads: int
@@ -178,6 +181,13 @@ class PagedBatch:
                    torch.tensor(starts, dtype=torch.int32),
                    max(s.new for _, s in active), max(lens), label)
 
+    def metadata(self, device: str | torch.device = "cpu") -> AttentionMetadata:
+        """The batch as the ops take it, its tensors on ``device``."""
+        return AttentionMetadata(
+            self.slot_mapping.to(device), self.block_tables.to(device),
+            self.seq_lens.to(device), self.query_start_loc.to(device), self.max_query_len,
+            self.max_seq_len)
+
 
 def _describe(step: Step) -> str:
     if step.context == 0:
@@ -220,19 +230,15 @@ def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int])
     kv_cache = randn(rng, (2, layout.num_blocks, layout.block_size, num_kv_heads, head_size),
                       kv_dtype)
     scales, scales_label = _kv_scales(draw, rng, kv_dtype, num_kv_heads)
-    host_maxima = draw(st.booleans())
-    kwargs = {"causal": causal, "sliding_window": window, "soft_cap": soft_cap,
-              "max_query_len": batch.max_query_len if host_maxima else None,
-              "max_seq_len": batch.max_seq_len if host_maxima else None, **scales}
+    params = PagedAttentionParams(head_size ** -0.5, causal, window, soft_cap, **scales)
     label = (f"query {tuple(query.shape)} {dtype}, KV cache {kv_dtype}{scales_label}, KV heads "
              f"{num_kv_heads}, block size "
              f"{layout.block_size}, batch {batch.label}, causal={causal}, "
              f"sliding_window={window}, soft_cap={soft_cap}")
-    args = (query, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            head_size ** -0.5)
+    args = (query, kv_cache, batch.metadata(), params)
     # a variant and the reference read the same stored fp8 values: compute errors only
     judged = (dtype,) if kv_dtype in FP8_KV_DTYPES else (dtype, kv_dtype)
-    return Case(args, kwargs, judged, label)
+    return Case(args, {}, judged, label)
 
 
 @st.composite

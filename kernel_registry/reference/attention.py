@@ -14,11 +14,16 @@ fp32 inside:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry.reference.cache import dequantize
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 #: Bytes of fp32 keys plus scores per tile: small enough that a tile's buffers stay in a
 #: server CPU's last-level cache, large enough that the per-tile Python overhead is small
@@ -31,87 +36,66 @@ _HIDDEN = torch.finfo(torch.float32).min
 
 
 @torch.no_grad()
-def paged_attention(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    causal: bool = True,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    max_query_len: int | None = None,
-    max_seq_len: int | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                    params: PagedAttentionParams) -> torch.Tensor:
     """Attention of packed ``query [T, Hq, D]`` over ``kv_cache [2, num_blocks, block_size, Hkv, D]``.
 
-    Sequence ``i`` owns queries ``query[qsl[i]:qsl[i+1]]`` (``qsl = query_start_loc [B+1]``),
-    the last ``q_len_i`` tokens of its ``seq_lens[i]``-token context, whose keys and values
-    are already cached: token ``k`` at block ``block_tables[i, k // block_size]``, offset
-    ``k % block_size``. Query ``j`` sits at ``p = seq_lens[i] - q_len_i + j`` and sees key
-    ``k < seq_lens[i]`` iff ``(not causal or k <= p)`` and ``(sliding_window is None or
-    p - k < sliding_window)``. Scores are ``scale * q.k``, soft-capped as
-    ``soft_cap * tanh(s / soft_cap)`` when ``soft_cap`` is set; softmax in fp32. Query
-    head ``h`` reads KV head ``h // (Hq // Hkv)``. Cached keys and values are read as
-    ``stored.float() * k_scale`` / ``* v_scale`` when the scales are given (float32,
-    ``[]`` per tensor or ``[Hkv]`` per KV head: an fp8 cache).
+    Sequence ``i`` owns queries ``query[qsl[i]:qsl[i+1]]`` (``qsl =
+    metadata.query_start_loc [B+1]``), the last ``q_len_i`` tokens of its
+    ``seq_lens[i]``-token context, whose keys and values are already cached: token ``k`` at
+    block ``block_tables[i, k // block_size]``, offset ``k % block_size``. Query ``j`` sits
+    at ``p = seq_lens[i] - q_len_i + j`` and sees key ``k < seq_lens[i]`` as ``params``
+    says (causal, sliding window); scores are ``params.scale * q.k``, soft-capped when
+    ``params.soft_cap`` is set; softmax in fp32. Query head ``h`` reads KV head
+    ``h // (Hq // Hkv)``. Cached keys and values are read as ``stored.float() * k_scale`` /
+    ``* v_scale`` when ``params`` has the scales (an fp8 cache).
 
     Block-table entries past a sequence's last block are ignored; they may be any valid
     block id or negative (padding). Cache slots past a sequence's length must hold finite
-    values (a zero-initialised cache does): they are read, then weighted by exactly 0.
-    ``max_query_len`` / ``max_seq_len`` are the host-side maxima of the query lengths and
-    of ``seq_lens``; given both, the call never synchronises with the device.
+    values (a zero-initialised cache does): they are read, then weighted by exactly 0. The
+    call never synchronises with the device (``metadata`` holds the host-side maxima).
     Returns ``[T, Hq, D]`` in ``query.dtype`` (inference only: no autograd history).
-    Raises :class:`~hwplug.errors.UnsupportedError` for mismatched shapes, ``Hq % Hkv != 0``, block tables too
-    narrow for ``max_seq_len``, ``sliding_window`` without ``causal``, or a non-positive
-    ``sliding_window`` or ``soft_cap``.
+    Raises :class:`~hwplug.errors.UnsupportedError` for mismatched shapes,
+    ``Hq % Hkv != 0`` or block tables too narrow for ``max_seq_len``.
     """
-    _check_args(query, kv_cache, causal, sliding_window, soft_cap)
-    num_tokens, num_seqs, block_size = query.shape[0], seq_lens.shape[0], kv_cache.shape[2]
+    _check_args(query, kv_cache)
+    num_tokens, num_seqs, block_size = query.shape[0], metadata.seq_lens.shape[0], kv_cache.shape[2]
     if num_tokens == 0 or num_seqs == 0:
         return query.new_empty(query.shape)
+    seq_lens, query_start_loc = metadata.seq_lens.long(), metadata.query_start_loc
+    max_query_len, max_seq_len = metadata.max_query_len, metadata.max_seq_len
     starts = query_start_loc[:-1].long()
     query_lens = query_start_loc[1:].long() - starts
-    if max_query_len is None:
-        max_query_len = int(query_lens.max())
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
 
     decode_only = max_query_len == 1 and num_tokens == num_seqs  # then every q_len is 1
     if decode_only:
         padded, offsets = query.unsqueeze(1), query_lens.new_zeros(num_seqs, 1)
     else:
         padded, offsets = _pad_queries(query, starts, query_lens, max_query_len)
-    positions = (seq_lens.long() - query_lens)[:, None] + offsets  # [B, Qmax]
-    first_visible, end_visible = _visible_keys(positions, seq_lens.long(), causal, sliding_window)
+    positions = (seq_lens - query_lens)[:, None] + offsets  # [B, Qmax]
+    first_visible, end_visible = _visible_keys(positions, seq_lens, params.causal,
+                                               params.sliding_window)
     num_used_blocks = -(-max_seq_len // block_size)
+    block_tables = metadata.block_tables
     if block_tables.shape[1] < num_used_blocks:
         raise UnsupportedError(f"block_tables has {block_tables.shape[1]} columns; "
-                         f"{max_seq_len} tokens need {num_used_blocks}")
+                               f"{max_seq_len} tokens need {num_used_blocks}")
     tables = block_tables[:, :num_used_blocks].long().clamp(min=0)
 
-    if decode_only or soft_cap is not None:
-        out = _tiled_attention(padded.float() * scale, kv_cache, tables, first_visible,
-                               end_visible, soft_cap, (k_scale, v_scale))
+    kv_scales = (params.k_scale, params.v_scale)
+    if decode_only or params.soft_cap is not None:
+        out = _tiled_attention(padded.float() * params.scale, kv_cache, tables, first_visible,
+                               end_visible, params.soft_cap, kv_scales)
     else:
         out = _dense_attention(padded.float(), kv_cache, tables, first_visible, end_visible,
-                               scale, (k_scale, v_scale))
+                               params.scale, kv_scales)
     out = out.to(query.dtype)
     if decode_only:
         return out.squeeze(1)
     return out.flatten(0, 1)[_packed_row_index(query_start_loc, max_query_len, num_tokens)]
 
 
-def _check_args(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    causal: bool,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> None:
+def _check_args(query: torch.Tensor, kv_cache: torch.Tensor) -> None:
     if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise UnsupportedError(
             "expected query [T, Hq, D] and kv_cache [2, num_blocks, block_size, Hkv, D], got "
@@ -125,12 +109,6 @@ def _check_args(
         raise UnsupportedError(
             f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})"
         )
-    if sliding_window is not None and not causal:
-        raise UnsupportedError("sliding_window needs causal=True (a window trails its query)")
-    if sliding_window is not None and sliding_window < 1:
-        raise UnsupportedError(f"sliding_window must be >= 1, got {sliding_window}")
-    if soft_cap is not None and soft_cap <= 0:
-        raise UnsupportedError(f"soft_cap must be > 0, got {soft_cap}")
 
 
 def _pad_queries(

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from hwplug.attention import PagedAttentionParams
 
-def reshape_and_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
     """Store ``key``/``value [T, Hkv, D]`` into ``kv_cache [2, num_blocks, block_size, Hkv, D]``.
 
     Token ``t`` goes to slot ``s = slot_mapping[t]``: block ``s // block_size``, offset
     ``s % block_size``; keys into ``kv_cache[0]``, values into ``kv_cache[1]``, divided by
-    ``k_scale`` / ``v_scale`` when given (float32, ``[]`` or ``[Hkv]``) and cast to the
-    cache dtype. A negative slot marks a padding token and is skipped. Writes in place;
-    every other slot is left untouched. (Dropping the padding tokens syncs with the host.)
+    ``params.k_scale`` / ``params.v_scale`` when given (float32, ``[]`` or ``[Hkv]``) and
+    cast to the cache dtype. A negative slot marks a padding token and is skipped. Writes
+    in place; every other slot is left untouched. (Dropping the padding tokens syncs with
+    the host.)
     """
     block_size = kv_cache.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    new_entries = torch.stack((quantize(key[keep], k_scale, kv_cache.dtype),
-                               quantize(value[keep], v_scale, kv_cache.dtype)))
+    new_entries = torch.stack((quantize(key[keep], params.k_scale, kv_cache.dtype),
+                               quantize(value[keep], params.v_scale, kv_cache.dtype)))
     kv_cache[:, slots // block_size, slots % block_size] = new_entries
 
 

@@ -9,12 +9,15 @@ attention reads). :func:`nhd_view` shows the same memory as the ``NHD`` cache
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from hwplug.kernel_registry.reference.attention import paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 
 def nhd_view(kv_pages: torch.Tensor) -> torch.Tensor:
@@ -24,14 +27,14 @@ def nhd_view(kv_pages: torch.Tensor) -> torch.Tensor:
 
 
 def reshape_and_cache_interleaved(key: torch.Tensor, value: torch.Tensor,
-                                  kv_pages: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """``reshape_and_cache`` into ``kv_pages`` in place; the other arguments (slot mapping,
-    k/v scales) as that op takes them."""
-    reshape_and_cache(key, value, nhd_view(kv_pages), *args, **kwargs)
+                                  kv_pages: torch.Tensor, slot_mapping: torch.Tensor,
+                                  params: PagedAttentionParams) -> None:
+    """``reshape_and_cache`` into ``kv_pages`` in place."""
+    reshape_and_cache(key, value, nhd_view(kv_pages), slot_mapping, params)
 
 
-def paged_attention_interleaved(query: torch.Tensor, kv_pages: torch.Tensor, *args: Any,
-                                **kwargs: Any) -> torch.Tensor:
-    """``paged_attention`` of ``query [T, Hq, D]`` over ``kv_pages``; the other arguments
-    (block tables, lengths, scale, masks, k/v scales) as that op takes them."""
-    return paged_attention(query, nhd_view(kv_pages), *args, **kwargs)
+def paged_attention_interleaved(query: torch.Tensor, kv_pages: torch.Tensor,
+                                metadata: AttentionMetadata, params: PagedAttentionParams
+                                ) -> torch.Tensor:
+    """``paged_attention`` of ``query [T, Hq, D]`` over ``kv_pages``."""
+    return paged_attention(query, nhd_view(kv_pages), metadata, params)

@@ -18,11 +18,16 @@ The declared shape carries no ``x``, so it does not depend on the cache dtype
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry.reference.attention import paged_attention as nhd_paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache as nhd_reshape_and_cache
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 #: Layout name, as backends state it in ``kv_cache_layout``.
 LAYOUT = "ROCM_PA"
@@ -83,25 +88,17 @@ def from_nhd(nhd: torch.Tensor, out: torch.Tensor) -> None:
     out[1].copy_(nhd[1].permute(0, 2, 3, 1))
 
 
-def reshape_and_cache_rocm_pa(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:
+def reshape_and_cache_rocm_pa(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                              slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
     """``reshape_and_cache`` into a ``ROCM_PA`` cache: the ``NHD`` reference on a converted
     copy, written back (in place; a negative slot is skipped)."""
     nhd = to_nhd(kv_cache)
-    nhd_reshape_and_cache(key, value, nhd, slot_mapping, k_scale, v_scale)
+    nhd_reshape_and_cache(key, value, nhd, slot_mapping, params)
     from_nhd(nhd, kv_cache)
 
 
-def paged_attention_rocm_pa(
-    query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, causal: bool = True,
-    sliding_window: int | None = None, soft_cap: float | None = None,
-    max_query_len: int | None = None, max_seq_len: int | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+def paged_attention_rocm_pa(query: torch.Tensor, kv_cache: torch.Tensor,
+                            metadata: AttentionMetadata, params: PagedAttentionParams
+                            ) -> torch.Tensor:
     """``paged_attention`` over a ``ROCM_PA`` cache: the ``NHD`` reference on a converted copy."""
-    return nhd_paged_attention(query, to_nhd(kv_cache), block_tables, seq_lens, query_start_loc,
-                               scale, causal, sliding_window, soft_cap, max_query_len,
-                               max_seq_len, k_scale, v_scale)
+    return nhd_paged_attention(query, to_nhd(kv_cache), metadata, params)

@@ -7,10 +7,15 @@ lives in :mod:`hwplug.platforms.cpu.onednn`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from hwplug.kernel_registry.reference.cache import dequantize, quantize
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 #: KV-cache dtypes stored as one byte, written through a byte view and dequantised on read.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -59,15 +64,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
 
 
 def cache_supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> str | None:
+                    slot_mapping: torch.Tensor, params: PagedAttentionParams) -> str | None:
     """Why :func:`reshape_and_cache` declines a call, or None."""
     return None if kv_cache.is_contiguous() else "needs a contiguous kv_cache"
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> None:
+                      slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
     """The ``reshape_and_cache`` op as one ``index_copy_`` per half into the cache viewed
     as ``[2, num_slots, Hkv, D]`` (padding slots dropped first). fp8 caches, which torch's
     CPU ``index_copy_`` does not take, are written through a byte view."""
@@ -77,61 +80,54 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
         slots, key, value = slots[keep], key[keep], value[keep]
     flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
     byte_view = kv_cache.dtype in FP8_DTYPES
-    for half, new, half_scale in ((flat[0], key, k_scale), (flat[1], value, v_scale)):
+    for half, new, half_scale in ((flat[0], key, params.k_scale),
+                                  (flat[1], value, params.v_scale)):
         stored = quantize(new, half_scale, kv_cache.dtype)
         if byte_view:
             half, stored = half.view(torch.uint8), stored.view(torch.uint8)
         half.index_copy_(0, slots, stored)
 
 
-def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                     causal: bool = True, sliding_window: int | None = None,
-                     soft_cap: float | None = None, max_query_len: int | None = None,
-                     max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> str | None:
+def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                     params: PagedAttentionParams) -> str | None:
     """Why :func:`decode_attention` declines a call, or None."""
-    if max_query_len != 1 or query.shape[0] != seq_lens.shape[0]:
+    seq_lens = metadata.seq_lens
+    if metadata.max_query_len != 1 or query.shape[0] != seq_lens.shape[0]:
         return "serves decode-only batches (max_query_len=1, one query per sequence)"
-    if soft_cap is not None:
+    if params.soft_cap is not None:
         return "no soft cap (SDPA has none)"
     if kv_cache.dtype != query.dtype and kv_cache.dtype not in FP8_DTYPES:
         return (f"needs the KV cache in the query's dtype or fp8 ({kv_cache.dtype} != "
                 f"{query.dtype})")
-    if max_seq_len is None:
-        return "needs max_seq_len"
     block_size, num_kv_heads, head_size = kv_cache.shape[2:]
-    gathered = (2 * seq_lens.shape[0] * -(-max_seq_len // block_size) * block_size
+    gathered = (2 * seq_lens.shape[0] * -(-metadata.max_seq_len // block_size) * block_size
                 * num_kv_heads * head_size * kv_cache.element_size())
     if gathered > MAX_GATHER_BYTES:
         return f"would gather {gathered >> 20} MiB of K/V (> {MAX_GATHER_BYTES >> 20} MiB)"
     return None
 
 
-def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                     causal: bool = True, sliding_window: int | None = None,
-                     soft_cap: float | None = None, max_query_len: int | None = None,
-                     max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                     params: PagedAttentionParams) -> torch.Tensor:
     """The ``paged_attention`` op for decode batches: gather each sequence's blocks, then
     one ``scaled_dot_product_attention`` call with a key mask (the query is the last
     token, so causal and non-causal see the same keys). An fp8 cache is dequantised with
     its scales after the gather."""
     num_seqs, block_size = query.shape[0], kv_cache.shape[2]
-    num_blocks = -(-max_seq_len // block_size)
-    tables = block_tables[:, :num_blocks].clamp(min=0).flatten()
+    num_blocks = -(-metadata.max_seq_len // block_size)
+    tables = metadata.block_tables[:, :num_blocks].clamp(min=0).flatten()
     keys, values = kv_cache.index_select(1, tables).view(
         2, num_seqs, num_blocks * block_size, *kv_cache.shape[3:]).transpose(2, 3).unbind()
+    k_scale, v_scale = params.k_scale, params.v_scale
     if kv_cache.dtype != query.dtype or k_scale is not None or v_scale is not None:
         keys = dequantize(keys, k_scale).to(query.dtype)
         values = dequantize(values, v_scale).to(query.dtype)
     key_positions = torch.arange(num_blocks * block_size)
-    lens = seq_lens.long().unsqueeze(1)
+    lens = metadata.seq_lens.long().unsqueeze(1)
     visible = key_positions < lens
-    if sliding_window is not None:
-        visible &= key_positions >= lens - sliding_window
+    if params.sliding_window is not None:
+        visible &= key_positions >= lens - params.sliding_window
     out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,
-                                         attn_mask=visible[:, None, None, :], scale=scale,
+                                         attn_mask=visible[:, None, None, :], scale=params.scale,
                                          enable_gqa=True)
     return out.squeeze(2)

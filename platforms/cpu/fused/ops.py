@@ -17,12 +17,16 @@ from __future__ import annotations
 import ctypes
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hwplug.errors import UnsupportedError
 from hwplug.platforms.cpu.ggml import build
 from hwplug.platforms.cpu.step_graph import native_call
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 SOURCE = Path(__file__).with_name("kernels.c")
 #: Limits of the decode attention kernel's per-thread buffers (kernels.c).
@@ -84,27 +88,23 @@ class FusedKernels(build.Library):
         return q_out, k_out
 
     def paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
-                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                        query_start_loc: torch.Tensor, scale: float, causal: bool = True,
-                        sliding_window: int | None = None, soft_cap: float | None = None,
-                        max_query_len: int | None = None, max_seq_len: int | None = None,
-                        k_scale: torch.Tensor | None = None,
-                        v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                        metadata: AttentionMetadata, params: PagedAttentionParams
+                        ) -> torch.Tensor:
         """The decode ``paged_attention`` op on calls :func:`decode_supported` accepts."""
         _, num_blocks, block_size, kv_heads, size = kv_cache.shape
+        block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
         out = torch.empty((query.shape[0], query.shape[1], size), dtype=query.dtype)
         native_call(
             self.library.hwplug_paged_decode, query.data_ptr(), query.stride(0),
             kv_cache.data_ptr(), num_blocks, block_size, kv_heads, size, block_tables.data_ptr(),
             block_tables.stride(0), seq_lens.data_ptr(), seq_lens.shape[0], query.shape[1],
-            scale, sliding_window or 0, soft_cap or 0.0, out.data_ptr(),
+            params.scale, params.sliding_window or 0, params.soft_cap or 0.0, out.data_ptr(),
             torch.get_num_threads(), check=partial(_blocks_outside, num_blocks))
         return out
 
     def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                          k_scale: torch.Tensor | None = None,
-                          v_scale: torch.Tensor | None = None) -> None:
+                          params: PagedAttentionParams) -> None:
         """The ``reshape_and_cache`` op on calls :func:`cache_write_supported` accepts."""
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
         native_call(
@@ -197,16 +197,13 @@ def rotary_supported(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     return None
 
 
-def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                     causal: bool = True, sliding_window: int | None = None,
-                     soft_cap: float | None = None, max_query_len: int | None = None,
-                     max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> str | None:
+def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                     params: PagedAttentionParams) -> str | None:
     """Why the C decode ``paged_attention`` declines a call, or None."""
-    if max_query_len != 1 or query.shape[0] != seq_lens.shape[0]:
+    if metadata.max_query_len != 1 or query.shape[0] != metadata.seq_lens.shape[0]:
         return "serves decode-only batches (max_query_len=1, one query per sequence)"
-    if kv_cache.dtype != torch.float32 or k_scale is not None or v_scale is not None:
+    if kv_cache.dtype != torch.float32 or params.k_scale is not None or \
+            params.v_scale is not None:
         return f"needs an fp32 KV cache without k/v scales (fp8 not done), got {kv_cache.dtype}"
     if problem := _heads("query", query):
         return problem
@@ -217,19 +214,19 @@ def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
         return f"needs the head size a multiple of 8 up to {MAX_HEAD}, got {size}"
     if query.shape[1] % kv_heads or query.shape[1] // kv_heads > MAX_GROUP:
         return f"needs up to {MAX_GROUP} query heads per KV head, got {query.shape[1]}/{kv_heads}"
-    for name, tensor in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+    for name in ("block_tables", "seq_lens"):
+        tensor = getattr(metadata, name)
         if tensor.dtype != torch.int32 or tensor.stride(-1) != 1:
             return f"{name}: int32 with contiguous rows only, got {tensor.dtype}"
-    if soft_cap is not None and soft_cap <= 0:
-        return f"soft_cap must be positive, got {soft_cap}"
     return None
 
 
 def cache_write_supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                          v_scale: torch.Tensor | None = None) -> str | None:
+                          slot_mapping: torch.Tensor, params: PagedAttentionParams
+                          ) -> str | None:
     """Why the C ``reshape_and_cache`` declines a call, or None."""
-    if kv_cache.dtype != torch.float32 or k_scale is not None or v_scale is not None:
+    if kv_cache.dtype != torch.float32 or params.k_scale is not None or \
+            params.v_scale is not None:
         return f"needs an fp32 KV cache without k/v scales, got {kv_cache.dtype}"
     if not kv_cache.is_contiguous():
         return "needs a contiguous kv_cache"

@@ -15,9 +15,14 @@ keeps it from being considered without the ``amd-aiter`` package.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hwplug.kernel_registry.reference import rocm_pa
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 #: Head sizes AITER's paged-attention decode kernel serves.
 AITER_HEAD_SIZES = (64, 128)
@@ -27,26 +32,21 @@ AITER_BLOCK_SIZES = (16, 32)
 PARTITION_SIZE = 256
 
 
-def supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-              seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-              causal: bool = True, sliding_window: int | None = None,
-              soft_cap: float | None = None, max_query_len: int | None = None,
-              max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-              v_scale: torch.Tensor | None = None) -> str | None:
+def supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+              params: PagedAttentionParams) -> str | None:
     """Why AITER cannot serve this call, or None (no device sync)."""
-    if max_query_len != 1 or query.shape[0] != seq_lens.shape[0]:
-        return "serves decode batches (every query length 1, max_query_len=1 given); the " \
-               "Triton kernel serves prefill and mixed batches"
-    if max_seq_len is None:
-        return "needs max_seq_len (it sizes the partitions without a device sync)"
-    if sliding_window is not None:
+    if metadata.max_query_len != 1 or query.shape[0] != metadata.seq_lens.shape[0]:
+        return "serves decode batches (every query length 1); the Triton kernel serves " \
+               "prefill and mixed batches"
+    if params.sliding_window is not None:
         return "sliding window: the Triton kernel serves it (vLLM #34570)"
     if query.shape[-1] not in AITER_HEAD_SIZES:
         return f"head size {query.shape[-1]} not in 64, 128 (below 64 its decode kernel " \
                "skips the value loop, vLLM #34570)"
-    if soft_cap is not None:
+    if params.soft_cap is not None:
         return "no logit soft cap"
-    if kv_cache.dtype != query.dtype or k_scale is not None or v_scale is not None:
+    if kv_cache.dtype != query.dtype or params.k_scale is not None or \
+            params.v_scale is not None:
         return "needs an unscaled KV cache in the query's dtype (fp8 caches take the " \
                "Triton kernel)"
     problem = rocm_pa.check_cache(kv_cache)
@@ -57,18 +57,15 @@ def supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
     return None
 
 
-def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    causal: bool = True, sliding_window: int | None = None,
-                    soft_cap: float | None = None, max_query_len: int | None = None,
-                    max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                    params: PagedAttentionParams) -> torch.Tensor:
     """The ``paged_attention_rocm_pa`` op for a decode batch :func:`supported` accepts:
-    one query per sequence, so ``query [B, Hq, D]`` is AITER's ``[num_seqs, Hq, D]``."""
+    one query per sequence, so ``query [B, Hq, D]`` is AITER's ``[num_seqs, Hq, D]``;
+    ``metadata.max_seq_len`` sizes its partitions without a device sync."""
     import aiter
 
     num_seqs, num_heads, head_size = query.shape
-    partitions = -(-max_seq_len // PARTITION_SIZE)
+    partitions = -(-metadata.max_seq_len // PARTITION_SIZE)
     out = torch.empty_like(query)
     exp_sums = torch.empty((num_seqs, num_heads, partitions), dtype=torch.float32,
                            device=query.device)
@@ -77,6 +74,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
     unit = torch.ones((), dtype=torch.float32, device=query.device)
     aiter.paged_attention_rocm(
         out, exp_sums, max_logits, tmp_out, query, rocm_pa.key_view(kv_cache), kv_cache[1],
-        kv_cache.shape[2], scale, block_tables, seq_lens, kv_cache.shape[-1], max_seq_len,
-        None, "auto", unit, unit, None, PARTITION_SIZE)
+        kv_cache.shape[2], params.scale, metadata.block_tables, metadata.seq_lens,
+        kv_cache.shape[-1], metadata.max_seq_len, None, "auto", unit, unit, None,
+        PARTITION_SIZE)
     return out

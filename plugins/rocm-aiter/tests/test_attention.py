@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 from fake_hw import make_amd_tree
-from plugin_checks import discovered
+from plugin_checks import attention_call, discovered
 
 from hwplug.attention import AttentionSpec
 from hwplug.attention_selection import select_backend
@@ -77,14 +77,13 @@ def test_the_cache_shape_and_its_head_size_rule(mi300x):
 
 def call(**change: object) -> dict[str, object]:
     """A decode call AITER accepts (meta tensors), with ``change`` applied."""
-    args = {"query": torch.empty(4, 8, 128, dtype=torch.bfloat16),
-            "kv_cache": torch.empty(rocm_pa.cache_shape(6, 16, 2, 128), dtype=torch.bfloat16),
-            "block_tables": torch.zeros(4, 2, dtype=torch.int32),
-            "seq_lens": torch.ones(4, dtype=torch.int32),
-            "query_start_loc": torch.arange(5, dtype=torch.int32), "scale": 0.1,
-            "max_query_len": 1, "max_seq_len": 30}
-    args.update(change)
-    return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    return attention_call(**{
+        "query": torch.empty(4, 8, 128, dtype=torch.bfloat16),
+        "kv_cache": torch.empty(rocm_pa.cache_shape(6, 16, 2, 128), dtype=torch.bfloat16),
+        "block_tables": torch.zeros(4, 2, dtype=torch.int32),
+        "seq_lens": torch.ones(4, dtype=torch.int32),
+        "query_start_loc": torch.arange(5, dtype=torch.int32), "scale": 0.1,
+        "max_query_len": 1, "max_seq_len": 30, **change})
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -99,7 +98,6 @@ def call(**change: object) -> dict[str, object]:
       "k_scale": torch.ones(()), "v_scale": torch.ones(())}, "fp8 caches take the Triton"),
     ({"kv_cache": torch.empty(rocm_pa.cache_shape(3, 64, 2, 128), dtype=torch.bfloat16)},
      "block size 64 not in 16, 32"),
-    ({"max_seq_len": None}, "needs max_seq_len"),
 ])
 def test_aiter_declines_what_it_does_not_serve(change, reason):
     assert aiter_attention.supported(**call()) is None

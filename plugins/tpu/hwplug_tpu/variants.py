@@ -13,9 +13,8 @@ falls back to the next variant (the reference).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,9 @@ import torch
 from hwplug.dtypes import dtype_name
 from hwplug_tpu import jax_ops, rpa
 from hwplug_tpu.bridge import bucket, padded, to_jax, to_torch
+
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 #: KV-cache dtypes the JAX cache write and attention store and read.
 KV_DTYPES = (torch.float32, torch.bfloat16)
@@ -80,10 +82,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
 
 
-def reshape_and_cache_interleaved(
-    key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor, slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:
+def reshape_and_cache_interleaved(key: torch.Tensor, value: torch.Tensor,
+                                  kv_pages: torch.Tensor, slot_mapping: torch.Tensor,
+                                  params: PagedAttentionParams) -> None:
     """JAX builds the interleaved, cast cache rows of the new tokens; they are stored into
     ``kv_pages`` (host memory) with one indexed copy. (A JAX scatter would return a new
     cache: copying every page back each step costs more than the rows.)"""
@@ -97,16 +98,15 @@ def reshape_and_cache_interleaved(
 
 
 def cache_supported(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor,
-                    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> str | None:
-    return _kv_reason(kv_pages, k_scale, v_scale)
+                    slot_mapping: torch.Tensor, params: PagedAttentionParams) -> str | None:
+    """Why the cache write declines a call (an fp8 cache), or None."""
+    return _kv_reason(kv_pages, params)
 
 
-def _kv_reason(kv_pages: torch.Tensor, k_scale: torch.Tensor | None,
-               v_scale: torch.Tensor | None) -> str | None:
+def _kv_reason(kv_pages: torch.Tensor, params: PagedAttentionParams) -> str | None:
     if kv_pages.dtype not in KV_DTYPES:
         return f"KV cache {kv_pages.dtype} is not float32 or bfloat16"
-    if k_scale is not None or v_scale is not None:
+    if params.k_scale is not None or params.v_scale is not None:
         return "k/v scales (an fp8 KV cache) are not supported"
     return None
 
@@ -115,27 +115,21 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
     """The ``paged_attention_interleaved`` variant that runs ``kernel`` (a function of
     :mod:`hwplug_tpu.rpa`) on the batch padded to buckets."""
 
-    def attention(
-        query: torch.Tensor, kv_pages: torch.Tensor, block_tables: torch.Tensor,
-        seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-        causal: bool = True, sliding_window: int | None = None, soft_cap: float | None = None,
-        max_query_len: int | None = None, max_seq_len: int | None = None,
-        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        num_seqs = seq_lens.shape[0]
+    def attention(query: torch.Tensor, kv_pages: torch.Tensor, metadata: AttentionMetadata,
+                  params: PagedAttentionParams) -> torch.Tensor:
+        seq_lens, block_tables = metadata.seq_lens, metadata.block_tables
+        query_start_loc, num_seqs = metadata.query_start_loc, seq_lens.shape[0]
         if query.shape[0] == 0 or num_seqs == 0:
             return query.new_empty(query.shape)
-        if max_query_len is None:
-            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         seqs, width = bucket(num_seqs), bucket(block_tables.shape[1])
         tables = block_tables.new_zeros((seqs, width))
         tables[:num_seqs, :block_tables.shape[1]] = block_tables.clamp(min=0)
         out = kernel(to_jax(padded(query, bucket(query.shape[0]))), to_jax(kv_pages),
                      to_jax(padded(seq_lens, seqs)), to_jax(tables),
                      to_jax(padded(query_start_loc, seqs + 1, int(query_start_loc[-1]))),
-                     to_jax(torch.tensor([num_seqs], dtype=torch.int32)), sm_scale=scale,
-                     sliding_window=sliding_window, soft_cap=soft_cap,
-                     max_q_len=bucket(max_query_len))
+                     to_jax(torch.tensor([num_seqs], dtype=torch.int32)), sm_scale=params.scale,
+                     sliding_window=params.sliding_window, soft_cap=params.soft_cap,
+                     max_q_len=bucket(metadata.max_query_len))
         return to_torch(out)[:query.shape[0]]
 
     attention.__doc__ = f"``{kernel.__name__}`` on the interleaved cache."
@@ -146,14 +140,11 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
 paged_attention_interleaved = _attention_variant(rpa.ragged_paged_attention)
 #: JAX's Pallas TPU kernel.
 pallas_paged_attention_interleaved = _attention_variant(rpa.pallas_ragged_paged_attention)
-_ATTENTION = inspect.signature(paged_attention_interleaved)
 
 
-def attention_supported(*args: Any, **kwargs: Any) -> str | None:
+def attention_supported(query: torch.Tensor, kv_pages: torch.Tensor, metadata: AttentionMetadata,
+                        params: PagedAttentionParams) -> str | None:
     """Why the attention variants decline a call (non-causal, an fp8 cache), or None."""
-    call = _ATTENTION.bind(*args, **kwargs)
-    call.apply_defaults()
-    if not call.arguments["causal"]:
+    if not params.causal:
         return "ragged paged attention is causal only"
-    return _kv_reason(call.arguments["kv_pages"], call.arguments["k_scale"],
-                      call.arguments["v_scale"])
+    return _kv_reason(kv_pages, params)

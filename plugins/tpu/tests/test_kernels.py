@@ -11,6 +11,8 @@ is checked separately. The other ops' variants are checked by the kit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hwplug import kernels
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance import inputs
 from hwplug.conformance.compare import compare_outputs, loosest_tolerance, mismatch
 from hwplug.conformance.inputs import Case
@@ -33,6 +36,17 @@ EXAMPLES = settings(max_examples=20, deadline=None, derandomize=True, database=N
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+def metadata(block_tables: object, seq_lens: list[int], query_start_loc: list[int]
+             ) -> AttentionMetadata:
+    """Attention metadata from lists (no slots)."""
+    query_lens = [b - a for a, b in zip(query_start_loc[:-1], query_start_loc[1:], strict=True)]
+    return AttentionMetadata(torch.zeros(0, dtype=torch.int64),
+                             torch.as_tensor(block_tables, dtype=torch.int32),
+                             torch.tensor(seq_lens, dtype=torch.int32),
+                             torch.tensor(query_start_loc, dtype=torch.int32), max(query_lens),
+                             max(seq_lens))
+
+
 def interleaved(nhd: torch.Tensor) -> torch.Tensor:
     """An ``NHD`` cache ``[2, N, bs, Hkv, D]`` as ``[N, bs, 2 * Hkv, D]``, K/V interleaved."""
     _, blocks, block_size, heads, size = nhd.shape
@@ -41,14 +55,14 @@ def interleaved(nhd: torch.Tensor) -> torch.Tensor:
 
 def served(case: Case, cache_arg: int, causal: bool) -> Case:
     """``case`` with its ``NHD`` cache interleaved (an fp16 or fp8 one cast to the
-    dispatch tensor's dtype), no k/v scales, and causal when the op takes it."""
+    dispatch tensor's dtype), no k/v scales, and causal when ``causal``."""
     cache = case.args[cache_arg]
     if cache.dtype not in variants.KV_DTYPES:
         cache = cache.float().to(case.args[0].dtype)
-    args = (*case.args[:cache_arg], interleaved(cache), *case.args[cache_arg + 1:])
-    kwargs = {k: v for k, v in case.kwargs.items() if k not in ("k_scale", "v_scale")}
-    return Case(args, {**kwargs, "causal": True} if causal else kwargs,
-                (case.dtypes[0], dtype_name(cache.dtype)), case.label)
+    params = replace(case.args[-1], k_scale=None, v_scale=None,
+                     **({"causal": True} if causal else {}))
+    args = (*case.args[:cache_arg], interleaved(cache), *case.args[cache_arg + 1:-1], params)
+    return Case(args, {}, (case.dtypes[0], dtype_name(cache.dtype)), case.label)
 
 
 def _cases(generator, cache_arg: int, causal: bool):
@@ -61,9 +75,9 @@ def _cases(generator, cache_arg: int, causal: bool):
 @given(case=_cases(inputs.paged_attention, 1, causal=True))
 def test_attention_matches_the_reference(case):
     args = case.args
-    assert variants.attention_supported(*args, **case.kwargs) is None
-    got = variants.paged_attention_interleaved(*args, **case.kwargs)
-    want = ops.paged_attention_interleaved.reference(*args, **case.kwargs)
+    assert variants.attention_supported(*args) is None
+    got = variants.paged_attention_interleaved(*args)
+    want = ops.paged_attention_interleaved.reference(*args)
     tolerance = loosest_tolerance(ops.paged_attention_interleaved.tolerances, case.dtypes)
     problem = mismatch(got, want, *tolerance)
     assert problem is None, f"{problem} at {case.label}"
@@ -72,11 +86,11 @@ def test_attention_matches_the_reference(case):
 @EXAMPLES
 @given(case=_cases(inputs.reshape_and_cache, 2, causal=False))
 def test_cache_write_matches_the_reference(case):
-    key, value, pages, slots = case.args
+    key, value, pages, slots, params = case.args
     assert variants.cache_supported(*case.args) is None
     got, want = pages.clone(), pages.clone()
-    assert variants.reshape_and_cache_interleaved(key, value, got, slots) is None
-    ops.reshape_and_cache_interleaved.reference(key, value, want, slots)
+    assert variants.reshape_and_cache_interleaved(key, value, got, slots, params) is None
+    ops.reshape_and_cache_interleaved.reference(key, value, want, slots, params)
     tolerance = loosest_tolerance(ops.reshape_and_cache_interleaved.tolerances, case.dtypes)
     problem = compare_outputs([("cache", got)], [("cache", want)], *tolerance)
     assert problem is None, f"{problem} at {case.label}"
@@ -85,14 +99,15 @@ def test_cache_write_matches_the_reference(case):
 def test_fp8_caches_scales_and_non_causal_attention_are_declined():
     pages, fp8 = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16, dtype=torch.float8_e4m3fn)
     key, slots, scale = torch.zeros(1, 1, 16), torch.zeros(1, dtype=torch.int64), torch.ones(())
+    params, scaled = PagedAttentionParams(0.25), PagedAttentionParams(0.25, k_scale=scale)
     assert "float8_e4m3fn is not float32 or bfloat16" in variants.cache_supported(
-        key, key, fp8, slots)
-    assert "k/v scales" in variants.cache_supported(key, key, pages, slots, scale, scale)
-    batch = (torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
-             torch.tensor([0, 1], dtype=torch.int32), 0.25)
-    assert variants.attention_supported(key, pages, *batch) is None
-    assert "causal only" in variants.attention_supported(key, pages, *batch, causal=False)
-    assert "k/v scales" in variants.attention_supported(key, pages, *batch, k_scale=scale)
+        key, key, fp8, slots, params)
+    assert "k/v scales" in variants.cache_supported(key, key, pages, slots, scaled)
+    batch = metadata([[0]], [1], [0, 1])
+    assert variants.attention_supported(key, pages, batch, params) is None
+    assert "causal only" in variants.attention_supported(key, pages, batch,
+                                                         replace(params, causal=False))
+    assert "k/v scales" in variants.attention_supported(key, pages, batch, scaled)
 
 
 def test_buckets_are_powers_of_two():
@@ -122,11 +137,11 @@ def test_decode_steps_do_not_recompile():
     def step(length: int) -> torch.Tensor:
         key, value = (torch.randn(1, 2, 64, generator=generator) for _ in range(2))
         slot = tables[0, (length - 1) // 16].long() * 16 + (length - 1) % 16
-        variants.reshape_and_cache_interleaved(key, value, pages, slot.view(1))
+        params = PagedAttentionParams(0.125)
+        variants.reshape_and_cache_interleaved(key, value, pages, slot.view(1), params)
         query = torch.randn(1, 4, 64, generator=generator)
-        return variants.paged_attention_interleaved(
-            query, pages, tables, torch.tensor([length], dtype=torch.int32),
-            torch.tensor([0, 1], dtype=torch.int32), 0.125, max_query_len=1)
+        return variants.paged_attention_interleaved(query, pages, metadata(tables, [length],
+                                                                           [0, 1]), params)
 
     step(17)
     before = counter.count
@@ -140,14 +155,13 @@ def test_registry_serves_the_tpu_with_jax_and_declines_to_the_reference(stand_in
     assert explanation.chosen.name == "jax"
     assert "needs device feature jax-tpu" in explanation.rejected["pallas"]
     pages = torch.randn(2, 8, 2, 16)
-    args = (torch.randn(3, 1, 16), pages, torch.tensor([[1, 0]], dtype=torch.int32),
-            torch.tensor([10], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32),
-            0.25)
-    causal = ops.paged_attention_interleaved(*args)
-    non_causal = ops.paged_attention_interleaved(*args, causal=False)
+    args = (torch.randn(3, 1, 16), pages, metadata([[1, 0]], [10], [0, 3]))
+    params = PagedAttentionParams(0.25)
+    causal = ops.paged_attention_interleaved(*args, params)
+    non_causal = ops.paged_attention_interleaved(*args, replace(params, causal=False))
     assert ops.paged_attention_interleaved.variants_used() == {"jax", "reference"}
-    torch.testing.assert_close(non_causal,
-                               ops.paged_attention_interleaved.reference(*args, causal=False))
+    torch.testing.assert_close(non_causal, ops.paged_attention_interleaved.reference(
+        *args, replace(params, causal=False)))
     assert not torch.allclose(causal, non_causal)
 
 

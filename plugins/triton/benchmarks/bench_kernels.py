@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
+
 DEFAULT_OUT = Path(__file__).with_name("RESULTS.md")
 
 
@@ -167,9 +169,12 @@ def decode_section(paged_attention: Callable, shapes: Shapes, device: str, timer
                         device=device)
     query_start_loc = torch.arange(batch + 1, dtype=torch.int32, device=device)
 
+    metadata = AttentionMetadata(torch.zeros(0, dtype=torch.int64, device=device), block_tables,
+                                 seq_lens, query_start_loc, 1, context)
+    params = PagedAttentionParams(scale)
+
     def hwplug() -> torch.Tensor:
-        return paged_attention(query, kv_cache, block_tables, seq_lens, query_start_loc,
-                               scale, max_query_len=1, max_seq_len=context)
+        return paged_attention(query, kv_cache, metadata, params)
 
     def naive() -> torch.Tensor:
         keys, values = (kv_cache[i][block_tables].flatten(1, 2).transpose(1, 2)
@@ -214,11 +219,11 @@ def prefill_section(paged_attention: Callable, shapes: Shapes, device: str,
                         .contiguous() for i in range(2))  # [1, H, L, D]
         queries = query[None].transpose(1, 2).contiguous()
 
-        def hwplug(query=query, kv_cache=kv_cache, block_tables=block_tables,
-                   seq_lens=seq_lens, query_start_loc=query_start_loc,
-                   length=length) -> torch.Tensor:
-            return paged_attention(query, kv_cache, block_tables, seq_lens, query_start_loc,
-                                   scale, max_query_len=length, max_seq_len=length)
+        metadata = AttentionMetadata(torch.zeros(0, dtype=torch.int64, device=device),
+                                     block_tables, seq_lens, query_start_loc, length, length)
+
+        def hwplug(query=query, kv_cache=kv_cache, metadata=metadata) -> torch.Tensor:
+            return paged_attention(query, kv_cache, metadata, PagedAttentionParams(scale))
 
         def sdpa(queries=queries, keys=keys, values=values) -> torch.Tensor:
             return F.scaled_dot_product_attention(queries, keys, values, is_causal=True,

@@ -24,6 +24,7 @@ from triton_cases import (
     paged_batch,
 )
 
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import reference
 from hwplug_triton import tuning
@@ -37,13 +38,15 @@ LAYOUTS = ["NHD", pytest.param("ROCM_PA", marks=pytest.mark.slow)]
 
 
 def check_attention(batch: PagedBatch, scale: float = 0.3, layout: str = "NHD",
-                    **kwargs: object) -> None:
+                    **options: object) -> None:
     """The kernel of ``layout`` on ``batch`` (converted to it) matches the reference on
-    the NHD batch."""
+    the NHD batch; ``options`` are further :class:`PagedAttentionParams` fields."""
     laid_out = batch.rocm_pa() if layout == "ROCM_PA" else batch
-    out = KERNELS[layout](*laid_out.args(), scale, **kwargs)
+    params = PagedAttentionParams(scale, **options)
+    out = KERNELS[layout](laid_out.query, laid_out.kv_cache, batch.metadata(), params)
     assert_matches("paged_attention", out,
-                   reference.paged_attention(*batch.args(), scale, **kwargs))
+                   reference.paged_attention(batch.query, batch.kv_cache, batch.metadata(),
+                                             params))
 
 
 @pytest.mark.parametrize("heads", HEADS, ids=str)
@@ -54,8 +57,7 @@ def check_attention(batch: PagedBatch, scale: float = 0.3, layout: str = "NHD",
 def test_paged_attention(device: str, layout: str, dtype: torch.dtype, kind: str,
                          block_size: int, heads: tuple[int, int, int]) -> None:
     batch = paged_batch(*BATCHES[kind], heads, block_size, dtype, device)
-    check_attention(batch, layout=layout, max_query_len=batch.max_query_len,
-                    max_seq_len=batch.max_seq_len)
+    check_attention(batch, layout=layout)
 
 
 @pytest.mark.parametrize(("window", "soft_cap"), [(7, None), (None, 5.0), (7, 5.0)])
@@ -117,13 +119,13 @@ def test_decode_split_kv(device: str, window: int | None, soft_cap: float | None
     assert split_plan(1, batch.max_seq_len, config, batch.query.device, split_size)[1] > 1
     scales = kv_scales(torch.float8_e4m3fn, HEADS[1][1], True, device) if soft_cap else {}
     batch.kv_cache = batch.kv_cache.to(torch.float8_e4m3fn) if scales else batch.kv_cache
-    out = decode_attention(batch.query, nhd_view(batch.kv_cache), *batch.args()[2:], 0.3,
-                           window, soft_cap, batch.max_seq_len,
+    params = PagedAttentionParams(0.3, sliding_window=window, soft_cap=soft_cap, **scales)
+    out = decode_attention(batch.query, nhd_view(batch.kv_cache), batch.metadata(), params,
                            head_scales(*scales.values(), HEADS[1][1]) if scales else None,
                            split_size)
     assert_matches("paged_attention", out,
-                   reference.paged_attention(*batch.args(), 0.3, sliding_window=window,
-                                             soft_cap=soft_cap, **scales))
+                   reference.paged_attention(batch.query, batch.kv_cache, batch.metadata(),
+                                             params))
 
 
 def test_decode_splits_long_contexts_on_its_own(device: str) -> None:
@@ -135,26 +137,24 @@ def test_decode_splits_long_contexts_on_its_own(device: str) -> None:
     check_attention(batch)
 
 
-def test_paged_attention_computes_missing_maxima(device: str) -> None:
-    for kind in ("decode", "mixed"):
-        check_attention(paged_batch(*BATCHES[kind], HEADS[1], 16, torch.float16, device))
-
-
 @pytest.mark.parametrize(("change", "reason"), [
     ({"query": torch.empty(3, 8, 64, dtype=torch.float64)}, "dtype"),
     ({"kv_cache": torch.empty(2, 4, 16, 2, 64, dtype=torch.int8)}, "kv_cache dtype"),
-    ({"k_scale": torch.ones(3), "v_scale": torch.ones(())}, "k_scale must be"),
+    ({"params": PagedAttentionParams(1.0, k_scale=torch.ones(3), v_scale=torch.ones(()))},
+     "k_scale must be"),
     ({"query": torch.empty(3, 3, 64)}, "multiple of KV heads"),
     ({"query": torch.empty(3, 8, 512), "kv_cache": torch.empty(2, 4, 16, 2, 512)},
      "head size"),
-    ({"causal": False, "sliding_window": 8}, "causal"),
-    ({"soft_cap": 0.0}, "soft_cap"),
+    ({"metadata": AttentionMetadata(*[torch.zeros(n, dtype=torch.int32) for n in (3, 3, 3, 3)],
+                                    1, 1)}, "block_tables"),
 ])
 def test_paged_attention_rejects_what_it_cannot_serve(change: dict, reason: str) -> None:
     call = {"query": torch.empty(3, 8, 64), "kv_cache": torch.empty(2, 4, 16, 2, 64),
-            "block_tables": torch.zeros(3, 2, dtype=torch.int32),
-            "seq_lens": torch.ones(3, dtype=torch.int32),
-            "query_start_loc": torch.arange(4, dtype=torch.int32), "scale": 1.0}
+            "metadata": AttentionMetadata(torch.zeros(3, dtype=torch.int64),
+                                          torch.zeros(3, 2, dtype=torch.int32),
+                                          torch.ones(3, dtype=torch.int32),
+                                          torch.arange(4, dtype=torch.int32), 1, 1),
+            "params": PagedAttentionParams(1.0)}
     call.update({name: value.to("meta") if isinstance(value, torch.Tensor) else value
                  for name, value in change.items()})
     assert reason in attention.supported(**call)

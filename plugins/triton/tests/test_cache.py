@@ -13,6 +13,7 @@ import pytest
 import torch
 from triton_cases import DTYPES, FP8_DTYPES, ON_GPU, kv_scales, random
 
+from hwplug.attention import PagedAttentionParams
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import reference
 from hwplug.kernel_registry.reference import rocm_pa
@@ -48,8 +49,9 @@ def write_both(layout: str, kv_dtype: torch.dtype, cache_dtype: torch.dtype, blo
     else:
         start, kernel, oracle = nhd, cache.reshape_and_cache, reference.reshape_and_cache
     written, expected = start.clone(), start.clone()
-    kernel(key, value, written, slots, **(scales or {}))
-    oracle(key, value, expected, slots, **(scales or {}))
+    params = PagedAttentionParams(1.0, **(scales or {}))
+    kernel(key, value, written, slots, params)
+    oracle(key, value, expected, slots, params)
     return written, expected
 
 
@@ -81,8 +83,8 @@ def test_fp8_writes_saturate_instead_of_overflowing(device: str) -> None:
     key = torch.tensor([[[1e6, -1e6, 3.0, -500.0]]], device=device)
     kv_cache = torch.zeros(2, 1, 1, 1, 4, dtype=torch.float8_e4m3fn, device=device)
     cache.reshape_and_cache(key, key, kv_cache, torch.zeros(1, dtype=torch.long, device=device),
-                            k_scale=torch.tensor(1.0, device=device),
-                            v_scale=torch.tensor(2.0, device=device))
+                            PagedAttentionParams(1.0, k_scale=torch.tensor(1.0, device=device),
+                                                 v_scale=torch.tensor(2.0, device=device)))
     assert kv_cache[0].flatten().float().tolist() == [448.0, -448.0, 3.0, -448.0]
     assert kv_cache[1].flatten().float().tolist() == [448.0, -448.0, 1.5, -256.0]
 
@@ -114,22 +116,26 @@ def test_rocm_pa_write_rejects_a_head_size_that_is_not_whole_chunks() -> None:
     bad = torch.empty(rocm_pa.cache_shape(2, 16, 1, 24), dtype=torch.float8_e4m3fn,
                       device="meta")  # x = 16 for fp8: 24 is not a multiple
     slots = torch.zeros(2, dtype=torch.long, device="meta")
-    assert "not a multiple of x = 16" in cache_rocm_pa.supported(key, key, bad, slots)
+    params = PagedAttentionParams(1.0)
+    assert "not a multiple of x = 16" in cache_rocm_pa.supported(key, key, bad, slots, params)
     with pytest.raises(UnsupportedError, match="not a multiple"):
-        cache_rocm_pa.reshape_and_cache_rocm_pa(key, key, bad, slots)
+        cache_rocm_pa.reshape_and_cache_rocm_pa(key, key, bad, slots, params)
 
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"key": torch.empty(3, 2, 64, dtype=torch.float8_e4m3fn)}, "key/value dtype"),
-    ({"k_scale": torch.ones(3)}, "k_scale must be a float tensor of 1 or 2 elements"),
+    ({"params": PagedAttentionParams(1.0, k_scale=torch.ones(3))},
+     "k_scale must be a float tensor of 1 or 2 elements"),
     ({"slot_mapping": torch.zeros(4, dtype=torch.long)}, "slot_mapping"),
 ])
 def test_cache_write_rejects_what_it_cannot_serve(change: dict, reason: str) -> None:
     call = {"key": torch.empty(3, 2, 64), "value": torch.empty(3, 2, 64),
             "kv_cache": torch.empty(2, 4, 16, 2, 64), "slot_mapping": torch.zeros(3,
-                                                                                 dtype=torch.long)}
+                                                                                 dtype=torch.long),
+            "params": PagedAttentionParams(1.0)}
     call.update(change)
-    call = {name: value.to("meta") for name, value in call.items()}
+    call = {name: value.to("meta") if isinstance(value, torch.Tensor) else value
+            for name, value in call.items()}
     assert reason in cache.supported(**call)
     with pytest.raises(UnsupportedError, match=reason.split()[0]):
         cache.reshape_and_cache(**call)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hwplug.attention import AttentionMetadata
 from hwplug.kernel_registry import KernelRegistry, kernels
 from hwplug.kernel_registry.reference import rocm_pa
 from hwplug_triton.registration import KERNEL_MODULES
@@ -33,7 +34,8 @@ def random(*shape: int, dtype: torch.dtype, device: str, seed: int = 0) -> torch
 
 def kv_scales(kv_dtype: torch.dtype, num_kv_heads: int, per_head: bool,
               device: str) -> dict[str, torch.Tensor]:
-    """k/v scales for an fp8 cache (per KV head or per tensor), none for other caches."""
+    """k/v scales for an fp8 cache (per KV head or per tensor), none for other caches, as
+    keyword arguments of :class:`~hwplug.attention.PagedAttentionParams`."""
     if kv_dtype.itemsize != 1:
         return {}
     gen = torch.Generator().manual_seed(3)
@@ -52,9 +54,11 @@ class PagedBatch:
     max_query_len: int
     max_seq_len: int
 
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.query, self.kv_cache, self.block_tables, self.seq_lens, \
-            self.query_start_loc
+    def metadata(self) -> AttentionMetadata:
+        """The batch's attention metadata (no slots: the cache is written already)."""
+        return AttentionMetadata(torch.zeros(0, dtype=torch.int64), self.block_tables,
+                                 self.seq_lens, self.query_start_loc, self.max_query_len,
+                                 self.max_seq_len)
 
     def rocm_pa(self) -> PagedBatch:
         """The same batch with its cache in layout ``ROCM_PA``."""

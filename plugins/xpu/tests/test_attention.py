@@ -14,9 +14,9 @@ import logging
 import pytest
 import torch
 from fake_hw import make_intel_tree
-from plugin_checks import discovered
+from plugin_checks import attention_call, discovered
 
-from hwplug.attention import AttentionSpec
+from hwplug.attention import AttentionSpec, PagedAttentionParams
 from hwplug.attention_selection import select_backend
 from hwplug.cli.kernels import collect
 from hwplug.config import EngineConfig
@@ -76,14 +76,13 @@ def test_a_gpu_without_xmx_is_not_offered_ipex(tmp_path, monkeypatch, fresh_disc
 
 def call(**change: object) -> dict[str, object]:
     """A paged-attention call IPEX accepts (meta tensors), with ``change`` applied."""
-    args = {"query": torch.empty(5, 8, 64, dtype=torch.float16),
-            "kv_cache": torch.empty(2, 6, 64, 2, 64, dtype=torch.float16),
-            "block_tables": torch.zeros(2, 2, dtype=torch.int32),
-            "seq_lens": torch.ones(2, dtype=torch.int32),
-            "query_start_loc": torch.tensor([0, 1, 5], dtype=torch.int32), "scale": 0.1,
-            "max_query_len": 4, "max_seq_len": 90}
-    args.update(change)
-    return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    return attention_call(**{
+        "query": torch.empty(5, 8, 64, dtype=torch.float16),
+        "kv_cache": torch.empty(2, 6, 64, 2, 64, dtype=torch.float16),
+        "block_tables": torch.zeros(2, 2, dtype=torch.int32),
+        "seq_lens": torch.ones(2, dtype=torch.int32),
+        "query_start_loc": torch.tensor([0, 1, 5], dtype=torch.int32), "scale": 0.1,
+        "max_query_len": 4, "max_seq_len": 90, **change})
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -91,7 +90,6 @@ def call(**change: object) -> dict[str, object]:
     ({"kv_cache": torch.empty(2, 6, 64, 2, 64, dtype=torch.float8_e4m3fn)},
      "a cache in their dtype"),
     ({"k_scale": torch.ones(()), "v_scale": torch.ones(())}, "no k/v scales"),
-    ({"max_query_len": None}, "needs max_query_len and max_seq_len"),
 ])
 def test_ipex_declines_what_it_does_not_serve(change, reason):
     assert ipex_attention.attention_supported(**call()) is None
@@ -102,13 +100,15 @@ def test_ipex_cache_write_declines_float32_fp8_and_scales():
     key = torch.empty(3, 2, 64, dtype=torch.bfloat16, device="meta")
     slots = torch.zeros(3, dtype=torch.long, device="meta")
     cache = torch.empty(2, 4, 64, 2, 64, dtype=torch.bfloat16, device="meta")
-    assert ipex_attention.cache_supported(key, key, cache, slots) is None
+    params = PagedAttentionParams(1.0)
+    assert ipex_attention.cache_supported(key, key, cache, slots, params) is None
     assert "needs a bf16 / fp16 cache" in ipex_attention.cache_supported(
-        key.float(), key.float(), cache.float(), slots)
+        key.float(), key.float(), cache.float(), slots, params)
     assert "needs a bf16 / fp16 cache" in ipex_attention.cache_supported(
-        key, key, cache.to(torch.float8_e4m3fn), slots)
+        key, key, cache.to(torch.float8_e4m3fn), slots, params)
     one = torch.ones((), device="meta")
-    assert ipex_attention.cache_supported(key, key, cache, slots, one, one) == "no k/v scales"
+    assert ipex_attention.cache_supported(key, key, cache, slots, PagedAttentionParams(
+        1.0, k_scale=one, v_scale=one)) == "no k/v scales"
 
 
 def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(fresh_discovery):

@@ -2,8 +2,9 @@
 prefill kernel behind the op's one signature (layout NHD; :func:`attend` serves any).
 
 Contract (the ``paged_attention`` op): ``query [T, Hq, D]`` over
-``kv_cache [2, num_blocks, block_size, Hkv, D]`` (layout NHD) with ``block_tables [B, n]``,
-``seq_lens [B]`` and ``query_start_loc [B + 1]``; sequence ``i``'s queries are the last
+``kv_cache [2, num_blocks, block_size, Hkv, D]`` (layout NHD) with the step's
+``metadata`` (``block_tables [B, n]``, ``seq_lens [B]``, ``query_start_loc [B + 1]``, the
+host-side maxima) and the layer's ``params``; sequence ``i``'s queries are the last
 ``q_len_i`` tokens of its ``seq_lens[i]``-token context. Key ``k`` is visible to the
 query at position ``p`` iff ``(not causal or k <= p)`` and ``(sliding_window is None or
 p - k < sliding_window)``; logits ``scale * q.k``, soft-capped if ``soft_cap``; softmax
@@ -14,9 +15,9 @@ context are never read (they may be negative); the table must be wide enough.
 
 Dispatch: every query length 1 -> :mod:`.decode_attention` (GQA-grouped, split-KV);
 otherwise :mod:`.prefill_attention` serves the whole varlen batch, decode rows included.
-``max_query_len`` / ``max_seq_len`` avoid a device->host sync where given: the decode
-test needs ``max_query_len`` (only when ``T == B``) and the decode grid ``max_seq_len``;
-the prefill grid needs neither.
+The host-side ``max_query_len`` / ``max_seq_len`` avoid any device->host sync: the
+decode test reads ``max_query_len`` and the decode grid ``max_seq_len``; the prefill grid
+needs neither.
 
 supports: queries fp32 / bf16 / fp16, caches in those or fp8 (e4m3fn, e5m2, fnuz) with
 per-tensor or per-head scales, head size <= 256 (any, padded to a power of two), any
@@ -24,6 +25,8 @@ block size, ``Hq % Hkv == 0``; see :func:`supported`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,12 +42,12 @@ from hwplug_triton.kernels.layouts import (
 )
 from hwplug_triton.kernels.prefill_attention import prefill_attention
 
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
+
 
 def check_attention(query: torch.Tensor, view: CacheView, cache_dtype: torch.dtype,
-                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                    query_start_loc: torch.Tensor, causal: bool, sliding_window: int | None,
-                    soft_cap: float | None, k_scale: torch.Tensor | None,
-                    v_scale: torch.Tensor | None) -> str | None:
+                    metadata: AttentionMetadata, params: PagedAttentionParams) -> str | None:
     """Why :func:`attend` cannot serve the call over the cache ``view``, or None (no
     device sync)."""
     if query.dim() != 3:
@@ -61,63 +64,39 @@ def check_attention(query: torch.Tensor, view: CacheView, cache_dtype: torch.dty
                f"<= {MAX_HEAD_SIZE}"
     if num_heads % view.num_kv_heads:
         return f"query heads {num_heads} not a multiple of KV heads {view.num_kv_heads}"
-    if query_start_loc.shape != (seq_lens.shape[0] + 1,) or block_tables.shape[0] != \
-            seq_lens.shape[0]:
-        return f"query_start_loc {tuple(query_start_loc.shape)} must be [B + 1] and " \
-               f"block_tables {tuple(block_tables.shape)} [B, n] for B = {seq_lens.shape[0]}"
-    if sliding_window is not None and (not causal or sliding_window < 1):
-        return f"sliding_window {sliding_window} needs causal=True and a value >= 1"
-    if soft_cap is not None and soft_cap <= 0:
-        return f"soft_cap must be > 0, got {soft_cap}"
-    return scale_problem(k_scale, v_scale, view.num_kv_heads)
+    num_seqs = metadata.seq_lens.shape[0]
+    if metadata.query_start_loc.shape != (num_seqs + 1,) or \
+            metadata.block_tables.shape[0] != num_seqs:
+        return f"query_start_loc {tuple(metadata.query_start_loc.shape)} must be [B + 1] " \
+               f"and block_tables {tuple(metadata.block_tables.shape)} [B, n] for B = {num_seqs}"
+    return scale_problem(params.k_scale, params.v_scale, view.num_kv_heads)
 
 
-def supported(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-              seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-              causal: bool = True, sliding_window: int | None = None,
-              soft_cap: float | None = None, max_query_len: int | None = None,
-              max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-              v_scale: torch.Tensor | None = None) -> str | None:
+def supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+              params: PagedAttentionParams) -> str | None:
     """Why these kernels cannot serve the call, or None (no device sync)."""
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         return f"expected kv_cache [2, num_blocks, block_size, Hkv, D], got " \
                f"{tuple(kv_cache.shape)}"
     if kv_cache.stride(-1) != 1:
         return "kv_cache needs a unit stride in its last dimension"
-    return check_attention(query, nhd_view(kv_cache), kv_cache.dtype, block_tables, seq_lens,
-                           query_start_loc, causal, sliding_window, soft_cap, k_scale, v_scale)
+    return check_attention(query, nhd_view(kv_cache), kv_cache.dtype, metadata, params)
 
 
 @checked(supported)
-def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    causal: bool = True, sliding_window: int | None = None,
-                    soft_cap: float | None = None, max_query_len: int | None = None,
-                    max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                    params: PagedAttentionParams) -> torch.Tensor:
     """The ``paged_attention`` op (see the module docstring)."""
-    return attend(query, nhd_view(kv_cache), block_tables, seq_lens, query_start_loc, scale,
-                  causal, sliding_window, soft_cap, max_query_len, max_seq_len, k_scale,
-                  v_scale)
+    return attend(query, nhd_view(kv_cache), metadata, params)
 
 
-def attend(query: torch.Tensor, view: CacheView, block_tables: torch.Tensor,
-           seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, causal: bool,
-           sliding_window: int | None, soft_cap: float | None, max_query_len: int | None,
-           max_seq_len: int | None, k_scale: torch.Tensor | None,
-           v_scale: torch.Tensor | None) -> torch.Tensor:
+def attend(query: torch.Tensor, view: CacheView, metadata: AttentionMetadata,
+           params: PagedAttentionParams) -> torch.Tensor:
     """``paged_attention`` over the cache ``view`` (checked by :func:`check_attention`)."""
-    num_tokens, num_seqs = query.shape[0], seq_lens.shape[0]
+    num_tokens, num_seqs = query.shape[0], metadata.seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return query.new_empty(query.shape)
-    scales = head_scales(k_scale, v_scale, view.num_kv_heads)
-    if num_tokens == num_seqs:
-        if max_query_len is None:
-            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-        if max_query_len == 1:
-            if max_seq_len is None:
-                max_seq_len = int(seq_lens.max())
-            return decode_attention(query, view, block_tables, seq_lens, query_start_loc,
-                                    scale, sliding_window, soft_cap, max_seq_len, scales)
-    return prefill_attention(query, view, block_tables, seq_lens, query_start_loc, scale,
-                             causal, sliding_window, soft_cap, scales)
+    scales = head_scales(params.k_scale, params.v_scale, view.num_kv_heads)
+    if num_tokens == num_seqs and metadata.max_query_len == 1:
+        return decode_attention(query, view, metadata, params, scales)
+    return prefill_attention(query, view, metadata, params, scales)

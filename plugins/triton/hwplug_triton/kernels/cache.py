@@ -1,10 +1,10 @@
 """``reshape_and_cache``: write new keys and values into the paged KV cache (layout NHD).
 
 Contract (the ``reshape_and_cache`` op): ``key``/``value [T, Hkv, D]``,
-``kv_cache [2, num_blocks, block_size, Hkv, D]``, ``slot_mapping [T]`` int. Token ``t``
-goes to block ``slot // block_size``, offset ``slot % block_size`` (keys in
-``kv_cache[0]``, values in ``kv_cache[1]``), divided by ``k_scale`` / ``v_scale`` when
-given (``[]`` or ``[Hkv]``), clamped to the largest finite value of an fp8 cache, cast to
+``kv_cache [2, num_blocks, block_size, Hkv, D]``, ``slot_mapping [T]`` int, the layer's
+``params``. Token ``t`` goes to block ``slot // block_size``, offset ``slot % block_size``
+(keys in ``kv_cache[0]``, values in ``kv_cache[1]``), divided by ``params.k_scale`` /
+``params.v_scale`` when given (``[]`` or ``[Hkv]``), clamped to the largest finite value of an fp8 cache, cast to
 the cache dtype; a negative slot is skipped. Writes in place, one program per token, no
 host synchronisation. :func:`write` serves every layout (see :mod:`.layouts`).
 
@@ -13,6 +13,8 @@ fnuz flavours); any strides with a unit last-dimension stride; see :func:`suppor
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -31,10 +33,12 @@ from hwplug_triton.kernels.layouts import (
 )
 from hwplug_triton.tuning import launch_config
 
+if TYPE_CHECKING:
+    from hwplug.attention import PagedAttentionParams
+
 
 def check_write(key: torch.Tensor, value: torch.Tensor, view: CacheView, cache_dtype: torch.dtype,
-                slot_mapping: torch.Tensor, k_scale: torch.Tensor | None,
-                v_scale: torch.Tensor | None) -> str | None:
+                slot_mapping: torch.Tensor, params: PagedAttentionParams) -> str | None:
     """Why :func:`write` cannot store ``key``/``value`` into the cache ``view``, or None."""
     expected = (view.num_kv_heads, view.head_size)
     if key.dim() != 3 or key.shape != value.shape or tuple(key.shape[1:]) != expected:
@@ -46,31 +50,28 @@ def check_write(key: torch.Tensor, value: torch.Tensor, view: CacheView, cache_d
         return f"cache dtype {cache_dtype} not in fp32, bf16, fp16, fp8"
     if slot_mapping.shape != (key.shape[0],):
         return f"slot_mapping {tuple(slot_mapping.shape)} must be [{key.shape[0]}]"
-    return scale_problem(k_scale, v_scale, view.num_kv_heads)
+    return scale_problem(params.k_scale, params.v_scale, view.num_kv_heads)
 
 
 def supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-              slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-              v_scale: torch.Tensor | None = None) -> str | None:
+              slot_mapping: torch.Tensor, params: PagedAttentionParams) -> str | None:
     """Why this kernel cannot serve the call, or None."""
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         return f"kv_cache must be [2, num_blocks, block_size, Hkv, D], got {tuple(kv_cache.shape)}"
     if kv_cache.stride(-1) != 1:
         return "kv_cache needs a unit stride in its last dimension"
-    return check_write(key, value, nhd_view(kv_cache), kv_cache.dtype, slot_mapping, k_scale,
-                       v_scale)
+    return check_write(key, value, nhd_view(kv_cache), kv_cache.dtype, slot_mapping, params)
 
 
 @checked(supported)
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> None:
+                      slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
     """The ``reshape_and_cache`` op (see the module docstring)."""
-    write(key, value, nhd_view(kv_cache), slot_mapping, k_scale, v_scale)
+    write(key, value, nhd_view(kv_cache), slot_mapping, params)
 
 
 def write(key: torch.Tensor, value: torch.Tensor, view: CacheView, slot_mapping: torch.Tensor,
-          k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
+          params: PagedAttentionParams) -> None:
     """Store ``key``/``value [T, Hkv, D]`` at ``slot_mapping`` into the cache ``view``
     (checked by :func:`check_write`)."""
     num_tokens, num_heads, head_size = key.shape
@@ -78,7 +79,7 @@ def write(key: torch.Tensor, value: torch.Tensor, view: CacheView, slot_mapping:
         return
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
-    scales = head_scales(k_scale, v_scale, num_heads)
+    scales = head_scales(params.k_scale, params.v_scale, num_heads)
     config = launch_config("reshape_and_cache", key.device, head_size)
     block_d = triton.next_power_of_2(head_size)
     keys, values = view.keys, view.values

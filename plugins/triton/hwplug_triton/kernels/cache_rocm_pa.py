@@ -10,6 +10,8 @@ supports: as :mod:`.cache`, with a contiguous cache whose head size is a multipl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hwplug.kernel_registry.reference import rocm_pa
@@ -17,18 +19,19 @@ from hwplug_triton.kernels import checked
 from hwplug_triton.kernels.cache import check_write, write
 from hwplug_triton.kernels.layouts import rocm_pa_view
 
+if TYPE_CHECKING:
+    from hwplug.attention import PagedAttentionParams
+
 
 def supported(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-              slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-              v_scale: torch.Tensor | None = None) -> str | None:
+              slot_mapping: torch.Tensor, params: PagedAttentionParams) -> str | None:
     """Why this kernel cannot serve the call, or None."""
     return rocm_pa.check_cache(kv_cache) or check_write(
-        key, value, rocm_pa_view(kv_cache), kv_cache.dtype, slot_mapping, k_scale, v_scale)
+        key, value, rocm_pa_view(kv_cache), kv_cache.dtype, slot_mapping, params)
 
 
 @checked(supported)
 def reshape_and_cache_rocm_pa(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                              slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                              v_scale: torch.Tensor | None = None) -> None:
+                              slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
     """The ``reshape_and_cache_rocm_pa`` op (see the module docstring)."""
-    write(key, value, rocm_pa_view(kv_cache), slot_mapping, k_scale, v_scale)
+    write(key, value, rocm_pa_view(kv_cache), slot_mapping, params)

@@ -14,6 +14,7 @@ and the accumulator (values).
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -31,19 +32,25 @@ from hwplug_triton.kernels.functions import chunked
 from hwplug_triton.kernels.layouts import CacheView
 from hwplug_triton.tuning import launch_config
 
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
-def decode_attention(query: torch.Tensor, view: CacheView, block_tables: torch.Tensor,
-                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                     sliding_window: int | None, soft_cap: float | None, max_seq_len: int,
+
+def decode_attention(query: torch.Tensor, view: CacheView, metadata: AttentionMetadata,
+                     params: PagedAttentionParams,
                      scales: tuple[torch.Tensor, torch.Tensor] | None,
                      split_size: int | None = None) -> torch.Tensor:
     """``paged_attention`` for a batch whose every query length is 1 (``query [B, Hq, D]``).
 
-    ``max_seq_len`` sizes the grid; ``scales`` are a quantized cache's ``[Hkv]`` k/v
-    scales. ``split_size`` (keys per split, rounded up to the key tile) overrides the tuned
-    choice; ``split_size >= max_seq_len`` means no split. Causality needs no mask here: a
-    decode query sees its whole context.
+    ``metadata.max_seq_len`` sizes the grid; ``scales`` are a quantized cache's ``[Hkv]``
+    k/v scales (from ``params``, as :func:`~hwplug_triton.kernels.layouts.head_scales`
+    makes them). ``split_size`` (keys per split, rounded up to the key tile) overrides the
+    tuned choice; ``split_size >= max_seq_len`` means no split. Causality needs no mask
+    here: a decode query sees its whole context.
     """
+    block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
+    query_start_loc, max_seq_len = metadata.query_start_loc, metadata.max_seq_len
+    sliding_window, soft_cap = params.sliding_window, params.soft_cap
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads = view.num_kv_heads
     group = num_heads // num_kv_heads
@@ -61,7 +68,7 @@ def decode_attention(query: torch.Tensor, view: CacheView, block_tables: torch.T
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, *cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
         query_start_loc, out, partial_acc, partial_max, partial_sum, num_heads, num_splits,
-        split_size, scale, soft_cap or 0.0, sliding_window or 0,
+        split_size, params.scale, soft_cap or 0.0, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         **cache_constants(view), GROUP=group, HEAD_SIZE=head_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config["block_n"], BLOCK_D=block_d,

@@ -13,6 +13,8 @@ read through a :class:`~hwplug_triton.kernels.layouts.CacheView` (any layout).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
@@ -29,13 +31,18 @@ from hwplug_triton.kernels.functions import chunked
 from hwplug_triton.kernels.layouts import CacheView
 from hwplug_triton.tuning import launch_config
 
+if TYPE_CHECKING:
+    from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
-def prefill_attention(query: torch.Tensor, view: CacheView, block_tables: torch.Tensor,
-                      seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                      causal: bool, sliding_window: int | None, soft_cap: float | None,
+
+def prefill_attention(query: torch.Tensor, view: CacheView, metadata: AttentionMetadata,
+                      params: PagedAttentionParams,
                       scales: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """``paged_attention`` for any varlen batch (prefill, chunked prefill and decode rows);
-    ``scales`` are a quantized cache's ``[Hkv]`` k/v scales."""
+    ``scales`` are a quantized cache's ``[Hkv]`` k/v scales (from ``params``)."""
+    block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
+    query_start_loc = metadata.query_start_loc
+    sliding_window, soft_cap = params.sliding_window, params.soft_cap
     num_tokens, num_heads, head_size = query.shape
     num_seqs, num_kv_heads = seq_lens.shape[0], view.num_kv_heads
     group = num_heads // num_kv_heads
@@ -45,11 +52,12 @@ def prefill_attention(query: torch.Tensor, view: CacheView, block_tables: torch.
     out = query.new_empty(query.shape)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         query, *cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
-        query_start_loc, out, num_seqs, scale, soft_cap or 0.0, sliding_window or 0,
+        query_start_loc, out, num_seqs, params.scale, soft_cap or 0.0, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         **cache_constants(view), GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=block_q,
         BLOCK_M=block_m, BLOCK_N=config["block_n"], BLOCK_D=padded_head_size(head_size),
-        CAUSAL=causal, SLIDING=sliding_window is not None, SOFT_CAP=soft_cap is not None,
+        CAUSAL=params.causal, SLIDING=sliding_window is not None,
+        SOFT_CAP=soft_cap is not None,
         SCALED=scales is not None, **dot_operands(query.dtype, query.device),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out
