@@ -26,6 +26,7 @@ _LAZY = {
     "AttentionSpec": "hwplug.attention",
     "AttentionMetadata": "hwplug.attention",
     "PagedAttentionParams": "hwplug.attention",
+    "KVCacheLayout": "hwplug.kv_cache_layout",
     "QuantMethod": "hwplug.quantization",
     "ScaleDescriptor": "hwplug.quantization",
     "Connector": "hwplug.connector",

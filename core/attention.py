@@ -14,8 +14,10 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from hwplug import registries
 from hwplug.errors import UnsupportedError
 from hwplug.interface import StrictInterface
+from hwplug.kv_cache_layout import NHD, KVCacheLayout, kv_cache_layout
 from hwplug.requirements import Requirements
 
 if TYPE_CHECKING:
@@ -79,7 +81,9 @@ class PagedAttentionParams:
     logits are soft-capped as ``soft_cap * tanh(logits / soft_cap)`` when ``soft_cap`` is
     set. ``k_scale`` / ``v_scale`` are a quantized (fp8) cache's scales, float32 ``[]`` (per
     tensor) or ``[Hkv]`` (per KV head): stored = ``(x / scale)`` in the cache dtype, read as
-    ``stored.float() * scale``; None for a cache that needs none. Raises
+    ``stored.float() * scale``; None for a cache that needs none. ``layout`` is the
+    :class:`~hwplug.kv_cache_layout.KVCacheLayout` of the cache the calls read and write
+    (default: the reference ``NHD``): the ops choose their variant by it. Raises
     :class:`~hwplug.errors.UnsupportedError` for a window without ``causal`` (a window
     trails its query), a window below 1 or a soft cap that is not positive.
     """
@@ -90,6 +94,7 @@ class PagedAttentionParams:
     soft_cap: float | None = None
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    layout: KVCacheLayout = NHD
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and not self.causal:
@@ -130,7 +135,8 @@ class AttentionBackend(StrictInterface, abc.ABC):
     #: Device capability range, inclusive (None = no bound).
     min_capability: ClassVar[str | None] = None
     max_capability: ClassVar[str | None] = None
-    #: Name of the KV-cache layout :meth:`kv_cache_shape` describes.
+    #: Name of the registered KV-cache layout (:mod:`hwplug.kv_cache_layout`) of the cache
+    #: the backend reads and writes; :meth:`kv_cache_shape` asks it for the shape.
     kv_cache_layout: ClassVar[str] = "NHD"
     #: True: :meth:`forward` writes the new K/V into the cache itself. False: the caller
     #: must call :meth:`write_kv_cache` before :meth:`forward` (which the backend then
@@ -158,9 +164,10 @@ class AttentionBackend(StrictInterface, abc.ABC):
     @classmethod
     def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int,
                        head_size: int) -> tuple[int, ...]:
-        """Shape of one layer's cache; the default is ``NHD``:
-        ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (K then V)."""
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        """Shape of one layer's cache: what the layout named in ``kv_cache_layout`` says
+        (``NHD``: ``[2, num_blocks, block_size, num_kv_heads, head_size]``, K then V)."""
+        return kv_cache_layout(cls.kv_cache_layout).shape(num_blocks, block_size,
+                                                          num_kv_heads, head_size)
 
     @classmethod
     def requirements(cls) -> Requirements:
@@ -174,6 +181,9 @@ class AttentionBackend(StrictInterface, abc.ABC):
     def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
         """Reasons this backend cannot serve ``spec`` on ``platform``; empty means it can."""
         reasons = cls.requirements().reasons(platform, spec.dtype)
+        if platform is not None and cls.kv_cache_layout not in registries.kv_layouts:
+            reasons.append(f"KV-cache layout {cls.kv_cache_layout} is not registered "
+                           f"(registered: {', '.join(registries.kv_layouts.names())})")
         kv_dtype = spec.kv_cache_dtype or spec.dtype
         if kv_dtype not in cls.supported_kv_cache_dtypes:
             reasons.append(f"KV-cache dtype {kv_dtype} not in "

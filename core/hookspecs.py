@@ -29,6 +29,21 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
+def hwplug_register_kv_layouts(registry: Any) -> None:
+    """Register KV-cache layouts: ``registry.register(name, layout_or_"module:attr")``.
+
+    A layout is an instance of a :class:`hwplug.kv_cache_layout.KVCacheLayout` subclass
+    whose ``name`` equals ``name``: one layer's cache ``shape``, a ``check`` of a tensor,
+    exact conversions ``to_reference`` / ``from_reference`` with core's ``NHD`` cache
+    ``[2, num_blocks, block_size, Hkv, D]``, and block access for connectors
+    (``select_blocks``, ``write_blocks``, ``join_blocks``). Attention backends name it in
+    ``kv_cache_layout``; kernel variants of ``reshape_and_cache`` / ``paged_attention``
+    that read it declare it in ``layouts``; the reference ops serve it through the
+    conversions. Called first, before the other registration hooks; core registers ``NHD``.
+    """
+
+
+@hookspec
 def hwplug_register_attention_backends(registry: Any) -> None:
     """Register attention backends: ``registry.register(name, cls_or_"module:Class")``.
 

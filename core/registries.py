@@ -13,6 +13,10 @@ from typing import Any
 from hwplug.errors import PluginError
 from hwplug.registry import Registry
 
+#: KV-cache layouts by name (:class:`~hwplug.kv_cache_layout.KVCacheLayout` instances);
+#: core's reference layout ``NHD`` is registered in code, so it survives a reset.
+kv_layouts: Registry[Any] = Registry("KV-cache layout")
+kv_layouts.register("NHD", "hwplug.kv_cache_layout:NHD")
 attention_backends: Registry[Any] = Registry("attention backend")
 quant_methods: Registry[Any] = Registry("quantization method")
 connectors: Registry[Any] = Registry("connector")
@@ -20,13 +24,16 @@ models: Registry[Any] = Registry("model architecture")
 
 #: Registration hook name -> the registry its implementations fill.
 _BY_HOOK: dict[str, Registry[Any]] = {
+    "hwplug_register_kv_layouts": kv_layouts,
     "hwplug_register_attention_backends": attention_backends,
     "hwplug_register_quant_methods": quant_methods,
     "hwplug_register_connectors": connectors,
     "hwplug_register_models": models,
 }
-#: Every registration hook, in the order discovery calls them.
+#: Every registration hook, in the order discovery calls them (layouts first: backends
+#: and kernel variants name them).
 REGISTRATION_HOOKS = (
+    "hwplug_register_kv_layouts",
     "hwplug_register_attention_backends",
     "hwplug_register_kernels",
     "hwplug_register_quant_methods",

@@ -1,6 +1,7 @@
 """``Op``: a callable that sends each call to the chosen variant, cached per dispatch key.
 
-The key is (device, dtype, num_tokens bucket) of the op's dispatch argument. The
+The key is (device, dtype, num_tokens bucket) of the op's dispatch argument, plus the
+KV-cache layout for the ops over a paged cache (:class:`LayoutOp`). The
 first call for a key asks the registry to explain the choice and caches the result: the
 variant's function itself when it has no per-call ``supports`` check (so a steady-state
 call costs one dict lookup), else a small chain that falls back along the ranked order.
@@ -74,6 +75,10 @@ class _FallbackChain:
 class Op:
     """One declared op. Call it like its reference; ``__doc__`` is its contract."""
 
+    #: Position of the :class:`~hwplug.attention.PagedAttentionParams` argument of an op
+    #: over a paged KV cache (see :class:`LayoutOp`); None for the others.
+    layout_arg: int | None = None
+
     def __init__(self, registry: KernelRegistry, name: str, doc: str,
                  tolerances: dict[str, tuple[float, float]], dispatch_arg: int) -> None:
         self.registry, self.name, self.__doc__ = registry, name, doc
@@ -130,21 +135,23 @@ class Op:
         from hwplug.discovery import current_platform
         from hwplug.dtypes import dtype_name
 
-        device, dtype, bucket = key
+        device, dtype, bucket, *layout = key
         device_type = device.type
         try:
             dtype_text = dtype_name(dtype)
         except UnsupportedError:
             dtype_text = str(dtype).removeprefix("torch.")
         explanation = self.registry.explain(self.name, current_platform(), device_type,
-                                            dtype_text, self.bucket_tokens(bucket))
+                                            dtype_text, self.bucket_tokens(bucket),
+                                            layout=layout[0].name if layout else None)
         chain = explanation.chain
         while chain and chain[0].supports is None and (reason := self._build(chain[0])):
             explanation.rejected[chain.pop(0).name] = reason  # it would serve every call
         if not chain:
             detail = "; ".join(f"{n}: {r}" for n, r in explanation.rejected.items())
+            where = f" in layout {explanation.layout}" if explanation.layout else ""
             raise UnsupportedError(f"no variant of {self.name} can serve {device_type} "
-                                   f"{dtype_text}: {detail}")
+                                   f"{dtype_text}{where}: {detail}")
         target = (chain[0].impl if chain[0].supports is None
                   else _FallbackChain(self.name, key, chain, self._build))
         logger.debug("%s %s -> %s", self.name, key, chain[0].name)
@@ -170,3 +177,27 @@ class Op:
             self._warned.add(variant.key)
             logger.warning("kernel variant %s is not used: %s", variant.key, reason)
         return reason
+
+class LayoutOp(Op):
+    """An op over a paged KV cache (``reshape_and_cache``, ``paged_attention``): the layout
+    of its :class:`~hwplug.attention.PagedAttentionParams` argument (positional argument
+    ``layout_arg``, or keyword ``params``) joins the dispatch key, so a variant serves
+    only the layouts it declares (see :attr:`~hwplug.kernel_registry.Variant.layouts`)."""
+
+    def __init__(self, registry: KernelRegistry, name: str, doc: str,
+                 tolerances: dict[str, tuple[float, float]], dispatch_arg: int,
+                 layout_arg: int) -> None:
+        super().__init__(registry, name, doc, tolerances, dispatch_arg)
+        self.layout_arg = layout_arg
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        x = args[self.dispatch_arg]
+        params = args[self.layout_arg] if len(args) > self.layout_arg else kwargs["params"]
+        key = (x.device, x.dtype,
+               bisect.bisect_right(self._edges, x.shape[0]) if self._edges else 0,
+               params.layout)
+        try:
+            target = self._cache[key]
+        except KeyError:
+            target = self._resolve(key)
+        return target(*args, **kwargs)

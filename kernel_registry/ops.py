@@ -54,22 +54,25 @@ gelu_and_mul(x [..., 2d], approximate="none") -> [..., d] = gelu(x[..., :d]) * x
 """)
 
 reshape_and_cache = kernels.define_op("reshape_and_cache", _REF + "reshape_and_cache",
-                                      tolerances={**_ELEMENTWISE, **_FP8_STORED}, doc="""
-reshape_and_cache(key [T, Hkv, D], value [T, Hkv, D],
-                  kv_cache [2, num_blocks, block_size, Hkv, D], slot_mapping [T] int64,
+                                      tolerances={**_ELEMENTWISE, **_FP8_STORED},
+                                      layout_arg=4, doc="""
+reshape_and_cache(key [T, Hkv, D], value [T, Hkv, D], kv_cache, slot_mapping [T] int64,
                   params: PagedAttentionParams)
-    In place, layout NHD: key[t] -> kv_cache[0, slot // block_size, slot % block_size],
-    value[t] -> kv_cache[1, ...], cast to the cache dtype. A negative slot is skipped.
+    In place, into kv_cache in layout params.layout (a variant serves the layouts it
+    declares; the reference any, through NHD). In NHD, [2, num_blocks, block_size, Hkv, D]:
+    key[t] -> kv_cache[0, slot // block_size, slot % block_size], value[t] ->
+    kv_cache[1, ...], cast to the cache dtype. A negative slot is skipped.
     params.k_scale / params.v_scale (float32, [] per tensor or [Hkv] per KV head; given for
     fp8 caches) divide what is stored: stored = (key / k_scale).to(cache dtype), fp8
     saturating.
 """)
 
 paged_attention = kernels.define_op("paged_attention", _REF + "paged_attention",
-                                    tolerances=_ATTENTION, doc="""
-paged_attention(query [T, Hq, D], kv_cache [2, num_blocks, block_size, Hkv, D],
-                metadata: AttentionMetadata, params: PagedAttentionParams) -> [T, Hq, D]
-    metadata: the step's block_tables [B, max_blocks] int32, seq_lens [B] int32,
+                                    tolerances=_ATTENTION, layout_arg=3, doc="""
+paged_attention(query [T, Hq, D], kv_cache, metadata: AttentionMetadata,
+                params: PagedAttentionParams) -> [T, Hq, D]
+    kv_cache in layout params.layout (NHD: [2, num_blocks, block_size, Hkv, D]); a variant
+    serves the layouts it declares, the reference any (through NHD). metadata: the step's block_tables [B, max_blocks] int32, seq_lens [B] int32,
     query_start_loc [B+1] int32 and host-side max_query_len / max_seq_len (its
     slot_mapping is not read); params: the layer's scale, causal, sliding_window, soft_cap,
     k_scale, v_scale. Sequence i's queries query[qsl[i]:qsl[i+1]] are the last tokens of its

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from hwplug import envs
 from hwplug.errors import ConfigError, DuplicateNameError, UnknownNameError
-from hwplug.kernel_registry.dispatch import Op
+from hwplug.kernel_registry.dispatch import LayoutOp, Op
 from hwplug.kernel_registry.native import NativeLibrary, explain_build
 from hwplug.kernel_registry.variant import Variant
+from hwplug.kv_cache_layout import ANY_LAYOUT, REFERENCE_LAYOUT
 from hwplug.registry import Registry, current_source
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ class Explanation:
     device_type: str
     dtype: str
     num_tokens: int | None
-    chain: list[Variant] = field(default_factory=list)
+    chain: list[Variant] = field(default_factory=list)  # eligible, best first
+    layout: str | None = None
     rejected: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -59,18 +61,24 @@ class KernelRegistry(Registry[Variant]):
     # --- declaring ops and variants -----------------------------------------------
 
     def define_op(self, name: str, reference: Callable[..., Any] | str, *, doc: str,
-                  tolerances: dict[str, tuple[float, float]], dispatch_arg: int = 0) -> Op:
+                  tolerances: dict[str, tuple[float, float]], dispatch_arg: int = 0,
+                  layout_arg: int | None = None) -> Op:
         """Declare op ``name`` with its pure-torch ``reference`` (registered as variant
         ``"reference"``) and the ``(atol, rtol)`` per dtype every variant must meet.
         ``dispatch_arg`` is the positional argument whose device, dtype and leading
-        dimension (num_tokens) form the dispatch key."""
+        dimension (num_tokens) form the dispatch key. An op over a paged KV cache gives
+        ``layout_arg``, the position of its :class:`~hwplug.attention.PagedAttentionParams`:
+        the params' layout joins the key, each variant serves the ``layouts`` it declares,
+        and the reference (converting through ``NHD``) serves every layout."""
         if name in self._ops:
             raise DuplicateNameError(f"op {name!r} is already defined")
-        op = Op(self, name, doc, tolerances, dispatch_arg)
+        op = (Op(self, name, doc, tolerances, dispatch_arg) if layout_arg is None
+              else LayoutOp(self, name, doc, tolerances, dispatch_arg, layout_arg))
         self._ops[name] = op
         token = current_source.set("code")
         try:
             self.register_variant(name, REFERENCE, reference, priority=REFERENCE_PRIORITY,
+                                  layouts=() if layout_arg is None else (ANY_LAYOUT,),
                                   description="pure-torch reference (runs on any device)")
         finally:
             current_source.reset(token)
@@ -130,19 +138,26 @@ class KernelRegistry(Registry[Variant]):
         return {key for key in keys if key in names or key.split("/", 1)[1] in names}
 
     def explain(self, op: str, platform: Platform, device_type: str, dtype: str,
-                num_tokens: int | None = None) -> Explanation:
+                num_tokens: int | None = None, layout: str | None = None) -> Explanation:
         """Rank ``op``'s variants for one dispatch key, with a reason for each rejection.
+        ``layout`` is the KV-cache layout of an op over a paged cache (default: the
+        reference ``NHD``); other ops have none.
 
         No side effects beyond importing the eligible variants: a variant's native library
         is judged by its build status alone (no compiler runs here). A remembered build
         failure rejects the variant; a library not built yet leaves it eligible with the
         note "built on first use", unless ``HWPLUG_BUILD_KERNELS=never`` rejects it.
         """
-        result = Explanation(op, device_type, dtype, num_tokens)
+        if self.op(op).layout_arg is None:
+            layout = None  # only the ops over a paged cache have one
+        elif layout is None:
+            layout = REFERENCE_LAYOUT
+        result = Explanation(op, device_type, dtype, num_tokens, layout=layout)
         disabled = self.disabled()
         for variant in self._preferred_order(op):
             reason = ("disabled by HWPLUG_DISABLED_KERNELS" if variant.key in disabled
-                      else variant.static_rejection(platform, device_type, dtype, num_tokens))
+                      else variant.static_rejection(platform, device_type, dtype, num_tokens,
+                                                    layout))
             if reason is None:
                 reason = _import_failure(variant)
             if reason is None and variant.native is not None:

@@ -26,6 +26,7 @@ from hwplug.attention import (
 )
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
 from hwplug.kernel_registry import kernels
+from hwplug.kv_cache_layout import kv_cache_layout
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +51,7 @@ class TorchPagedBackend(AttentionBackend):
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self._write, self._attend = kernels.op(self._cache_op), kernels.op(self._attention_op)
+        self._layout = kv_cache_layout(self.kv_cache_layout)
         self._params: PagedAttentionParams | None = None
 
     @classmethod
@@ -65,7 +67,7 @@ class TorchPagedBackend(AttentionBackend):
             spec = self.spec
             params = self._params = PagedAttentionParams(
                 spec.head_size ** -0.5 if scale is None else scale, spec.causal,
-                spec.sliding_window, spec.soft_cap, self.k_scale, self.v_scale)
+                spec.sliding_window, spec.soft_cap, self.k_scale, self.v_scale, self._layout)
         return params
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

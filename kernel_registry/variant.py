@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hwplug.kv_cache_layout import ANY_LAYOUT, REFERENCE_LAYOUT
 from hwplug.requirements import Requirements
 
 if TYPE_CHECKING:
@@ -25,8 +26,11 @@ class Variant:
     :meth:`~hwplug.Platform.matches`; empty = any platform, on any device), ``dtypes`` (of
     the op's dispatch tensor; empty = any), ``features`` the device must have (its
     :attr:`~hwplug.Platform.facts`), capability range, ``min_toolkit`` and ``packages``
-    version gates, and the ``num_tokens`` range ``[low, high)`` of the dispatch tensor's
-    leading dimension. ``supports`` (a callable or a
+    version gates, the ``num_tokens`` range ``[low, high)`` of the dispatch tensor's
+    leading dimension, and for the ops over a paged KV cache (``reshape_and_cache``,
+    ``paged_attention``) the ``layouts`` it reads and writes: registered layout names,
+    empty for the reference layout ``NHD`` alone (``"*"``, the references' claim: every
+    layout). ``supports`` (a callable or a
     lazy ``"module:function"``, imported with ``impl``) is checked on every call for what
     only the call's shapes can tell; leave it None where possible. ``native`` is the
     compiled library ``impl`` calls, if any (a :class:`~hwplug.kernel_registry.native.
@@ -47,6 +51,7 @@ class Variant:
     min_toolkit: str | None = None
     packages: dict[str, str] = field(default_factory=dict)
     num_tokens: tuple[int, int | None] | None = None
+    layouts: tuple[str, ...] = ()
     supports: SupportsFn | str | None = None
     native: NativeLibrary | str | None = None
     description: str = ""
@@ -75,11 +80,17 @@ class Variant:
                             self.max_capability, self.min_toolkit, self.packages)
 
     def static_rejection(self, platform: Platform, device_type: str, dtype: str,
-                         num_tokens: int | None) -> str | None:
-        """Why this variant cannot serve the dispatch key, or None if it can."""
+                         num_tokens: int | None, layout: str | None = None) -> str | None:
+        """Why this variant cannot serve the dispatch key, or None if it can (``layout``:
+        the KV-cache layout of a cache op's call, None for other ops)."""
         device = device_type if self.platforms else None
         reasons = self.requirements.reasons(platform, dtype, device)
-        return reasons[0] if reasons else self._tokens_rejection(num_tokens)
+        if reasons:
+            return reasons[0]
+        served = self.layouts or (REFERENCE_LAYOUT,)
+        if layout is not None and layout not in served and ANY_LAYOUT not in served:
+            return f"serves layouts {', '.join(served)}, not {layout}"
+        return self._tokens_rejection(num_tokens)
 
     def device_rejection(self, platform: Platform) -> str | None:
         """Why this variant can serve no call at all on ``platform``'s device (its platform,

@@ -2,7 +2,7 @@
 
 Named ``wonky`` so they never collide with a real plugin (the guide's example is ``acme``).
 Everything in ``wonky`` is broken in one way each, except ``good_silu``,
-``MemoryConnector`` and the ``int8_rows`` quant method. ``KERNELS_ONLY_PLUGIN`` and
+``MemoryConnector``, the ``int8_rows`` quant method and the ``WONKY_HND`` KV layout. ``KERNELS_ONLY_PLUGIN`` and
 ``VENDOR_ONLY_PLUGIN`` register kernels for a platform that is not installed (one computing
 on CPU and wrong, one needing its absent vendor library); ``TYPO_PLUGIN`` misspells a hook
 name.
@@ -33,13 +33,57 @@ def activate():
 # Each thing here is broken in one realistic way, except good_silu and MemoryConnector.
 WONKY_PLUGIN = """
 import torch
+from dataclasses import replace
+
 from hwplug import hookimpl
 from hwplug.connector import Connector
+from hwplug.kv_cache_layout import NHD, KVCacheLayout
 from hwplug.quantization import QuantMethod
 from hwplug.kernel_registry import ops
+from hwplug.kernel_registry.reference import paged_attention
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 
 hwplug_api_version = ">=1,<2"
+
+
+class HeadsFirst(KVCacheLayout):
+    '''[2, blocks, heads, block_size, head_size]: each head's tokens side by side.'''
+
+    name = "WONKY_HND"
+    reference_is_view = True
+
+    def shape(self, num_blocks, block_size, num_kv_heads, head_size, dtype=None):
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
+
+    def check(self, cache):
+        return None if cache.dim() == 5 and cache.shape[0] == 2 else "not [2, n, H, bs, D]"
+
+    def to_reference(self, cache):
+        return cache.transpose(2, 3)
+
+    def from_reference(self, reference, out):
+        if reference.data_ptr() != out.data_ptr():
+            out.copy_(reference.transpose(2, 3))
+
+
+class SwapsHalves(HeadsFirst):
+    '''Converts from NHD with keys and values swapped: not the inverse of to_reference.'''
+
+    name = "WONKY_SWAPPED"
+    reference_is_view = False
+
+    def to_reference(self, cache):
+        return cache.transpose(2, 3).clone()
+
+    def from_reference(self, reference, out):
+        out.copy_(reference.flip(0).transpose(2, 3))
+
+
+def attention_reads_nhd(query, kv_cache, metadata, params):
+    '''Declares WONKY_HND, but reads the cache's bytes as NHD.'''
+    two, blocks, heads, block_size, size = kv_cache.shape
+    as_nhd = kv_cache.view(two, blocks, block_size, heads, size)
+    return paged_attention(query, as_nhd, metadata, replace(params, layout=NHD))
 
 
 def rms_norm_forgets_weight(x, weight, eps, residual=None):
@@ -56,31 +100,21 @@ def good_silu(x):
 
 
 class WrongLayout(TorchPagedBackend):
-    '''Stores K/V as HND, as kv_cache_shape says, but attends reading the bytes as NHD.'''
+    '''Stores K/V as WONKY_HND, as it declares, but attends reading the bytes as NHD.'''
 
-    kv_cache_layout = "HND"
+    kv_cache_layout = "WONKY_HND"
 
     @classmethod
     def get_name(cls):
         return "WRONG_LAYOUT"
 
-    @classmethod
-    def kv_cache_shape(cls, num_blocks, block_size, num_kv_heads, head_size):
-        return (2, num_blocks, num_kv_heads, block_size, head_size)
-
-    def write_kv_cache(self, key, value, kv_cache, metadata):
-        ops.reshape_and_cache(key, value, kv_cache.transpose(2, 3), metadata.slot_mapping,
-                              self._layer_params(None))
-
     def forward(self, query, key, value, kv_cache, metadata, scale):
         self.write_kv_cache(key, value, kv_cache, metadata)
-        two, blocks, heads, block_size, size = kv_cache.shape
-        as_nhd = kv_cache.view(two, blocks, block_size, heads, size)
-        return ops.paged_attention(query, as_nhd, metadata, self._layer_params(scale))
+        return attention_reads_nhd(query, kv_cache, metadata, self._layer_params(scale))
 
 
 class CarelessWrite(WrongLayout):
-    '''Declares the HND layout, but its separate cache write treats the cache as NHD.'''
+    '''Declares WONKY_HND, but its separate cache write treats the cache as NHD.'''
 
     updates_kv_cache_in_forward = False
 
@@ -90,7 +124,7 @@ class CarelessWrite(WrongLayout):
 
     def write_kv_cache(self, key, value, kv_cache, metadata):
         ops.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping,
-                              self._layer_params(None))
+                              replace(self._layer_params(None), layout=NHD))
 
 
 class Lax(TorchPagedBackend):
@@ -208,10 +242,18 @@ class OffByOneConnector(MemoryConnector):
 
 
 @hookimpl
+def hwplug_register_kv_layouts(registry):
+    registry.register("WONKY_HND", HeadsFirst())
+    registry.register("WONKY_SWAPPED", SwapsHalves())
+
+
+@hookimpl
 def hwplug_register_kernels(registry):
     registry.register_variant("rms_norm", "forgets_weight", rms_norm_forgets_weight,
                               platforms=("wonky",))
     registry.register_variant("silu_and_mul", "good_silu", good_silu, platforms=("wonky",))
+    registry.register_variant("paged_attention", "reads_nhd", attention_reads_nhd,
+                              platforms=("wonky",), layouts=("WONKY_HND",))
 
 
 @hookimpl

@@ -137,8 +137,18 @@ def test_a_cache_write_that_breaks_on_its_layout_is_a_layout_mismatch(wonky_resu
                              "kv_cache_shape(num_blocks="), detail
     declared, ref = (tuple(int(n) for n in part.split(")")[0].split(", ")) for part in
                      (detail.split(" declares (")[1], detail.split("reference NHD cache (")[1]))
-    assert declared == (2, ref[1], ref[3], ref[2], ref[4])  # HND next to NHD
-    assert "(layout HND, " in detail and "raised " in detail
+    assert declared == (2, ref[1], ref[3], ref[2], ref[4])  # WONKY_HND next to NHD
+    assert "(layout WONKY_HND, " in detail and "raised " in detail
+
+
+def test_layouts_and_the_variants_of_a_layout_are_checked_through_its_conversions(
+        wonky_results):
+    _, results = wonky_results
+    assert results["kv layout WONKY_HND"][0] == "passed"
+    assert results["kv layout WONKY_SWAPPED"] == (
+        "failed", "float32: to_reference(from_reference(x)) is not x")
+    status, detail = results["kernel paged_attention/reads_nhd"]
+    assert status == "failed" and "max abs error" in detail and ", layout WONKY_HND" in detail
 
 
 def test_a_kernels_only_plugin_is_checked_on_cpu_not_passed(wonky):

@@ -69,6 +69,7 @@ def collect(ranks: int = 1) -> dict[str, Any]:
         "hardware_probes_timed_out": [{"kind": kind, "reason": reason}
                                       for kind, reason in resolution.probe_timeouts.items()],
         "registries": {
+            "kv_layouts": registries.kv_layouts.names(),
             "attention_backends": registries.attention_backends.names(),
             "quant_methods": registries.quant_methods.names(),
             "connectors": registries.connectors.names(),

@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
             num_tokens: int | None = None) -> dict[str, Any]:
-    """The explanation of every requested (op, dtype) on the current platform."""
+    """The explanation of every requested (op, dtype) on the current platform. An op over a
+    paged KV cache is explained for the reference layout under its own name and for every
+    other layout one of its variants declares as ``op@LAYOUT``."""
     from hwplug import kernels, registries
     from hwplug.attention_selection import describe_backend
     from hwplug.discovery import current_platform
@@ -37,16 +39,11 @@ def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
     result: dict[str, Any] = {"platform": platform.name, "device_type": platform.device_type,
                               "ops": {}, "attention_backends": {}}
     for op in ops or list(kernels.ops()):
-        kernels.op(op)  # unknown op -> error naming the ops
-        for dtype in dtypes or platform.supported_dtypes:
-            why = kernels.explain(op, platform, platform.device_type, dtype, num_tokens)
-            result["ops"].setdefault(op, {})[dtype] = {
-                "chosen": why.chosen.name if why.chosen else None,
-                "fallbacks": [v.name for v in why.chain[1:]],
-                "rejected": why.rejected,
-                "notes": why.notes,
-                "num_tokens": {v.name: list(v.num_tokens) for v in why.chain if v.num_tokens},
-            }
+        for key, layout in _layouts(kernels, op):
+            for dtype in dtypes or platform.supported_dtypes:
+                result["ops"].setdefault(key, {})[dtype] = _explained(
+                    kernels.explain(op, platform, platform.device_type, dtype, num_tokens,
+                                    layout))
     for name in registries.attention_backends.names():
         try:
             result["attention_backends"][name] = describe_backend(
@@ -54,6 +51,28 @@ def collect(ops: list[str] | None = None, dtypes: list[str] | None = None,
         except Exception as exc:  # report, don't crash the listing
             result["attention_backends"][name] = {"error": repr(exc)}
     return result
+
+
+def _layouts(kernels: Any, op: str) -> list[tuple[str, str | None]]:
+    """``(row name, layout)`` to explain ``op`` for: itself without a layout, or per layout
+    (the reference first) for an op over a paged cache."""
+    if kernels.op(op).layout_arg is None:  # unknown op -> error naming the ops
+        return [(op, None)]
+    from hwplug.kv_cache_layout import ANY_LAYOUT, REFERENCE_LAYOUT
+
+    declared = {name for v in kernels.variants(op) for name in v.layouts} - {ANY_LAYOUT}
+    return [(op, REFERENCE_LAYOUT),
+            *((f"{op}@{name}", name) for name in sorted(declared - {REFERENCE_LAYOUT}))]
+
+
+def _explained(why: Any) -> dict[str, Any]:
+    return {
+        "chosen": why.chosen.name if why.chosen else None,
+        "fallbacks": [v.name for v in why.chain[1:]],
+        "rejected": why.rejected,
+        "notes": why.notes,
+        "num_tokens": {v.name: list(v.num_tokens) for v in why.chain if v.num_tokens},
+    }
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

@@ -7,7 +7,9 @@ through its own path (``forward`` when ``updates_kv_cache_in_forward``, else
 ``write_kv_cache`` then ``forward``), and a later step attends to what earlier steps
 wrote. Every step's output is compared with the pure-torch references
 (``reshape_and_cache`` into an ``NHD`` cache, then ``paged_attention``) within the
-``paged_attention`` tolerance. A cache write that raises is reported as a layout
+``paged_attention`` tolerance, and the backend's cache, read through its declared
+layout's ``to_reference``, must hold what the reference wrote (connectors move its
+blocks through that layout). A cache write that raises is reported as a layout
 mismatch, with the shape the backend's ``kv_cache_shape`` declared next to the tensors'.
 Scenarios the backend does not claim (its class attributes) are skipped, and a separate
 check makes sure ``validate`` refuses them. GQA examples always have more than one KV head.
@@ -39,6 +41,7 @@ from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import DTYPE_NAMES, torch_dtype
+from hwplug.kv_cache_layout import kv_cache_layout
 
 #: Two steps per sequence: the first may be empty (the sequence starts in step two).
 Plan = tuple[Step, Step]
@@ -154,11 +157,12 @@ class _Episode:
         self.instance = backend(spec)
         self.rng = torch.Generator().manual_seed(example.seed)
         totals = [second.context + second.new for _, second in example.plans]
-        self.layout = BlockLayout.shuffled(self.rng, totals, spec.block_size)
+        self.blocks = BlockLayout.shuffled(self.rng, totals, spec.block_size)
+        self.kv_layout = kv_cache_layout(backend.kv_cache_layout)
         self.keys = [self._randn(n, spec.num_kv_heads) for n in totals]
         self.values = [self._randn(n, spec.num_kv_heads) for n in totals]
         kv_dtype = torch_dtype(spec.kv_cache_dtype)
-        self.geometry = (self.layout.num_blocks, spec.block_size, spec.num_kv_heads,
+        self.geometry = (self.blocks.num_blocks, spec.block_size, spec.num_kv_heads,
                          spec.head_size)
         self.declared = tuple(backend.kv_cache_shape(*self.geometry))
         self.cache = torch.zeros(self.declared, dtype=kv_dtype, device=device)
@@ -174,7 +178,7 @@ class _Episode:
 
     def inputs(self, index: int, steps: list[Step]) -> _StepInputs:
         """The tensors and metadata of step ``index`` (0 or 1)."""
-        batch = PagedBatch.build(self.layout, steps)
+        batch = PagedBatch.build(self.blocks, steps)
         active = [(i, s) for i, s in enumerate(steps) if s.new]
         dtype = torch_dtype(self.spec.dtype)
         query = torch.cat([self._randn(s.new, self.spec.num_heads) for _, s in active])
@@ -200,6 +204,17 @@ class _Episode:
         return guarded(partial(self.instance.forward, step.query, step.key, step.value,
                                self.cache, step.metadata, self.scale), step.where,
                        simulating=simulating, what="forward")
+
+    def cache_problem(self) -> str | None:
+        """Why the backend's cache, read through its layout's ``to_reference``, does not
+        hold what the reference wrote into the ``NHD`` cache (within the cache write's
+        tolerance), or None: what connectors read of its blocks is what it stored."""
+        spec = self.spec
+        problem = mismatch(self.kv_layout.to_reference(self.cache), self.ref_cache,
+                           *loosest_tolerance(ops.reshape_and_cache.tolerances,
+                                              (spec.dtype, spec.kv_cache_dtype)))
+        return problem and (f"its cache, read as layout {self.kv_layout.name} says, is not "
+                            f"what was written: {problem}")
 
     def reference(self, step: _StepInputs) -> torch.Tensor:
         """The same step through the pure-torch references over the NHD cache."""
@@ -234,7 +249,8 @@ class _Run:
                 continue
             step = episode.inputs(index, steps)
             out = episode.through_backend(step, bool(self.placement.simulating))
-            problem = mismatch(out, episode.reference(step), *tolerance)
+            problem = (mismatch(out, episode.reference(step), *tolerance)
+                       or episode.cache_problem())
             if problem:
                 raise Failure(f"{problem} at {step.where}")
             self.steps += 1

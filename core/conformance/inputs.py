@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from hypothesis import strategies as st
@@ -23,6 +24,11 @@ from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
 from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
+from hwplug.errors import UnsupportedError
+from hwplug.kv_cache_layout import NHD, KVCacheLayout
+
+if TYPE_CHECKING:
+    from hwplug.kernel_registry.dispatch import Op
 
 __all__ = ["GENERATORS", "Case", "Generator"]
 
@@ -250,6 +256,33 @@ def linear(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
     bias = randn(rng, (n,), dtype) if draw(st.booleans()) else None
     label = f"x {(*leading, k)} weight ({n}, {k}) {dtype}, bias={bias is not None}"
     return Case((x, weight), {"bias": bias}, (dtype,), label)
+
+
+#: The KV-cache argument of each op over a paged cache (its params argument is the op's
+#: ``layout_arg``).
+CACHE_ARGS = {"reshape_and_cache": 2, "paged_attention": 1}
+
+
+def in_layout(case: Case, op: Op, layout: KVCacheLayout) -> Case:
+    """``case`` of an op over a paged cache (made with an ``NHD`` cache) with the same
+    entries in ``layout``: the cache converted with its ``from_reference`` and
+    ``params.layout`` set, so the reference op's result is unchanged. Raises
+    :class:`~hwplug.errors.UnsupportedError` when a cache of ``layout`` cannot hold these
+    entries (its ``check`` says why, e.g. a head size it does not take)."""
+    if layout is NHD:
+        return case
+    args = list(case.args)
+    nhd = args[CACHE_ARGS[op.name]]
+    _, num_blocks, block_size, num_kv_heads, head_size = nhd.shape
+    cache = nhd.new_empty(layout.shape(num_blocks, block_size, num_kv_heads, head_size,
+                                       nhd.dtype))
+    problem = layout.check(cache)
+    if problem:
+        raise UnsupportedError(f"layout {layout.name} cannot hold this cache: {problem}")
+    layout.from_reference(nhd, cache)
+    args[CACHE_ARGS[op.name]] = cache
+    args[op.layout_arg] = replace(args[op.layout_arg], layout=layout)
+    return replace(case, args=tuple(args), label=f"{case.label}, layout {layout.name}")
 
 
 def _relaid(generator: Generator, cache_arg: int, layout: str,

@@ -1,8 +1,9 @@
 """The conformance kit: every check for one plugin, planned then run.
 
 :func:`plan` turns a resolved :class:`~hwplug.conformance.target.Target` into named
-checks (registration, probe, platform facts, one per kernel variant, per attention
-backend scenario, per quant method and per connector the plugin registered);
+checks (registration, probe, platform facts, one per KV-cache layout, per kernel variant,
+per attention backend scenario, per quant method and per connector the plugin
+registered);
 :func:`run_conformance` resolves, plans and runs them into a
 :class:`~hwplug.conformance.result.Report`.
 """
@@ -17,6 +18,7 @@ from hwplug import kernels, registries
 from hwplug.conformance.backends import backend_checks
 from hwplug.conformance.connectors import connector_check
 from hwplug.conformance.facts import check_facts
+from hwplug.conformance.layouts import layout_check
 from hwplug.conformance.probe import check_probe
 from hwplug.conformance.quant_methods import quant_method_check
 from hwplug.conformance.registration import check_hooks, check_loads, check_names
@@ -65,12 +67,14 @@ def _probe_check(target: Target) -> Check:
 
 def _interface_checks(target: Target, budget: Budget) -> list[Check]:
     placement = target.placement
+    checks = [layout_check(n, _loader(registries.kv_layouts, n), placement)
+              for n in _owned_names(registries.kv_layouts, target)]
     variants = [kernels.get(key) for key in _owned_names(kernels, target)]
-    checks = [variant_check(v, placement, budget.kernel_examples)
-              for v in variants if v.name != kernels.REFERENCE]
+    variant_checks = [variant_check(v, placement, budget.kernel_examples)
+                      for v in variants if v.name != kernels.REFERENCE]
     oracle = " besides the references (the oracle)" if target.is_hwplug else ""
-    checks = checks or [_fixed("kernel variants", "skipped",
-                               f"the plugin registers no kernel variants{oracle}")]
+    checks += variant_checks or [_fixed("kernel variants", "skipped",
+                                        f"the plugin registers no kernel variants{oracle}")]
     backends = _owned_names(registries.attention_backends, target)
     for name in backends:
         checks += backend_checks(name, _loader(registries.attention_backends, name), placement,

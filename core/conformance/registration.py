@@ -9,6 +9,7 @@ from hwplug import discovery, registries
 from hwplug.conformance.result import Status
 from hwplug.conformance.target import Target
 from hwplug.dtypes import DTYPE_NAMES
+from hwplug.kv_cache_layout import ANY_LAYOUT
 from hwplug.platform_interface import DeviceCapability
 from hwplug.registry import Entry, Registry
 
@@ -73,6 +74,9 @@ def _interface_problems(kind: str, registry: Registry[Any], entry: Entry[Any],
         return [f"{kind} {entry.name!r} fails to import: {exc!r}"]
     if base is None:
         return []
+    if not isinstance(obj, type) and isinstance(obj, base):  # an instance: a layout
+        return [] if obj.name == entry.name else [
+            f"{kind} registered as {entry.name!r} but its name is {obj.name!r}"]
     if not (isinstance(obj, type) and issubclass(obj, base)):
         return [f"{kind} {entry.name!r} is {obj!r}, not a {base.__name__} subclass"]
     expected = entry.replacement if entry.alias else entry.name
@@ -97,6 +101,12 @@ def _variant_problems(entry: Entry[Any]) -> list[str]:
     if unknown:
         problems.append(f"kernel variant {variant.key} declares unknown dtypes "
                         f"{', '.join(unknown)} (known: {', '.join(DTYPE_NAMES)})")
+    layouts = [name for name in variant.layouts
+               if name != ANY_LAYOUT and name not in registries.kv_layouts]
+    if layouts:
+        problems.append(f"kernel variant {variant.key} declares unregistered KV-cache layouts "
+                        f"{', '.join(layouts)} (registered: "
+                        f"{', '.join(registries.kv_layouts.names())})")
     for bound in filter(None, (variant.min_capability, variant.max_capability)):
         try:
             DeviceCapability.parse(bound)
@@ -117,9 +127,11 @@ def check_names(target: Target) -> Outcome:
     from hwplug import kernels
     from hwplug.attention import AttentionBackend
     from hwplug.connector import Connector
+    from hwplug.kv_cache_layout import KVCacheLayout
     from hwplug.quantization import QuantMethod
 
     kinds: list[tuple[str, Registry[Any], type | None]] = [
+        ("KV-cache layout", registries.kv_layouts, KVCacheLayout),
         ("attention backend", registries.attention_backends, AttentionBackend),
         ("quant method", registries.quant_methods, QuantMethod),
         ("connector", registries.connectors, Connector),

@@ -5,7 +5,10 @@ reference get identical, independent copies of the inputs; their outputs (and an
 the op writes in place) must agree within the op's tolerance for the dtypes involved.
 Inputs the variant declines (``supports`` returns a reason, or the leading dimension is
 outside its ``num_tokens`` range) are counted as declined, not failed. Only the variant's
-declared dtypes are drawn.
+declared dtypes are drawn, and for the ops over a paged KV cache only the layouts it
+declares: each case's ``NHD`` cache is converted into the layout with the layout's
+``from_reference`` (and ``params.layout`` set), and the reference, which serves every
+layout through the same conversions, is the oracle.
 
 A variant for the platform present runs on its device, in the dtypes its gates (device
 features, capability, toolkit, packages) admit here; what they exclude is "not checked
@@ -29,13 +32,15 @@ from hypothesis import strategies as st
 from hwplug import kernels
 from hwplug.conformance.compare import compare_outputs, loosest_tolerance
 from hwplug.conformance.explore import Failure, first_failure, guarded, judge
-from hwplug.conformance.inputs import GENERATORS, Case
+from hwplug.conformance.inputs import GENERATORS, Case, in_layout
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
-from hwplug.errors import ConfigError
+from hwplug.errors import ConfigError, UnknownNameError, UnsupportedError
+from hwplug.kv_cache_layout import REFERENCE_LAYOUT, KVCacheLayout, kv_cache_layout
 
 if TYPE_CHECKING:
     from hwplug.kernel_registry import Variant
+    from hwplug.kernel_registry.dispatch import Op
 
 #: Most tokens a generated input has beyond the lower end of a variant's num_tokens range.
 TOKEN_SPAN = 8
@@ -99,11 +104,19 @@ def _gated_dtypes(variant: Variant, dtypes: list[str], placement: Placement,
 
 
 def _case_body(variant: Variant, placement: Placement, tally: _Tally
-               ) -> Callable[[Case], None]:
-    """Check one generated case against the reference (``variant`` must be loaded)."""
+               ) -> Callable[[tuple[Case, KVCacheLayout | None]], None]:
+    """Check one generated case, in a KV-cache layout for an op over a paged cache, against
+    the reference (``variant`` must be loaded)."""
     op = kernels.op(variant.op)
 
-    def body(case: Case) -> None:
+    def body(drawn: tuple[Case, KVCacheLayout | None]) -> None:
+        case, layout = drawn
+        if layout is not None:
+            try:
+                case = in_layout(case, op, layout)
+            except UnsupportedError as exc:
+                tally.declined[str(exc)] += 1
+                return
         case = case.to(placement.device)
         declined = _declines(variant, op.dispatch_arg, case)
         if declined:
@@ -149,8 +162,14 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
             variant.native.ensure_built()  # type: ignore[union-attr]
         except Exception as exc:
             return "failed", f"its native library does not build: {exc}"
+    try:
+        layouts = _layouts(variant, op)
+    except UnknownNameError as exc:
+        return "failed", f"declares a KV-cache layout that is not registered: {exc}"
     tally = _Tally()
-    strategy = st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant)))
+    strategy = st.tuples(
+        st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant))),
+        st.sampled_from(layouts))
     failure = first_failure(strategy, _case_body(variant, placement, tally), examples)
     where = placement.describe()
     judged = judge(failure, where)
@@ -160,6 +179,14 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
         return "not checked", f"declined every generated input: {tally.summary()}"
     gated = f"; not checked here: {'; '.join(gates)}" if gates else ""
     return "passed", f"{tally.summary()} {where}{gated}"
+
+
+def _layouts(variant: Variant, op: Op) -> list[KVCacheLayout | None]:
+    """The layouts to draw the variant's cases in: those it declares for an op over a paged
+    KV cache (the reference ``NHD`` when none), else None (no layout)."""
+    if op.layout_arg is None:
+        return [None]
+    return [kv_cache_layout(name) for name in variant.layouts or (REFERENCE_LAYOUT,)]
 
 
 def variant_check(variant: Variant, placement: Placement, examples: int) -> Check:

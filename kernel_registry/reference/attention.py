@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry.reference.cache import dequantize
+from hwplug.kv_cache_layout import NHD, checked_reference
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -38,7 +39,11 @@ _HIDDEN = torch.finfo(torch.float32).min
 @torch.no_grad()
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
                     params: PagedAttentionParams) -> torch.Tensor:
-    """Attention of packed ``query [T, Hq, D]`` over ``kv_cache [2, num_blocks, block_size, Hkv, D]``.
+    """Attention of packed ``query [T, Hq, D]`` over ``kv_cache`` in layout ``params.layout``.
+
+    ``kv_cache`` is read as the ``NHD`` cache ``[2, num_blocks, block_size, Hkv, D]`` its
+    layout's ``to_reference`` gives (the ``NHD`` cache itself; any other registered layout
+    converted, after its ``check``), so the reference serves every layout.
 
     Sequence ``i`` owns queries ``query[qsl[i]:qsl[i+1]]`` (``qsl =
     metadata.query_start_loc [B+1]``), the last ``q_len_i`` tokens of its
@@ -55,9 +60,11 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atten
     values (a zero-initialised cache does): they are read, then weighted by exactly 0. The
     call never synchronises with the device (``metadata`` holds the host-side maxima).
     Returns ``[T, Hq, D]`` in ``query.dtype`` (inference only: no autograd history).
-    Raises :class:`~hwplug.errors.UnsupportedError` for mismatched shapes,
-    ``Hq % Hkv != 0`` or block tables too narrow for ``max_seq_len``.
+    Raises :class:`~hwplug.errors.UnsupportedError` for a cache not in its layout,
+    mismatched shapes, ``Hq % Hkv != 0`` or block tables too narrow for ``max_seq_len``.
     """
+    if params.layout is not NHD:
+        kv_cache = checked_reference(params.layout, kv_cache)
     _check_args(query, kv_cache)
     num_tokens, num_seqs, block_size = query.shape[0], metadata.seq_lens.shape[0], kv_cache.shape[2]
     if num_tokens == 0 or num_seqs == 0:

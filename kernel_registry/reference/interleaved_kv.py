@@ -9,12 +9,14 @@ attention reads). :func:`nhd_view` shows the same memory as the ``NHD`` cache
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from hwplug.kernel_registry.reference.attention import paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache
+from hwplug.kv_cache_layout import NHD
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -30,11 +32,11 @@ def reshape_and_cache_interleaved(key: torch.Tensor, value: torch.Tensor,
                                   kv_pages: torch.Tensor, slot_mapping: torch.Tensor,
                                   params: PagedAttentionParams) -> None:
     """``reshape_and_cache`` into ``kv_pages`` in place."""
-    reshape_and_cache(key, value, nhd_view(kv_pages), slot_mapping, params)
+    reshape_and_cache(key, value, nhd_view(kv_pages), slot_mapping, replace(params, layout=NHD))
 
 
 def paged_attention_interleaved(query: torch.Tensor, kv_pages: torch.Tensor,
                                 metadata: AttentionMetadata, params: PagedAttentionParams
                                 ) -> torch.Tensor:
     """``paged_attention`` of ``query [T, Hq, D]`` over ``kv_pages``."""
-    return paged_attention(query, nhd_view(kv_pages), metadata, params)
+    return paged_attention(query, nhd_view(kv_pages), metadata, replace(params, layout=NHD))

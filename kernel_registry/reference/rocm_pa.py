@@ -18,6 +18,7 @@ The declared shape carries no ``x``, so it does not depend on the cache dtype
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry.reference.attention import paged_attention as nhd_paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache as nhd_reshape_and_cache
+from hwplug.kv_cache_layout import NHD
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -93,7 +95,7 @@ def reshape_and_cache_rocm_pa(key: torch.Tensor, value: torch.Tensor, kv_cache: 
     """``reshape_and_cache`` into a ``ROCM_PA`` cache: the ``NHD`` reference on a converted
     copy, written back (in place; a negative slot is skipped)."""
     nhd = to_nhd(kv_cache)
-    nhd_reshape_and_cache(key, value, nhd, slot_mapping, params)
+    nhd_reshape_and_cache(key, value, nhd, slot_mapping, replace(params, layout=NHD))
     from_nhd(nhd, kv_cache)
 
 
@@ -101,4 +103,4 @@ def paged_attention_rocm_pa(query: torch.Tensor, kv_cache: torch.Tensor,
                             metadata: AttentionMetadata, params: PagedAttentionParams
                             ) -> torch.Tensor:
     """``paged_attention`` over a ``ROCM_PA`` cache: the ``NHD`` reference on a converted copy."""
-    return nhd_paged_attention(query, to_nhd(kv_cache), metadata, params)
+    return nhd_paged_attention(query, to_nhd(kv_cache), metadata, replace(params, layout=NHD))

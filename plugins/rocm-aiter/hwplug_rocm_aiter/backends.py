@@ -1,5 +1,5 @@
 """hwplug-rocm-aiter's attention backends, both over the ``ROCM_PA`` KV layout (the one
-ROCm's paged attention reads, see :mod:`hwplug.kernel_registry.reference.rocm_pa`):
+ROCm's paged attention reads, see :mod:`hwplug_rocm_aiter.layout`):
 
 * ``ROCM_AITER``: decode through AMD's AITER library (the ``aiter`` variant of
   ``paged_attention_rocm_pa``); everything AITER does not serve falls back, per call, to
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.attention import AttentionSpec, InternalFallback
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, torch_dtype
-from hwplug.kernel_registry.reference import rocm_pa
 from hwplug_rocm_aiter.aiter_attention import AITER_BLOCK_SIZES, AITER_HEAD_SIZES
+from hwplug_rocm_aiter.layout import ROCM_PA, chunk_elements
 from hwplug_triton.backend import VariantBackedAttention
 
 if TYPE_CHECKING:
@@ -35,24 +35,18 @@ class _RocmPagedAttention(VariantBackedAttention):
 
     platforms: ClassVar[tuple[str, ...]] = ("rocm",)
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128)
-    kv_cache_layout: ClassVar[str] = rocm_pa.LAYOUT
+    kv_cache_layout: ClassVar[str] = ROCM_PA.name
     _kernels: ClassVar[tuple[tuple[str, str], ...]] = (
         ("reshape_and_cache_rocm_pa", "triton_rocm"), ("paged_attention_rocm_pa", "triton_rocm"))
     _cache_op: ClassVar[str] = "reshape_and_cache_rocm_pa"
     _attention_op: ClassVar[str] = "paged_attention_rocm_pa"
 
     @classmethod
-    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_size: int) -> tuple[int, ...]:
-        """``[2, num_blocks, Hkv, D, block_size]`` (see the module docstring)."""
-        return rocm_pa.cache_shape(num_blocks, block_size, num_kv_heads, head_size)
-
-    @classmethod
     def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
         reasons = super().validate(spec, platform)
         kv_dtype = spec.kv_cache_dtype or spec.dtype
         if kv_dtype in cls.supported_kv_cache_dtypes:
-            chunk = rocm_pa.chunk_elements(torch_dtype(kv_dtype))
+            chunk = chunk_elements(torch_dtype(kv_dtype))
             if spec.head_size % chunk:
                 reasons.append(f"head size {spec.head_size} is not a multiple of {chunk} "
                                f"(16-byte key chunks of {kv_dtype})")

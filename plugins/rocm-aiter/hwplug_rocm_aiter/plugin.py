@@ -1,6 +1,6 @@
-"""hwplug hooks of hwplug-rocm-aiter: hwplug-triton's kernels gated for ROCm (the NHD ops
-and the ``ROCM_PA`` layout's), AITER's paged attention where ``amd-aiter`` is installed,
-and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends.
+"""hwplug hooks of hwplug-rocm-aiter: the ``ROCM_PA`` KV-cache layout, hwplug-triton's
+kernels gated for ROCm (the NHD ops and the ``ROCM_PA`` layout's), AITER's paged attention
+where ``amd-aiter`` is installed, and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends.
 
 Everything is registered lazily (``"module:function"``): triton, torch and aiter are
 imported only when a variant is first considered on a ROCm device.
@@ -20,6 +20,11 @@ hwplug_api_version = ">=1,<2"
 TRITON_MIN_CAPABILITY = "9.0"
 #: The AITER releases the wrapper is written for.
 AITER_REQUIREMENT = ">=0.1"
+
+
+@hookimpl
+def hwplug_register_kv_layouts(registry: Any) -> None:
+    registry.register("ROCM_PA", "hwplug_rocm_aiter.layout:ROCM_PA")
 
 
 @hookimpl

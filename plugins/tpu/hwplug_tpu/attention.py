@@ -19,6 +19,7 @@ from typing import ClassVar
 # Importing the module defines the layout's two ops in the registry.
 from hwplug.kernel_registry import ops_interleaved_kv  # noqa: F401
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
+from hwplug_tpu.layout import RPA_INTERLEAVED
 
 
 class PallasRpaBackend(TorchPagedBackend):
@@ -30,16 +31,10 @@ class PallasRpaBackend(TorchPagedBackend):
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
     supported_block_sizes: ClassVar[tuple[int, ...]] = (8, 16, 32, 64, 128)
     supports_non_causal: ClassVar[bool] = False
-    kv_cache_layout: ClassVar[str] = "RPA_INTERLEAVED"
+    kv_cache_layout: ClassVar[str] = RPA_INTERLEAVED.name
     _cache_op: ClassVar[str] = "reshape_and_cache_interleaved"
     _attention_op: ClassVar[str] = "paged_attention_interleaved"
 
     @classmethod
     def get_name(cls) -> str:
         return "PALLAS_RPA"
-
-    @classmethod
-    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_size: int) -> tuple[int, ...]:
-        """``[num_blocks, block_size, 2 * num_kv_heads, head_size]``, K and V interleaved."""
-        return (num_blocks, block_size, 2 * num_kv_heads, head_size)

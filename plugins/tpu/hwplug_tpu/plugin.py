@@ -1,5 +1,5 @@
-"""hwplug hooks of hwplug-tpu: the JAX kernel variants, ``PALLAS_RPA`` and the torch_xla
-tombstones.
+"""hwplug hooks of hwplug-tpu: the ``RPA_INTERLEAVED`` KV-cache layout, the JAX kernel
+variants, ``PALLAS_RPA`` and the torch_xla tombstones.
 
 Kernels are registered as lazy ``"module:function"`` strings, so jax is imported only
 when a variant is first considered. Every variant runs on the ``tpu`` platform, in
@@ -43,6 +43,11 @@ TPU_VARIANTS: list[dict[str, Any]] = [
 #: Attention backends of the torch_xla path, now tombstones.
 TORCH_XLA_BACKENDS = ("TORCH_XLA", "PALLAS")
 _REPLACEMENT = "PALLAS_RPA: TPU support runs through JAX in hwplug-tpu, not torch_xla"
+
+
+@hookimpl
+def hwplug_register_kv_layouts(registry: Any) -> None:
+    registry.register("RPA_INTERLEAVED", "hwplug_tpu.layout:RPA_INTERLEAVED")
 
 
 @hookimpl

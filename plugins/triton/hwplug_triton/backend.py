@@ -41,17 +41,18 @@ class VariantBackedAttention(TorchPagedBackend):
         if spec.head_size > cls._max_head_size:
             reasons.append(f"head size {spec.head_size} above {cls._max_head_size}")
         if platform is not None and not reasons:
-            reasons += variant_reasons(cls._kernels, spec, platform)
+            reasons += variant_reasons(cls._kernels, spec, platform, cls.kv_cache_layout)
         return reasons
 
 
 def variant_reasons(wanted: tuple[tuple[str, str], ...], spec: AttentionSpec,
-                    platform: Platform) -> list[str]:
+                    platform: Platform, layout: str) -> list[str]:
     """Why the registry would not choose, for each ``(op, variant)`` of ``wanted``, that
-    variant for ``spec`` on ``platform`` (empty: it would, for every op)."""
+    variant for ``spec`` on ``platform`` over a cache in ``layout`` (empty: it would, for
+    every op)."""
     reasons = []
     for op, variant in wanted:
-        why = kernels.explain(op, platform, platform.device_type, spec.dtype)
+        why = kernels.explain(op, platform, platform.device_type, spec.dtype, layout=layout)
         if why.chosen is None or why.chosen.name != variant:
             ranked = f"{why.chosen.name} ranks first" if why.chosen else "no variant serves"
             reasons.append(f"{op} would not use its {variant} variant: "

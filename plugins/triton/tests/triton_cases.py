@@ -119,5 +119,6 @@ def fresh_registry() -> KernelRegistry:
     for op in KERNEL_MODULES:
         declared = kernels.op(op)
         registry.define_op(op, kernels.get(f"{op}/reference").impl, doc=declared.__doc__,
-                           tolerances=declared.tolerances, dispatch_arg=declared.dispatch_arg)
+                           tolerances=declared.tolerances, dispatch_arg=declared.dispatch_arg,
+                           layout_arg=declared.layout_arg)
     return registry
