@@ -297,12 +297,6 @@ def _relaid(generator: Generator, cache_arg: int, layout: str,
     return lambda dtype, tokens: generator(dtype, tokens).map(relaid)
 
 
-def _rocm_pa(generator: Generator, cache_arg: int) -> Generator:
-    """Layout ``ROCM_PA``, ``[2, blocks, Hkv, D, block_size]`` (every drawn head size is a
-    multiple of 16, so whole 16-byte key chunks in any dtype)."""
-    return _relaid(generator, cache_arg, "ROCM_PA", lambda c: c.permute(0, 1, 3, 4, 2))
-
-
 def _interleaved(generator: Generator, cache_arg: int) -> Generator:
     """Layout ``RPA_INTERLEAVED``, ``[blocks, block_size, 2 * Hkv, D]``: KV head ``h``'s
     key at head index ``2h``, its value at ``2h + 1``."""
@@ -336,8 +330,6 @@ GENERATORS: dict[str, Generator] = {
     "ggml_linear": ggml,
     "ggml_embedding": ggml,
     "int4_linear": int4_linear,
-    "reshape_and_cache_rocm_pa": _rocm_pa(reshape_and_cache, 2),
-    "paged_attention_rocm_pa": _rocm_pa(paged_attention, 1),
     "reshape_and_cache_interleaved": _interleaved(reshape_and_cache, 2),
     "paged_attention_interleaved": _interleaved(paged_attention, 1),
 }

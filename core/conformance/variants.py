@@ -178,7 +178,9 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     if not tally.tested:
         return "not checked", f"declined every generated input: {tally.summary()}"
     gated = f"; not checked here: {'; '.join(gates)}" if gates else ""
-    return "passed", f"{tally.summary()} {where}{gated}"
+    drawn = ("" if layouts == [None] else
+             f" in layout {', '.join(layout.name for layout in layouts)}")
+    return "passed", f"{tally.summary()}{drawn} {where}{gated}"
 
 
 def _layouts(variant: Variant, op: Op) -> list[KVCacheLayout | None]:

@@ -1,10 +1,11 @@
-"""``paged_attention_rocm_pa`` through AMD's AITER library (``aiter.paged_attention_rocm``).
+"""``paged_attention`` over a ``ROCM_PA`` cache through AMD's AITER library
+(``aiter.paged_attention_rocm``), registered with ``layouts=("ROCM_PA",)``.
 
 AITER's paged attention reads the ``ROCM_PA`` layout directly (keys
 ``[num_blocks, Hkv, D // x, block_size, x]``, values ``[num_blocks, Hkv, D, block_size]``)
 and serves decode batches. What it does not serve, :func:`supported` declines with the
-reason, and the registry's next variant (``triton_rocm``, hwplug-triton's kernel over the
-same cache) serves the call: prefill and mixed batches, sliding windows and head sizes
+reason, and the registry's next variant (``triton_rocm_pa``, hwplug-triton's kernel over
+the same cache) serves the call: prefill and mixed batches, sliding windows and head sizes
 below 64 (its decode kernel then skips the value loop: vLLM #34570), soft caps, fp8
 caches and block sizes other than 16 / 32. ``ROCM_AITER`` states these as its internal
 fallbacks.
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hwplug.kernel_registry.reference import rocm_pa
+from hwplug_rocm_aiter.layout import ROCM_PA, key_view
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -49,7 +50,7 @@ def supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMe
             params.v_scale is not None:
         return "needs an unscaled KV cache in the query's dtype (fp8 caches take the " \
                "Triton kernel)"
-    problem = rocm_pa.check_cache(kv_cache)
+    problem = ROCM_PA.check(kv_cache)
     if problem:
         return problem
     if kv_cache.shape[-1] not in AITER_BLOCK_SIZES:
@@ -59,7 +60,7 @@ def supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMe
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
                     params: PagedAttentionParams) -> torch.Tensor:
-    """The ``paged_attention_rocm_pa`` op for a decode batch :func:`supported` accepts:
+    """The ``paged_attention`` op over ``ROCM_PA`` for a decode batch :func:`supported` accepts:
     one query per sequence, so ``query [B, Hq, D]`` is AITER's ``[num_seqs, Hq, D]``;
     ``metadata.max_seq_len`` sizes its partitions without a device sync."""
     import aiter
@@ -73,7 +74,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atten
     tmp_out = query.new_empty((num_seqs, num_heads, partitions, head_size))
     unit = torch.ones((), dtype=torch.float32, device=query.device)
     aiter.paged_attention_rocm(
-        out, exp_sums, max_logits, tmp_out, query, rocm_pa.key_view(kv_cache), kv_cache[1],
+        out, exp_sums, max_logits, tmp_out, query, key_view(kv_cache), kv_cache[1],
         kv_cache.shape[2], params.scale, metadata.block_tables, metadata.seq_lens,
         kv_cache.shape[-1], metadata.max_seq_len, None, "auto", unit, unit, None,
         PARTITION_SIZE)

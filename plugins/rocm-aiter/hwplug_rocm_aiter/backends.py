@@ -1,15 +1,17 @@
 """hwplug-rocm-aiter's attention backends, both over the ``ROCM_PA`` KV layout (the one
-ROCm's paged attention reads, see :mod:`hwplug_rocm_aiter.layout`):
+ROCm's paged attention reads, see :mod:`hwplug_rocm_aiter.layout`), through the registry's
+``reshape_and_cache`` and ``paged_attention`` ops, whose variants for that layout this
+plugin registers:
 
 * ``ROCM_AITER``: decode through AMD's AITER library (the ``aiter`` variant of
-  ``paged_attention_rocm_pa``); everything AITER does not serve falls back, per call, to
+  ``paged_attention``); everything AITER does not serve falls back, per call, to
   hwplug-triton's kernel over the same cache (its internal fallbacks, stated as data).
   It serves only where the registry chooses ``aiter``, so without the ``amd-aiter``
   package its rejection reason says so and ``ROCM_TRITON`` serves.
-* ``ROCM_TRITON``: hwplug-triton's kernels for both ops (``triton_rocm``), fp8 caches
+* ``ROCM_TRITON``: hwplug-triton's kernels for both ops (``triton_rocm_pa``), fp8 caches
   included.
 
-Both write the step's K/V inside ``forward`` (``reshape_and_cache_rocm_pa``).
+Both write the step's K/V inside ``forward``.
 """
 
 from __future__ import annotations
@@ -26,20 +28,18 @@ if TYPE_CHECKING:
 
     from hwplug.platform_interface import Platform
 
-_TRITON = "paged_attention_rocm_pa/triton_rocm"
+_TRITON = "paged_attention/triton_rocm_pa"
 
 
 class _RocmPagedAttention(VariantBackedAttention):
-    """``ROCM_PA`` cache written with ``reshape_and_cache_rocm_pa`` and read with
-    ``paged_attention_rocm_pa``; the head size must be whole 16-byte chunks."""
+    """A ``ROCM_PA`` cache written with ``reshape_and_cache`` and read with
+    ``paged_attention``; the head size must be whole 16-byte chunks."""
 
     platforms: ClassVar[tuple[str, ...]] = ("rocm",)
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128)
     kv_cache_layout: ClassVar[str] = ROCM_PA.name
     _kernels: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("reshape_and_cache_rocm_pa", "triton_rocm"), ("paged_attention_rocm_pa", "triton_rocm"))
-    _cache_op: ClassVar[str] = "reshape_and_cache_rocm_pa"
-    _attention_op: ClassVar[str] = "paged_attention_rocm_pa"
+        ("reshape_and_cache", "triton_rocm_pa"), ("paged_attention", "triton_rocm_pa"))
 
     @classmethod
     def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
@@ -83,7 +83,7 @@ class AiterAttentionBackend(_RocmPagedAttention):
         InternalFallback("soft cap, or another head or block size", _TRITON),
     )
     _kernels: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("reshape_and_cache_rocm_pa", "triton_rocm"), ("paged_attention_rocm_pa", "aiter"))
+        ("reshape_and_cache", "triton_rocm_pa"), ("paged_attention", "aiter"))
 
     @classmethod
     def get_name(cls) -> str:

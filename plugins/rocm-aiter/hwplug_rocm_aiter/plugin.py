@@ -1,6 +1,7 @@
 """hwplug hooks of hwplug-rocm-aiter: the ``ROCM_PA`` KV-cache layout, hwplug-triton's
-kernels gated for ROCm (the NHD ops and the ``ROCM_PA`` layout's), AITER's paged attention
-where ``amd-aiter`` is installed, and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends.
+kernels gated for ROCm (``triton_rocm`` for the NHD ops, ``triton_rocm_pa``: the cache
+write and attention over ``ROCM_PA``), AITER's paged attention over ``ROCM_PA`` where
+``amd-aiter`` is installed, and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends.
 
 Everything is registered lazily (``"module:function"``): triton, torch and aiter are
 imported only when a variant is first considered on a ROCm device.
@@ -20,27 +21,34 @@ hwplug_api_version = ">=1,<2"
 TRITON_MIN_CAPABILITY = "9.0"
 #: The AITER releases the wrapper is written for.
 AITER_REQUIREMENT = ">=0.1"
+#: The name of the plugin's KV-cache layout (:mod:`hwplug_rocm_aiter.layout`).
+LAYOUT = "ROCM_PA"
+#: The cache ops' Triton kernels over ``ROCM_PA``: op -> module.
+ROCM_PA_KERNELS = {"reshape_and_cache": "hwplug_rocm_aiter.cache_rocm_pa",
+                   "paged_attention": "hwplug_rocm_aiter.attention_rocm_pa"}
 
 
 @hookimpl
 def hwplug_register_kv_layouts(registry: Any) -> None:
-    registry.register("ROCM_PA", "hwplug_rocm_aiter.layout:ROCM_PA")
+    registry.register(LAYOUT, "hwplug_rocm_aiter.layout:ROCM_PA")
 
 
 @hookimpl
 def hwplug_register_kernels(registry: Any) -> None:
     hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm",
-                           ops=(*hwplug_triton.NHD_OPS, *hwplug_triton.ROCM_PA_OPS),
                            min_capability=TRITON_MIN_CAPABILITY)
+    hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm_pa",
+                           ops=tuple(ROCM_PA_KERNELS), modules=ROCM_PA_KERNELS,
+                           layouts=(LAYOUT,), min_capability=TRITON_MIN_CAPABILITY)
     # OCP fp8 (e4m3fn / e5m2) checkpoints: gfx950 and RDNA4 (the platform offers no fp8
     # where the ISA computes in the fnuz flavour, gfx942)
     hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm",
                            ops=hwplug_triton.FP8_OPS, min_capability="9.5")
     registry.register_variant(
-        "paged_attention_rocm_pa", "aiter", "hwplug_rocm_aiter.aiter_attention:paged_attention",
+        "paged_attention", "aiter", "hwplug_rocm_aiter.aiter_attention:paged_attention",
         supports="hwplug_rocm_aiter.aiter_attention:supported", platforms=("rocm",),
         dtypes=("bfloat16", "float16"), min_capability=TRITON_MIN_CAPABILITY,
-        packages={"amd-aiter": AITER_REQUIREMENT}, priority=20,
+        packages={"amd-aiter": AITER_REQUIREMENT}, priority=20, layouts=(LAYOUT,),
         description="AITER paged_attention_rocm (decode batches)")
 
 

@@ -20,12 +20,12 @@ from hwplug.attention import AttentionSpec
 from hwplug.attention_selection import select_backend
 from hwplug.cli.kernels import collect
 from hwplug.conformance import Budget, run_conformance
-from hwplug.kernel_registry.reference import rocm_pa
 from hwplug_rocm_aiter import aiter_attention
 from hwplug_rocm_aiter.backends import RocmTritonBackend
+from hwplug_rocm_aiter.layout import ROCM_PA
 
 AITER_INSTALLED = importlib.util.find_spec("aiter") is not None
-NO_AITER = "paged_attention_rocm_pa would not use its aiter variant: package amd-aiter not " \
+NO_AITER = "paged_attention would not use its aiter variant: package amd-aiter not " \
            "installed (needs >=0.1)"
 
 
@@ -47,24 +47,28 @@ def test_without_aiter_rocm_triton_serves_and_rocm_aiter_says_why(mi300x):
 
 
 def test_hwplug_kernels_shows_the_triton_variants_and_the_aiter_reason(mi300x):
-    data = collect(["rms_norm", "paged_attention_rocm_pa", "reshape_and_cache_rocm_pa"],
-                   ["bfloat16"])
+    data = collect(["rms_norm", "paged_attention", "reshape_and_cache"], ["bfloat16"])
     assert data["platform"] == "rocm"
     ops = {op: why["bfloat16"] for op, why in data["ops"].items()}
     assert ops["rms_norm"]["chosen"] == "triton_rocm"
-    assert ops["reshape_and_cache_rocm_pa"]["chosen"] == "triton_rocm"
-    attention = ops["paged_attention_rocm_pa"]
+    assert ops["reshape_and_cache@ROCM_PA"]["chosen"] == "triton_rocm_pa"
+    for op in ("reshape_and_cache", "paged_attention"):  # over NHD: the NHD kernels only
+        assert ops[op]["chosen"] == "triton_rocm"
+        assert ops[op]["rejected"]["triton_rocm_pa"] == "serves layouts ROCM_PA, not NHD"
+    attention = ops["paged_attention@ROCM_PA"]
+    assert attention["rejected"]["triton_rocm"] == "serves layouts NHD, not ROCM_PA"
     if AITER_INSTALLED:
-        assert (attention["chosen"], attention["fallbacks"]) == ("aiter", ["triton_rocm",
+        assert (attention["chosen"], attention["fallbacks"]) == ("aiter", ["triton_rocm_pa",
                                                                            "reference"])
     else:
-        assert (attention["chosen"], attention["fallbacks"]) == ("triton_rocm", ["reference"])
+        assert (attention["chosen"], attention["fallbacks"]) == ("triton_rocm_pa",
+                                                                 ["reference"])
         assert attention["rejected"]["aiter"] == "package amd-aiter not installed (needs >=0.1)"
     backends = data["attention_backends"]
     assert backends["ROCM_AITER"]["layout"] == backends["ROCM_TRITON"]["layout"] == "ROCM_PA"
     fallbacks = " | ".join(backends["ROCM_AITER"]["internal_fallbacks"])
     assert "sliding window, or head size < 64 (vLLM #34570) -> " \
-           "paged_attention_rocm_pa/triton_rocm" in fallbacks
+           "paged_attention/triton_rocm_pa" in fallbacks
 
 
 def test_the_cache_shape_and_its_head_size_rule(mi300x):
@@ -79,11 +83,11 @@ def call(**change: object) -> dict[str, object]:
     """A decode call AITER accepts (meta tensors), with ``change`` applied."""
     return attention_call(**{
         "query": torch.empty(4, 8, 128, dtype=torch.bfloat16),
-        "kv_cache": torch.empty(rocm_pa.cache_shape(6, 16, 2, 128), dtype=torch.bfloat16),
+        "kv_cache": torch.empty(ROCM_PA.shape(6, 16, 2, 128), dtype=torch.bfloat16),
         "block_tables": torch.zeros(4, 2, dtype=torch.int32),
         "seq_lens": torch.ones(4, dtype=torch.int32),
         "query_start_loc": torch.arange(5, dtype=torch.int32), "scale": 0.1,
-        "max_query_len": 1, "max_seq_len": 30, **change})
+        "max_query_len": 1, "max_seq_len": 30, "layout": ROCM_PA, **change})
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -91,12 +95,12 @@ def call(**change: object) -> dict[str, object]:
      "serves decode batches"),
     ({"sliding_window": 64}, "sliding window: the Triton kernel serves it (vLLM #34570)"),
     ({"query": torch.empty(4, 8, 32, dtype=torch.bfloat16),
-      "kv_cache": torch.empty(rocm_pa.cache_shape(6, 16, 2, 32), dtype=torch.bfloat16)},
+      "kv_cache": torch.empty(ROCM_PA.shape(6, 16, 2, 32), dtype=torch.bfloat16)},
      "head size 32 not in 64, 128"),
     ({"soft_cap": 30.0}, "no logit soft cap"),
-    ({"kv_cache": torch.empty(rocm_pa.cache_shape(6, 16, 2, 128), dtype=torch.float8_e4m3fn),
+    ({"kv_cache": torch.empty(ROCM_PA.shape(6, 16, 2, 128), dtype=torch.float8_e4m3fn),
       "k_scale": torch.ones(()), "v_scale": torch.ones(())}, "fp8 caches take the Triton"),
-    ({"kv_cache": torch.empty(rocm_pa.cache_shape(3, 64, 2, 128), dtype=torch.bfloat16)},
+    ({"kv_cache": torch.empty(ROCM_PA.shape(3, 64, 2, 128), dtype=torch.bfloat16)},
      "block size 64 not in 16, 32"),
 ])
 def test_aiter_declines_what_it_does_not_serve(change, reason):
@@ -109,13 +113,15 @@ def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(f
     report = run_conformance("rocm", Budget(kernel_examples=3, attention_examples=1))
     assert report.ok, report.summary()
     results = {r.check: r for r in report.results}
-    for variant in ("rms_norm", "reshape_and_cache_rocm_pa", "paged_attention_rocm_pa",
-                    "paged_attention"):
-        assert results[f"kernel {variant}/triton_rocm"].status == "passed"
+    for variant in ("rms_norm/triton_rocm", "paged_attention/triton_rocm",
+                    "reshape_and_cache/triton_rocm_pa", "paged_attention/triton_rocm_pa"):
+        assert results[f"kernel {variant}"].status == "passed"
+    assert "layout ROCM_PA" in results["kernel paged_attention/triton_rocm_pa"].detail
+    assert results["kv layout ROCM_PA"].status == "passed"
     for backend in ("ROCM_AITER", "ROCM_TRITON"):
         assert "layout ROCM_PA" in results[f"attention {backend}: mixed batch"].detail
     if not AITER_INSTALLED:
-        assert results["kernel paged_attention_rocm_pa/aiter"].detail == (
+        assert results["kernel paged_attention/aiter"].detail == (
             "package amd-aiter is not installed (the variant needs >=0.1)")
 
 

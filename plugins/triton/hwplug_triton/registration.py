@@ -5,8 +5,11 @@ Kernels and their ``supported`` checks are registered as lazy ``"module:function
 strings, so triton is imported only when a variant is first considered. Each entry point
 is registered ``.unchecked``: the registry runs the module's ``supported`` once per call.
 
-Every GPU plugin registers :data:`NHD_OPS` (and hwplug-rocm-aiter :data:`ROCM_PA_OPS`) with
-the gates of its Triton kernels. :data:`FP8_OPS` need fp8 dots, whose gate is the device's
+Every GPU plugin registers :data:`NHD_OPS` with the gates of its Triton kernels; a plugin
+with a KV-cache layout of its own registers its kernel modules for the two cache ops
+(built on :func:`~hwplug_triton.kernels.cache.write` and
+:func:`~hwplug_triton.kernels.attention.attend`) through the same helper, with
+``modules`` and the ``layouts`` they serve. :data:`FP8_OPS` need fp8 dots, whose gate is the device's
 own: a plugin registers them in a second call with that gate (NVIDIA: capability 8.9;
 AMD: CDNA3 / CDNA4, capability 9.4 to 9.5, whose Triton computes in every fp8 format,
 natively or emulated).
@@ -14,7 +17,7 @@ natively or emulated).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hwplug.dtypes import FLOAT_DTYPES
@@ -31,8 +34,6 @@ KERNEL_MODULES = {
     "gelu_and_mul": "activation",
     "reshape_and_cache": "cache",
     "paged_attention": "attention",
-    "reshape_and_cache_rocm_pa": "cache_rocm_pa",
-    "paged_attention_rocm_pa": "attention_rocm_pa",
     "ggml_linear": "ggml_linear",
     "ggml_embedding": "ggml_embedding",
     "scaled_mm": "scaled_mm",
@@ -41,8 +42,6 @@ KERNEL_MODULES = {
 #: NHD attention pair: what every GPU plugin registers.
 NHD_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
            "reshape_and_cache", "paged_attention", "ggml_linear", "ggml_embedding")
-#: The attention pair of the ``ROCM_PA`` layout.
-ROCM_PA_OPS = ("reshape_and_cache_rocm_pa", "paged_attention_rocm_pa")
 #: The ops whose kernels dot fp8 tiles (register them with the device's fp8 gate).
 FP8_OPS = ("scaled_mm",)
 #: dtypes of each op's dispatch tensor that its kernel serves (others: the model dtypes):
@@ -56,22 +55,26 @@ DISPATCH_DTYPES: dict[str, tuple[str, ...]] = {
 
 
 def register(registry: Any, *, platforms: tuple[str, ...], name: str = "triton",
-             ops: Iterable[str] = NHD_OPS, priority: int = 10, **gates: Any) -> None:
+             ops: Iterable[str] = NHD_OPS, priority: int = 10,
+             modules: Mapping[str, str] | None = None, **gates: Any) -> None:
     """Register the Triton kernel of each op in ``ops`` as variant ``name`` for
     ``platforms`` (platform or family names) and the op's :data:`DISPATCH_DTYPES`, else model
     dtypes fp32 / bf16 / fp16 (of the op's dispatch tensor: fp8 caches are read and
     written, never dispatched on), gated by ``triton`` being installed plus the caller's
     ``gates`` (:class:`~hwplug.kernel_registry.Variant` facts such as ``min_capability``,
-    ``features`` or more ``packages``).
+    ``features``, more ``packages`` or the ``layouts`` a cache op's kernel serves).
 
-    A plugin passes the facts of its own devices (capability means different things on
-    CUDA and ROCm), and a ``name`` no other plugin registers for the same op.
+    The kernel of an op is ``hwplug_triton.kernels.<KERNEL_MODULES[op]>``, or the module
+    ``modules`` names for it (a plugin's own, with the op's entry point, decorated with
+    :func:`~hwplug_triton.kernels.checked`, and a ``supported`` check). A plugin passes the
+    facts of its own devices (capability means different things on CUDA and ROCm), and a
+    ``name`` no other plugin registers for the same op.
     """
     packages = {"triton": TRITON_REQUIREMENT, **gates.pop("packages", {})}
     for op in ops:
-        module = _KERNELS + KERNEL_MODULES[op]
+        module = (modules or {}).get(op) or _KERNELS + KERNEL_MODULES[op]
         registry.register_variant(
             op, name, f"{module}:{op}.unchecked", supports=f"{module}:supported",
             platforms=platforms, dtypes=DISPATCH_DTYPES.get(op, FLOAT_DTYPES),
             priority=priority, packages=packages,
-            description=f"hwplug-triton kernel ({KERNEL_MODULES[op]})", **gates)
+            description=f"hwplug-triton kernel ({module.rsplit('.', 1)[-1]})", **gates)

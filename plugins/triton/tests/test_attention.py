@@ -1,11 +1,10 @@
-"""hwplug-triton's paged attention (layouts NHD and ROCM_PA) against the reference op.
+"""hwplug-triton's paged attention (layout NHD) against the reference op.
 
 Decode, prefill, chunked prefill and mixed batches over shuffled block tables, GQA and
 head sizes that are not powers of two, sliding windows, soft caps, non-causal attention,
 the split-KV decode path, and fp8 caches read with per-tensor or per-head scales. Every
-output must match ``reference.paged_attention`` (for ROCM_PA: of the same cache in NHD)
-within the op's tolerance. The full grid over both layouts is ``slow``; the default run
-keeps NHD's grid and a representative ROCM_PA subset.
+output must match ``reference.paged_attention`` within the op's tolerance. (The same
+kernels over ROCm's layout are tested with hwplug-rocm-aiter.)
 """
 
 from __future__ import annotations
@@ -23,82 +22,54 @@ from triton_cases import (
     kv_scales,
     paged_batch,
 )
+from triton_cases import check_attention as check_kernel
 
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import reference
 from hwplug_triton import tuning
-from hwplug_triton.kernels import attention, attention_rocm_pa
+from hwplug_triton.kernels import attention
 from hwplug_triton.kernels.decode_attention import decode_attention, split_plan
 from hwplug_triton.kernels.layouts import head_scales, nhd_view
 
-KERNELS = {"NHD": attention.paged_attention, "ROCM_PA": attention_rocm_pa.paged_attention_rocm_pa}
-#: Both layouts; ROCM_PA's full grids run with the slow tests (its subset below runs always).
-LAYOUTS = ["NHD", pytest.param("ROCM_PA", marks=pytest.mark.slow)]
 
-
-def check_attention(batch: PagedBatch, scale: float = 0.3, layout: str = "NHD",
-                    **options: object) -> None:
-    """The kernel of ``layout`` on ``batch`` (converted to it) matches the reference on
-    the NHD batch; ``options`` are further :class:`PagedAttentionParams` fields."""
-    laid_out = batch.rocm_pa() if layout == "ROCM_PA" else batch
-    params = PagedAttentionParams(scale, **options)
-    out = KERNELS[layout](laid_out.query, laid_out.kv_cache, batch.metadata(), params)
-    assert_matches("paged_attention", out,
-                   reference.paged_attention(batch.query, batch.kv_cache, batch.metadata(),
-                                             params))
+def check_attention(batch: PagedBatch, **options: object) -> None:
+    """The NHD kernel on ``batch`` matches the reference."""
+    check_kernel(attention.paged_attention, batch, **options)
 
 
 @pytest.mark.parametrize("heads", HEADS, ids=str)
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("kind", BATCHES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_paged_attention(device: str, layout: str, dtype: torch.dtype, kind: str,
-                         block_size: int, heads: tuple[int, int, int]) -> None:
-    batch = paged_batch(*BATCHES[kind], heads, block_size, dtype, device)
-    check_attention(batch, layout=layout)
+def test_paged_attention(device: str, dtype: torch.dtype, kind: str, block_size: int,
+                         heads: tuple[int, int, int]) -> None:
+    check_attention(paged_batch(*BATCHES[kind], heads, block_size, dtype, device))
 
 
 @pytest.mark.parametrize(("window", "soft_cap"), [(7, None), (None, 5.0), (7, 5.0)])
 @pytest.mark.parametrize("kind", BATCHES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_paged_attention_window_and_soft_cap(device: str, layout: str, dtype: torch.dtype,
-                                             kind: str, window: int | None,
+def test_paged_attention_window_and_soft_cap(device: str, dtype: torch.dtype, kind: str,
+                                             window: int | None,
                                              soft_cap: float | None) -> None:
     batch = paged_batch(*BATCHES[kind], HEADS[1], 16, dtype, device)
-    check_attention(batch, layout=layout, sliding_window=window, soft_cap=soft_cap)
+    check_attention(batch, sliding_window=window, soft_cap=soft_cap)
 
 
-@pytest.mark.parametrize("kind", BATCHES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_rocm_pa_layout(device: str, dtype: torch.dtype, kind: str) -> None:
-    """The ROCM_PA subset of the default run: every kind of batch, GQA, both layouts of
-    x (4 for fp32, 8 for fp16), a sliding window and a soft cap on the mixed batch."""
-    batch = paged_batch(*BATCHES[kind], HEADS[1], 16, dtype, device)
-    extra = {"sliding_window": 7, "soft_cap": 5.0} if kind == "mixed" else {}
-    check_attention(batch, layout="ROCM_PA", **extra)
-
-
-#: (batch, query dtype, fp8 cache dtype, per-head scales, layout): each value at least once.
+#: (batch, query dtype, fp8 cache dtype, per-head scales): each value at least once.
 FP8_CASES = [
-    ("decode", torch.float16, FP8_DTYPES[0], True, "NHD"),
-    ("mixed", torch.float32, FP8_DTYPES[1], False, "NHD"),
-    ("mixed", torch.float16, FP8_DTYPES[2], True, "NHD"),
-    ("decode", torch.float32, FP8_DTYPES[2], False, "ROCM_PA"),
-    ("mixed", torch.float16, FP8_DTYPES[0], True, "ROCM_PA"),
-    ("decode", torch.bfloat16, FP8_DTYPES[1], True, "ROCM_PA"),
+    ("decode", torch.float16, FP8_DTYPES[0], True),
+    ("mixed", torch.float32, FP8_DTYPES[1], False),
+    ("mixed", torch.float16, FP8_DTYPES[2], True),
 ]
 
 
-@pytest.mark.parametrize(("kind", "dtype", "kv_dtype", "per_head", "layout"), FP8_CASES,
-                         ids=str)
+@pytest.mark.parametrize(("kind", "dtype", "kv_dtype", "per_head"), FP8_CASES, ids=str)
 def test_fp8_caches_are_read_with_their_scales(device: str, kind: str, dtype: torch.dtype,
-                                               kv_dtype: torch.dtype, per_head: bool,
-                                               layout: str) -> None:
+                                               kv_dtype: torch.dtype, per_head: bool) -> None:
     batch = paged_batch(*BATCHES[kind], HEADS[1], 16, dtype, device, kv_dtype=kv_dtype)
-    check_attention(batch, layout=layout, **kv_scales(kv_dtype, HEADS[1][1], per_head, device))
+    check_attention(batch, **kv_scales(kv_dtype, HEADS[1][1], per_head, device))
 
 
 @pytest.mark.parametrize("kind", BATCHES)

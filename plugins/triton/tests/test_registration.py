@@ -9,14 +9,14 @@ from triton_cases import fresh_registry
 
 from hwplug.dtypes import FLOAT_DTYPES
 from hwplug.platforms.cpu.platform import CpuPlatform
-from hwplug_triton import FP8_OPS, NHD_OPS, ROCM_PA_OPS, register
+from hwplug_triton import FP8_OPS, NHD_OPS, register
 from hwplug_triton.registration import KERNEL_MODULES, TRITON_REQUIREMENT
 
 
 def test_register_adds_one_gated_lazy_variant_per_op() -> None:
     registry = fresh_registry()
     register(registry, platforms=("cpu",), name="triton_test",
-             ops=(*NHD_OPS, *ROCM_PA_OPS, *FP8_OPS), min_capability="2.0",
+             ops=(*NHD_OPS, *FP8_OPS), min_capability="2.0",
              packages={"acmelib": ">=1"})
     dispatch_dtypes = {"ggml_embedding": (), "scaled_mm": ("fp8_e4m3", "fp8_e5m2")}
     for op in KERNEL_MODULES:
@@ -35,7 +35,7 @@ def test_register_adds_one_gated_lazy_variant_per_op() -> None:
 def test_only_the_named_ops_are_registered_and_gates_explain_rejections() -> None:
     registry = fresh_registry()
     register(registry, platforms=("cpu",), packages={"acmelib": ">=1"})
-    assert not [v for op in ROCM_PA_OPS for v in registry.variants(op) if v.name == "triton"]
+    assert not [v for v in registry.variants("scaled_mm") if v.name == "triton"]
     why = registry.explain("rms_norm", CpuPlatform(), "cpu", "float32")
     assert why.chosen.name == "reference"
     assert why.rejected["triton"] == "package acmelib not installed (needs >=1)"
@@ -55,3 +55,18 @@ def test_fp8_ops_are_registered_only_when_asked_with_their_own_gate() -> None:
         "triton"] == "dtype int8 not in fp8_e4m3, fp8_e5m2"
     for op, dtype in (("ggml_linear", "bfloat16"), ("ggml_embedding", "int32")):
         assert registry.explain(op, platform, "cpu", dtype).chosen.name == "triton"
+
+
+def test_a_plugin_registers_its_own_kernel_modules_for_the_layout_they_serve() -> None:
+    """A layout of the plugin's own: the cache ops' kernels from its modules, declared for
+    that layout only, so the NHD ops keep their variants."""
+    registry = fresh_registry()
+    modules = {"paged_attention": "hwplug_triton.kernels.attention"}  # a stand-in module
+    register(registry, platforms=("cpu",), name="triton_own", ops=tuple(modules),
+             modules=modules, layouts=("OWN",))
+    (variant,) = [v for v in registry.variants("paged_attention") if v.name == "triton_own"]
+    assert variant.layouts == ("OWN",) and variant.description == "hwplug-triton kernel (attention)"
+    why = registry.explain("paged_attention", CpuPlatform(), "cpu", "float32")
+    assert why.rejected["triton_own"] == "serves layouts OWN, not NHD"
+    assert registry.explain("paged_attention", CpuPlatform(), "cpu", "float32",
+                            layout="OWN").chosen.name == "triton_own"

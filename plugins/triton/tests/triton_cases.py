@@ -1,16 +1,18 @@
-"""Inputs and checks the kernel tests share: reproducible tensors, paged batches in either
-layout, comparison with the reference ops within each op's stated tolerance, and a
-registry of their own to register the kernels into."""
+"""Inputs and checks the kernel tests share: reproducible tensors, paged batches, the
+attention and cache-write kernels of any KV-cache layout against the reference ops
+within each op's stated tolerance, and a registry of their own to register the kernels
+into. (hwplug-rocm-aiter's tests use them for the kernels of its own layout.)"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from hwplug.attention import AttentionMetadata
-from hwplug.kernel_registry import KernelRegistry, kernels
-from hwplug.kernel_registry.reference import rocm_pa
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
+from hwplug.kernel_registry import KernelRegistry, kernels, reference
+from hwplug.kv_cache_layout import NHD, KVCacheLayout
 from hwplug_triton.registration import KERNEL_MODULES
 
 ON_GPU = torch.cuda.is_available()
@@ -60,13 +62,53 @@ class PagedBatch:
                                  self.seq_lens, self.query_start_loc, self.max_query_len,
                                  self.max_seq_len)
 
-    def rocm_pa(self) -> PagedBatch:
-        """The same batch with its cache in layout ``ROCM_PA``."""
-        _, num_blocks, block_size, num_kv_heads, head_size = self.kv_cache.shape
-        cache = self.kv_cache.new_empty(rocm_pa.cache_shape(num_blocks, block_size,
-                                                            num_kv_heads, head_size))
-        rocm_pa.from_nhd(self.kv_cache, cache)
-        return replace(self, kv_cache=cache)
+
+
+def in_layout(nhd: torch.Tensor, layout: KVCacheLayout) -> torch.Tensor:
+    """The ``NHD`` cache ``nhd``'s entries in a new cache of ``layout``."""
+    _, num_blocks, block_size, num_kv_heads, head_size = nhd.shape
+    cache = nhd.new_empty(layout.shape(num_blocks, block_size, num_kv_heads, head_size,
+                                       nhd.dtype))
+    layout.from_reference(nhd, cache)
+    return cache
+
+
+def check_attention(kernel: Callable[..., torch.Tensor], batch: PagedBatch,
+                    layout: KVCacheLayout = NHD, scale: float = 0.3,
+                    **options: object) -> None:
+    """``kernel`` (a ``paged_attention`` entry point for ``layout``) on ``batch``, its cache
+    converted to ``layout``, matches the reference on the NHD batch; ``options`` are
+    further :class:`PagedAttentionParams` fields."""
+    params = PagedAttentionParams(scale, **options)
+    out = kernel(batch.query, in_layout(batch.kv_cache, layout), batch.metadata(),
+                 PagedAttentionParams(scale, **options, layout=layout))
+    assert_matches("paged_attention", out,
+                   reference.paged_attention(batch.query, batch.kv_cache, batch.metadata(),
+                                             params))
+
+
+def write_both(kernel: Callable[..., None], layout: KVCacheLayout,
+               shape: tuple[int, int, int, int], kv_dtype: torch.dtype,
+               cache_dtype: torch.dtype, block_size: int, device: str,
+               scales: dict[str, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache (in ``layout``) after ``kernel``'s write and after the reference's, from
+    the same start: ``shape`` is (tokens, blocks, KV heads, head size); key/value are
+    strided views and a quarter of the tokens padding (slot -1)."""
+    num_tokens, num_blocks, num_kv_heads, head_size = shape
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[::4] = -1
+    slots = slots.to(device)
+    kv = random(num_tokens, 2, num_kv_heads, head_size, dtype=kv_dtype, device=device)
+    key, value = kv[:, 0], kv[:, 1]
+    start = in_layout(random(2, num_blocks, block_size, num_kv_heads, head_size,
+                             dtype=cache_dtype, device=device, seed=1), layout)
+    written, expected = start.clone(), start.clone()
+    params = PagedAttentionParams(1.0, **(scales or {}), layout=layout)
+    kernel(key, value, written, slots, params)
+    reference.reshape_and_cache(key, value, expected, slots, params)
+    return written, expected
 
 
 def paged_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int, int],

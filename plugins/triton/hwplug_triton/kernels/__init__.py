@@ -1,11 +1,12 @@
 """The Triton kernels of hwplug-triton, one module per op, each with the op's exact signature.
 
 Modules: ``norm`` (rms_norm), ``rotary`` (rotary_embedding), ``activation``
-(silu_and_mul, gelu_and_mul), ``cache`` (reshape_and_cache, layout NHD),
-``cache_rocm_pa`` (reshape_and_cache_rocm_pa), ``attention`` (paged_attention, layout NHD)
-and ``attention_rocm_pa`` (paged_attention_rocm_pa); the attention ops dispatch to
-``decode_attention`` and ``prefill_attention``, which read any layout through a
-:class:`~hwplug_triton.kernels.layouts.CacheView`. Quantized weights: ``ggml_linear`` and
+(silu_and_mul, gelu_and_mul), ``cache`` (reshape_and_cache, layout NHD) and
+``attention`` (paged_attention, layout NHD); the attention op dispatches to
+``decode_attention`` and ``prefill_attention``. The cache write and both attention
+kernels read any layout through a :class:`~hwplug_triton.kernels.layouts.CacheView`
+(``cache.write``, ``attention.attend``), so a plugin with a layout of its own serves it
+with a view and these kernels. Quantized weights: ``ggml_linear`` and
 ``ggml_embedding`` (GGUF blocks dequantized in registers by ``ggml_blocks``) and
 ``scaled_mm`` (fp8 GEMM with per-tensor, per-token / channel or block scales). Launch
 configs come from :mod:`hwplug_triton.tuning`. Each op module has a ``supported(...)`` taking the op's

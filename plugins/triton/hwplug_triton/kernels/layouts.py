@@ -9,11 +9,13 @@ values) lies at element ``b * block + s * slot + h * head + (d // chunk) * chunk
 half                      chunk  chunk_stride  slot   head        block
 ========================  =====  ===========  =====  ==========  ============
 NHD keys and values       1      1             Hkv*D  D           bs*Hkv*D
-ROCM_PA keys              x      bs*x          x      D*bs        Hkv*D*bs
-ROCM_PA values            1      bs            1      D*bs        Hkv*D*bs
 ========================  =====  ===========  =====  ==========  ============
 
-(``x = 16 bytes // element size``; NHD strides are the tensor's own, so views work.)
+(NHD strides are the tensor's own, so views work.) A plugin whose layout keeps entries
+elsewhere builds its own :class:`CacheView` (a chunked one: keys split into chunks of
+``chunk`` elements, ``chunk_stride`` apart) and calls the generic
+:func:`~hwplug_triton.kernels.cache.write` and :func:`~hwplug_triton.kernels.attention.attend`
+on it, as hwplug-rocm-aiter does for ROCm's paged layout.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from hwplug.kernel_registry.reference import rocm_pa
 
 #: Cache dtypes the kernels accept: the compute dtypes and fp8 (OCP and fnuz flavours).
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
@@ -65,17 +65,6 @@ def nhd_view(kv_cache: torch.Tensor) -> CacheView:
     halves = [Half(kv_cache[i], kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
                    kv_cache.stride(4), 1) for i in (0, 1)]
     return CacheView(*halves, block_size, num_kv_heads, head_size)
-
-
-def rocm_pa_view(kv_cache: torch.Tensor) -> CacheView:
-    """``kv_cache [2, num_blocks, Hkv, D, block_size]`` in layout ``ROCM_PA`` (contiguous)."""
-    _, _, num_kv_heads, head_size, block_size = kv_cache.shape
-    x = rocm_pa.chunk_elements(kv_cache.dtype)
-    head = head_size * block_size
-    block = num_kv_heads * head
-    keys = Half(kv_cache[0], block, x, head, block_size * x, x)
-    values = Half(kv_cache[1], block, 1, head, block_size, 1)
-    return CacheView(keys, values, block_size, num_kv_heads, head_size)
 
 
 def scale_problem(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
