@@ -18,7 +18,6 @@ from hwplug.kernel_registry import (  # noqa: E402  (they define ops on `kernels
     ops,
     ops_ggml,  # noqa: F401  (GGUF-quantized linear and embedding)
     ops_int4,  # noqa: F401  (group-wise int4 linear)
-    ops_interleaved_kv,  # noqa: F401  (PALLAS_RPA's layout's ops)
 )
 
 __all__ = ["REFERENCE", "Explanation", "KernelRegistry", "Variant", "kernels", "ops"]

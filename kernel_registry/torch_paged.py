@@ -6,9 +6,10 @@ better is registered), so it serves every mask the ``paged_attention`` op define
 the oracle the conformance kit compares other backends against, and a base for
 backends that only add facts about which variants must serve them (hwplug-triton's
 ``TRITON_ATTN`` family). KV layout ``NHD``: one layer's cache is ``[2, num_blocks,
-block_size, Hkv, D]``; a backend of another layout names the pair of ops that layout has
-(``_cache_op``, ``_attention_op``, with the same arguments) and its ``kv_cache_shape``.
-The layer's :class:`~hwplug.attention.PagedAttentionParams` are built once, on the first
+block_size, Hkv, D]``. A backend of another registered layout only names it
+(``kv_cache_layout``): the layer's params carry the layout, so the two ops choose the
+variants that serve it (the references serve any), and ``kv_cache_shape`` asks it. The
+layer's :class:`~hwplug.attention.PagedAttentionParams` are built once, on the first
 call (the model layer sets ``k_scale`` / ``v_scale`` after building the backend, and
 ``forward`` brings the scale), and reused by every later call.
 Registered also under its old name ``REFERENCE``, a deprecated alias.
@@ -25,7 +26,7 @@ from hwplug.attention import (
     PagedAttentionParams,
 )
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
-from hwplug.kernel_registry import kernels
+from hwplug.kernel_registry import ops
 from hwplug.kv_cache_layout import kv_cache_layout
 
 if TYPE_CHECKING:
@@ -44,13 +45,10 @@ class TorchPagedBackend(AttentionBackend):
     supports_soft_cap: ClassVar[bool] = True
     kv_cache_layout: ClassVar[str] = "NHD"
     updates_kv_cache_in_forward: ClassVar[bool] = True
-    #: The ops that write and read the cache in this layout (the registry's op names).
-    _cache_op: ClassVar[str] = "reshape_and_cache"
-    _attention_op: ClassVar[str] = "paged_attention"
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        self._write, self._attend = kernels.op(self._cache_op), kernels.op(self._attention_op)
+        self._write, self._attend = ops.reshape_and_cache, ops.paged_attention
         self._layout = kv_cache_layout(self.kv_cache_layout)
         self._params: PagedAttentionParams | None = None
 

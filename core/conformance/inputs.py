@@ -12,7 +12,7 @@ CPU from a drawn seed, so every example is reproducible; :meth:`Case.to` moves o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -285,25 +285,6 @@ def in_layout(case: Case, op: Op, layout: KVCacheLayout) -> Case:
     return replace(case, args=tuple(args), label=f"{case.label}, layout {layout.name}")
 
 
-def _relaid(generator: Generator, cache_arg: int, layout: str,
-            move: Callable[[torch.Tensor], torch.Tensor]) -> Generator:
-    """``generator``'s cases with the ``NHD`` cache (argument ``cache_arg``) in layout
-    ``layout``: ``move`` gives the view of its random entries in that layout's shape."""
-    def relaid(case: Case) -> Case:
-        args = list(case.args)
-        args[cache_arg] = move(args[cache_arg]).contiguous()
-        return replace(case, args=tuple(args), label=f"{case.label}, layout {layout}")
-
-    return lambda dtype, tokens: generator(dtype, tokens).map(relaid)
-
-
-def _interleaved(generator: Generator, cache_arg: int) -> Generator:
-    """Layout ``RPA_INTERLEAVED``, ``[blocks, block_size, 2 * Hkv, D]``: KV head ``h``'s
-    key at head index ``2h``, its value at ``2h + 1``."""
-    return _relaid(generator, cache_arg, "RPA_INTERLEAVED",
-                   lambda c: c.permute(1, 2, 3, 0, 4).flatten(2, 3))
-
-
 @st.composite
 def embedding(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
     """``dtype`` (int64, int32) ids into a random table of a float dtype."""
@@ -330,6 +311,4 @@ GENERATORS: dict[str, Generator] = {
     "ggml_linear": ggml,
     "ggml_embedding": ggml,
     "int4_linear": int4_linear,
-    "reshape_and_cache_interleaved": _interleaved(reshape_and_cache, 2),
-    "paged_attention_interleaved": _interleaved(paged_attention, 1),
 }

@@ -3,21 +3,19 @@
 One layer's cache is ``[num_blocks, block_size, 2 * Hkv, D]`` with K and V interleaved
 along the head axis (layout ``RPA_INTERLEAVED``: KV head ``h``'s key at index ``2h``,
 its value at ``2h + 1``), the ``kv_pages`` of
-``jax.experimental.pallas.ops.tpu.ragged_paged_attention``. The backend computes through
-the registry's ops of that layout (:mod:`hwplug.kernel_registry.ops_interleaved_kv`):
-``reshape_and_cache_interleaved`` writes the new K/V inside ``forward``, then
-``paged_attention_interleaved`` attends. On the tpu platform the registry serves them
-with hwplug-tpu's JAX variants: JAX's Pallas kernel where JAX drives a TPU v4 or newer
-(variant ``pallas``), a pure-JAX ragged paged attention on any other JAX backend
-(variant ``jax``); elsewhere the pure-torch references would.
+``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (:mod:`hwplug_tpu.layout`).
+The backend computes through the registry's ``reshape_and_cache`` (inside ``forward``)
+and ``paged_attention`` with that layout in its params: on the tpu platform the registry
+serves them with hwplug-tpu's JAX variants of the layout, JAX's Pallas kernel where JAX
+drives a TPU v4 or newer (variant ``pallas``), a pure-JAX ragged paged attention on any
+other JAX backend (variant ``jax``); elsewhere the pure-torch references would, through
+the layout's view of the same memory as ``NHD``.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-# Importing the module defines the layout's two ops in the registry.
-from hwplug.kernel_registry import ops_interleaved_kv  # noqa: F401
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug_tpu.layout import RPA_INTERLEAVED
 
@@ -32,8 +30,6 @@ class PallasRpaBackend(TorchPagedBackend):
     supported_block_sizes: ClassVar[tuple[int, ...]] = (8, 16, 32, 64, 128)
     supports_non_causal: ClassVar[bool] = False
     kv_cache_layout: ClassVar[str] = RPA_INTERLEAVED.name
-    _cache_op: ClassVar[str] = "reshape_and_cache_interleaved"
-    _attention_op: ClassVar[str] = "paged_attention_interleaved"
 
     @classmethod
     def get_name(cls) -> str:

@@ -3,8 +3,9 @@ variants, ``PALLAS_RPA`` and the torch_xla tombstones.
 
 Kernels are registered as lazy ``"module:function"`` strings, so jax is imported only
 when a variant is first considered. Every variant runs on the ``tpu`` platform, in
-float32 and bfloat16; the ``pallas`` attention variant needs JAX to drive a TPU v4 or
-newer (device feature ``jax-tpu``, capability 4.0). The torch_xla path that TPU support
+float32 and bfloat16; the cache-op variants serve the ``RPA_INTERLEAVED`` layout only, and
+the ``pallas`` attention variant needs JAX to drive a TPU v4 or newer (device feature
+``jax-tpu``, capability 4.0). The torch_xla path that TPU support
 used to take is removed: asking for its attention backends (``TORCH_XLA``, or
 ``PALLAS``, the name vLLM's torch_xla backend had) raises
 :class:`~hwplug.errors.RemovedError` naming ``PALLAS_RPA``.
@@ -19,6 +20,9 @@ from hwplug import hookimpl
 hwplug_api_version = ">=1,<2"
 
 _V = "hwplug_tpu.variants:"
+#: The plugin's KV-cache layout (:mod:`hwplug_tpu.layout`), the one its cache-op variants
+#: serve.
+LAYOUT = "RPA_INTERLEAVED"
 _JAX = {"platforms": ("tpu",), "dtypes": ("float32", "bfloat16"), "priority": 10}
 _JITTED = "jitted JAX function, tokens padded to power-of-two buckets"
 _RPA = "ragged paged attention, batch padded to power-of-two buckets"
@@ -30,15 +34,15 @@ TPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="gelu_and_mul", name="jax", impl=_V + "gelu_and_mul",
          supports=_V + "gelu_supported", description=_JITTED),
     dict(op="linear", name="jax", impl=_V + "linear", description=_JITTED),
-    dict(op="reshape_and_cache_interleaved", name="jax",
-         impl=_V + "reshape_and_cache_interleaved", supports=_V + "cache_supported",
+    dict(op="reshape_and_cache", name="jax", impl=_V + "reshape_and_cache",
+         supports=_V + "cache_supported", layouts=(LAYOUT,),
          description="rows interleaved and cast in JAX, stored with one indexed copy"),
-    dict(op="paged_attention_interleaved", name="jax", impl=_V + "paged_attention_interleaved",
-         supports=_V + "attention_supported", description="pure-JAX " + _RPA),
-    dict(op="paged_attention_interleaved", name="pallas",
-         impl=_V + "pallas_paged_attention_interleaved", supports=_V + "attention_supported",
-         features=("jax-tpu",), min_capability="4.0", priority=20,
-         description="JAX's Pallas TPU kernel: " + _RPA),
+    dict(op="paged_attention", name="jax", impl=_V + "paged_attention",
+         supports=_V + "attention_supported", layouts=(LAYOUT,),
+         description="pure-JAX " + _RPA),
+    dict(op="paged_attention", name="pallas", impl=_V + "pallas_paged_attention",
+         supports=_V + "attention_supported", layouts=(LAYOUT,), features=("jax-tpu",),
+         min_capability="4.0", priority=20, description="JAX's Pallas TPU kernel: " + _RPA),
 ]
 #: Attention backends of the torch_xla path, now tombstones.
 TORCH_XLA_BACKENDS = ("TORCH_XLA", "PALLAS")
@@ -47,7 +51,7 @@ _REPLACEMENT = "PALLAS_RPA: TPU support runs through JAX in hwplug-tpu, not torc
 
 @hookimpl
 def hwplug_register_kv_layouts(registry: Any) -> None:
-    registry.register("RPA_INTERLEAVED", "hwplug_tpu.layout:RPA_INTERLEAVED")
+    registry.register(LAYOUT, "hwplug_tpu.layout:RPA_INTERLEAVED")
 
 
 @hookimpl

@@ -1,7 +1,8 @@
 """hwplug-tpu's kernel variants: each op of the registry as a jitted JAX function.
 
 A variant takes and returns what the op's reference does (torch tensors, see
-:mod:`hwplug.kernel_registry.ops`): it hands its inputs to JAX through
+:mod:`hwplug.kernel_registry.ops`; the cache ops' variants serve the ``RPA_INTERLEAVED``
+layout): it hands its inputs to JAX through
 :mod:`hwplug_tpu.bridge` with the token dimension padded to a bucket, calls the jitted
 function of :mod:`hwplug_tpu.jax_ops` or :mod:`hwplug_tpu.rpa`, and gives back the rows
 of the real tokens. Attention pads its batch (sequences, query length, block-table
@@ -82,12 +83,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
 
 
-def reshape_and_cache_interleaved(key: torch.Tensor, value: torch.Tensor,
-                                  kv_pages: torch.Tensor, slot_mapping: torch.Tensor,
-                                  params: PagedAttentionParams) -> None:
-    """JAX builds the interleaved, cast cache rows of the new tokens; they are stored into
-    ``kv_pages`` (host memory) with one indexed copy. (A JAX scatter would return a new
-    cache: copying every page back each step costs more than the rows.)"""
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor,
+                      slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
+    """The ``reshape_and_cache`` op into an ``RPA_INTERLEAVED`` cache ``kv_pages
+    [num_blocks, block_size, 2 * Hkv, D]``: JAX builds the interleaved, cast cache rows of
+    the new tokens; they are stored into ``kv_pages`` (host memory) with one indexed copy.
+    (A JAX scatter would return a new cache: copying every page back each step costs more
+    than the rows.)"""
     n = key.shape[0]
     size = bucket(n)
     rows = jax_ops.interleaved_kv_rows(to_jax(padded(key, size)), to_jax(padded(value, size)),
@@ -112,8 +114,8 @@ def _kv_reason(kv_pages: torch.Tensor, params: PagedAttentionParams) -> str | No
 
 
 def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.Tensor]:
-    """The ``paged_attention_interleaved`` variant that runs ``kernel`` (a function of
-    :mod:`hwplug_tpu.rpa`) on the batch padded to buckets."""
+    """The ``paged_attention`` variant (layout ``RPA_INTERLEAVED``) that runs ``kernel`` (a
+    function of :mod:`hwplug_tpu.rpa`) on the batch padded to buckets."""
 
     def attention(query: torch.Tensor, kv_pages: torch.Tensor, metadata: AttentionMetadata,
                   params: PagedAttentionParams) -> torch.Tensor:
@@ -137,9 +139,9 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
 
 
 #: The pure-JAX ragged paged attention, for any JAX backend.
-paged_attention_interleaved = _attention_variant(rpa.ragged_paged_attention)
+paged_attention = _attention_variant(rpa.ragged_paged_attention)
 #: JAX's Pallas TPU kernel.
-pallas_paged_attention_interleaved = _attention_variant(rpa.pallas_ragged_paged_attention)
+pallas_paged_attention = _attention_variant(rpa.pallas_ragged_paged_attention)
 
 
 def attention_supported(query: torch.Tensor, kv_pages: torch.Tensor, metadata: AttentionMetadata,

@@ -18,8 +18,8 @@ from hwplug.attention_selection import select_backend
 from hwplug.config import EngineConfig
 from hwplug.conformance import Budget, run_conformance
 from hwplug.errors import RemovedError
-from hwplug.kernel_registry.reference.interleaved_kv import nhd_view
 from hwplug_tpu.attention import PallasRpaBackend
+from hwplug_tpu.layout import RPA_INTERLEAVED
 
 SMOLLM2 = AttentionSpec(num_heads=9, num_kv_heads=3, head_size=64, dtype="float32",
                         kv_cache_dtype="float32", block_size=16)
@@ -55,7 +55,7 @@ def test_forward_writes_keys_at_even_and_values_at_odd_heads(stand_in):
     out = backend.forward(query, key, value, cache, metadata, 0.125)
     torch.testing.assert_close(cache[1, :3, 0::2], key)
     torch.testing.assert_close(cache[1, :3, 1::2], value)
-    torch.testing.assert_close(nhd_view(cache)[1, 1, :3], value)
+    torch.testing.assert_close(RPA_INTERLEAVED.to_reference(cache)[1, 1, :3], value)
     assert out.shape == query.shape and not cache[0].any()
 
 
@@ -79,11 +79,13 @@ def test_conformance_on_jax_cpu(stand_in):
     assert report.ok, report.summary()
     results = {r.check: r for r in report.results}
     for op in ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "linear",
-               "reshape_and_cache_interleaved", "paged_attention_interleaved"):
+               "reshape_and_cache", "paged_attention"):
         assert results[f"kernel {op}/jax"].status == "passed", results[f"kernel {op}/jax"]
+    assert "layout RPA_INTERLEAVED" in results["kernel paged_attention/jax"].detail
+    assert results["kv layout RPA_INTERLEAVED"].status == "passed"
     # only JAX's TPU kernel needs a TPU: not checked here, and the report says why
     (pallas,) = report.not_checked
-    assert pallas.check == "kernel paged_attention_interleaved/pallas"
+    assert pallas.check == "kernel paged_attention/pallas"
     assert "needs device feature jax-tpu (tpu has: jax-cpu)" in pallas.detail
     for scenario in ("prefill", "chunked prefill", "decode", "mixed batch", "GQA",
                      "sliding window", "soft cap"):

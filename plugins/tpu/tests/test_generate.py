@@ -56,7 +56,7 @@ def test_five_prompts_give_the_cpu_platforms_greedy_tokens(prompts_file):
     cpu = generate("cpu", "--prompts-file", prompts_file, "--dequantize")
     assert "platform tpu, attention backend PALLAS_RPA, dtype float32" in tpu.stderr
     assert "weights unquantized" in tpu.stderr
-    assert "paged_attention_interleaved=jax" in tpu.stderr and "linear=jax" in tpu.stderr
+    assert "paged_attention=jax" in tpu.stderr and "linear=jax" in tpu.stderr
     assert all(f"[{i}] {prompt}" in tpu.stdout for i, prompt in enumerate(PROMPTS))
     assert tpu.stdout == cpu.stdout
     assert re.search(r"^(\d+) tokens in", tpu.stderr, re.M).group(1) == re.search(

@@ -1,11 +1,11 @@
 """hwplug-tpu's JAX variants against the pure-torch references, and their compilations.
 
-The conformance kit draws the interleaved-layout ops' inputs like the ``NHD`` ones, and
-the JAX variants decline most of them (non-causal attention, fp16 and fp8 caches). Here
-they get the kit's ``NHD`` cases (prefill, chunked prefill and decode mixed, GQA,
+The conformance kit draws the cache ops' inputs in the layout the JAX variants declare
+(``RPA_INTERLEAVED``), and they decline most of them (non-causal attention, fp16 and fp8
+caches). Here they get the kit's cases (prefill, chunked prefill and decode mixed, GQA,
 windows, soft caps, padding slots, shuffled blocks) made into inputs they serve: the
-cache interleaved, causal, a float32 or bfloat16 cache, no fp8 scales; what they decline
-is checked separately. The other ops' variants are checked by the kit
+cache interleaved with the layout's ``from_reference``, causal, a float32 or bfloat16
+cache, no fp8 scales; what they decline is checked separately. The other ops' variants are checked by the kit
 (``test_attention.py``). Everything runs on JAX's CPU backend.
 """
 
@@ -26,10 +26,11 @@ from hwplug.conformance import inputs
 from hwplug.conformance.compare import compare_outputs, loosest_tolerance, mismatch
 from hwplug.conformance.inputs import Case
 from hwplug.dtypes import dtype_name
-from hwplug.kernel_registry import ops_interleaved_kv as ops
+from hwplug.kernel_registry import ops
 from hwplug_tpu import rpa, variants
 from hwplug_tpu.bridge import bucket
 from hwplug_tpu.compilations import compilations
+from hwplug_tpu.layout import RPA_INTERLEAVED
 
 JAX_DTYPES = ("float32", "bfloat16")
 EXAMPLES = settings(max_examples=20, deadline=None, derandomize=True, database=None,
@@ -50,7 +51,9 @@ def metadata(block_tables: object, seq_lens: list[int], query_start_loc: list[in
 def interleaved(nhd: torch.Tensor) -> torch.Tensor:
     """An ``NHD`` cache ``[2, N, bs, Hkv, D]`` as ``[N, bs, 2 * Hkv, D]``, K/V interleaved."""
     _, blocks, block_size, heads, size = nhd.shape
-    return nhd.permute(1, 2, 3, 0, 4).reshape(blocks, block_size, 2 * heads, size).contiguous()
+    pages = nhd.new_empty(RPA_INTERLEAVED.shape(blocks, block_size, heads, size))
+    RPA_INTERLEAVED.from_reference(nhd, pages)
+    return pages
 
 
 def served(case: Case, cache_arg: int, causal: bool) -> Case:
@@ -59,7 +62,7 @@ def served(case: Case, cache_arg: int, causal: bool) -> Case:
     cache = case.args[cache_arg]
     if cache.dtype not in variants.KV_DTYPES:
         cache = cache.float().to(case.args[0].dtype)
-    params = replace(case.args[-1], k_scale=None, v_scale=None,
+    params = replace(case.args[-1], k_scale=None, v_scale=None, layout=RPA_INTERLEAVED,
                      **({"causal": True} if causal else {}))
     args = (*case.args[:cache_arg], interleaved(cache), *case.args[cache_arg + 1:-1], params)
     return Case(args, {}, (case.dtypes[0], dtype_name(cache.dtype)), case.label)
@@ -76,9 +79,9 @@ def _cases(generator, cache_arg: int, causal: bool):
 def test_attention_matches_the_reference(case):
     args = case.args
     assert variants.attention_supported(*args) is None
-    got = variants.paged_attention_interleaved(*args)
-    want = ops.paged_attention_interleaved.reference(*args)
-    tolerance = loosest_tolerance(ops.paged_attention_interleaved.tolerances, case.dtypes)
+    got = variants.paged_attention(*args)
+    want = ops.paged_attention.reference(*args)
+    tolerance = loosest_tolerance(ops.paged_attention.tolerances, case.dtypes)
     problem = mismatch(got, want, *tolerance)
     assert problem is None, f"{problem} at {case.label}"
 
@@ -89,9 +92,9 @@ def test_cache_write_matches_the_reference(case):
     key, value, pages, slots, params = case.args
     assert variants.cache_supported(*case.args) is None
     got, want = pages.clone(), pages.clone()
-    assert variants.reshape_and_cache_interleaved(key, value, got, slots, params) is None
-    ops.reshape_and_cache_interleaved.reference(key, value, want, slots, params)
-    tolerance = loosest_tolerance(ops.reshape_and_cache_interleaved.tolerances, case.dtypes)
+    assert variants.reshape_and_cache(key, value, got, slots, params) is None
+    ops.reshape_and_cache.reference(key, value, want, slots, params)
+    tolerance = loosest_tolerance(ops.reshape_and_cache.tolerances, case.dtypes)
     problem = compare_outputs([("cache", got)], [("cache", want)], *tolerance)
     assert problem is None, f"{problem} at {case.label}"
 
@@ -99,7 +102,8 @@ def test_cache_write_matches_the_reference(case):
 def test_fp8_caches_scales_and_non_causal_attention_are_declined():
     pages, fp8 = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16, dtype=torch.float8_e4m3fn)
     key, slots, scale = torch.zeros(1, 1, 16), torch.zeros(1, dtype=torch.int64), torch.ones(())
-    params, scaled = PagedAttentionParams(0.25), PagedAttentionParams(0.25, k_scale=scale)
+    params = PagedAttentionParams(0.25, layout=RPA_INTERLEAVED)
+    scaled = replace(params, k_scale=scale)
     assert "float8_e4m3fn is not float32 or bfloat16" in variants.cache_supported(
         key, key, fp8, slots, params)
     assert "k/v scales" in variants.cache_supported(key, key, pages, slots, scaled)
@@ -137,11 +141,11 @@ def test_decode_steps_do_not_recompile():
     def step(length: int) -> torch.Tensor:
         key, value = (torch.randn(1, 2, 64, generator=generator) for _ in range(2))
         slot = tables[0, (length - 1) // 16].long() * 16 + (length - 1) % 16
-        params = PagedAttentionParams(0.125)
-        variants.reshape_and_cache_interleaved(key, value, pages, slot.view(1), params)
+        params = PagedAttentionParams(0.125, layout=RPA_INTERLEAVED)
+        variants.reshape_and_cache(key, value, pages, slot.view(1), params)
         query = torch.randn(1, 4, 64, generator=generator)
-        return variants.paged_attention_interleaved(query, pages, metadata(tables, [length],
-                                                                           [0, 1]), params)
+        return variants.paged_attention(query, pages, metadata(tables, [length], [0, 1]),
+                                        params)
 
     step(17)
     before = counter.count
@@ -151,16 +155,21 @@ def test_decode_steps_do_not_recompile():
 
 
 def test_registry_serves_the_tpu_with_jax_and_declines_to_the_reference(stand_in):
-    explanation = kernels.explain("paged_attention_interleaved", stand_in, "cpu", "float32")
+    explanation = kernels.explain("paged_attention", stand_in, "cpu", "float32",
+                                  layout=RPA_INTERLEAVED.name)
     assert explanation.chosen.name == "jax"
     assert "needs device feature jax-tpu" in explanation.rejected["pallas"]
+    nhd = kernels.explain("paged_attention", stand_in, "cpu", "float32")
+    assert nhd.chosen.name == "reference"  # an NHD cache never meets the JAX variants
+    assert nhd.rejected["jax"] == "serves layouts RPA_INTERLEAVED, not NHD"
     pages = torch.randn(2, 8, 2, 16)
     args = (torch.randn(3, 1, 16), pages, metadata([[1, 0]], [10], [0, 3]))
-    params = PagedAttentionParams(0.25)
-    causal = ops.paged_attention_interleaved(*args, params)
-    non_causal = ops.paged_attention_interleaved(*args, replace(params, causal=False))
-    assert ops.paged_attention_interleaved.variants_used() == {"jax", "reference"}
-    torch.testing.assert_close(non_causal, ops.paged_attention_interleaved.reference(
+    params = PagedAttentionParams(0.25, layout=RPA_INTERLEAVED)
+    ops.paged_attention.invalidate()
+    causal = ops.paged_attention(*args, params)
+    non_causal = ops.paged_attention(*args, replace(params, causal=False))
+    assert ops.paged_attention.variants_used() == {"jax", "reference"}
+    torch.testing.assert_close(non_causal, ops.paged_attention.reference(
         *args, replace(params, causal=False)))
     assert not torch.allclose(causal, non_causal)
 

@@ -16,12 +16,13 @@ import test_models_vs_transformers as on_any_platform
 from hwplug import kernels
 
 #: The ops a decoder calls, each of which the tpu platform must serve with its JAX variant.
-JAX_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "linear",
-           "reshape_and_cache_interleaved", "paged_attention_interleaved")
+JAX_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "linear", "reshape_and_cache",
+           "paged_attention")
 
 
 def assert_served_by_jax() -> None:
-    """Every op ran its JAX variant (the interleaved-layout ops: ``PALLAS_RPA`` served)."""
+    """Every op ran its JAX variant (the cache ops over ``PALLAS_RPA``'s interleaved
+    layout: the JAX variants of that layout served)."""
     for op in JAX_OPS:
         assert kernels.op(op).variants_used() == {"jax"}, op
 
