@@ -3,9 +3,12 @@
 Blocks are addressed two ways. In a store, a full block is named by its chained hash
 (hex sha256 of the parent block's hash, the block's token ids and its extra keys; the
 first block's parent is the model's root hash), so equal prefixes of different requests,
-engines or processes name the same blocks. In an engine, it is a block id: block ``b`` of
-layer ``name``'s cache is ``kv_caches[name][:, b]`` (every layout hwplug knows keeps
-blocks on dimension 1, after the K/V dimension). :class:`BlockTransfer` pairs the two.
+engines or processes name the same blocks. In an engine, it is a block id of layer
+``name``'s cache ``kv_caches[name]``, whose layout (the backend's registered
+:class:`~hwplug.kv_cache_layout.KVCacheLayout`, :attr:`Connector.cache_layout`) says where
+the block lies: a connector reads and writes blocks only through it (``select_blocks``,
+``write_blocks``, ``join_blocks``), and one block is a one-block cache of that layout.
+:class:`BlockTransfer` pairs the two.
 
 Each step the engine asks, for a request that starts, how many tokens past its local
 prefix the connector can supply (:meth:`Connector.get_num_new_matched_tokens`), then
@@ -20,9 +23,10 @@ layers that read them: :meth:`~Connector.start_load_kv`, then
 Both sides of a transfer compare :func:`kv_layout_fingerprint` before moving bytes:
 everything that changes a block's bytes (backend, layout, dtype, block size, geometry,
 fp8 scales) is in it. :func:`layout_converter` allows a pair of layouts that differ only
-in their ``backend``/``layout`` fields when a converter is registered for them
-(:func:`register_layout_converter`); any other difference raises
-:class:`KVLayoutMismatchError` naming the fields.
+in their ``backend``/``layout`` fields: blocks convert through the reference layout
+(the source layout's ``to_reference``, then the target's ``from_reference``), or through
+a converter registered for the pair (:func:`register_layout_converter`), which takes
+precedence; any other difference raises :class:`KVLayoutMismatchError` naming the fields.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hwplug import registries
 from hwplug.errors import ConfigError, HwplugError
 from hwplug.interface import StrictInterface
+from hwplug.kv_cache_layout import KVCacheLayout, checked_reference, kv_cache_layout
 from hwplug.registry import Registry
 
 if TYPE_CHECKING:
@@ -101,18 +107,20 @@ def kv_layout_fingerprint(layout: KVLayout) -> str:
     return hashlib.sha256(layout.to_json().encode()).hexdigest()[:16]
 
 
-#: The fields a registered converter may bridge; any other difference is an error.
+#: The fields a layout conversion may bridge; any other difference is an error.
 LAYOUT_FIELDS = ("backend", "layout")
-#: ``(blocks, source, target) -> blocks``: one layer's blocks ``cache[:, ids]`` in the
-#: source layout, returned in the target's.
+#: ``(blocks, source, target) -> blocks``: one layer's blocks (a cache of those blocks, as
+#: ``select_blocks`` gives them) in the source layout, returned in the target's.
 LayoutConverter = Callable[["torch.Tensor", KVLayout, KVLayout], "torch.Tensor"]
 layout_converters: Registry[Any] = Registry("KV layout converter")
 
 
 def register_layout_converter(source: str, target: str, converter: LayoutConverter | str,
                               *, override: bool = False) -> None:
-    """Register how blocks of layout ``source`` (e.g. ``"NHD"``) become ``target``'s;
-    ``converter`` may be a lazy ``"module:function"``."""
+    """Register a direct converter of blocks of layout ``source`` into ``target``'s (e.g. one
+    faster than going through ``NHD``); it takes precedence over the conversion
+    :func:`layout_converter` derives from the two layout objects. ``converter`` may be a
+    lazy ``"module:function"``."""
     layout_converters.register(f"{source}->{target}", converter, override=override)
 
 
@@ -120,11 +128,32 @@ def _identity(blocks: torch.Tensor, source: KVLayout, target: KVLayout) -> torch
     return blocks
 
 
+@dataclass(frozen=True)
+class ThroughReference:
+    """The converter derived from two registered layouts: ``source``'s ``to_reference``
+    (after its ``check``), then ``target``'s ``from_reference`` into a new tensor of
+    ``target``'s shape for the same blocks. Exact: the bytes of every entry are kept."""
+
+    source: KVCacheLayout
+    target: KVCacheLayout
+
+    def __call__(self, blocks: torch.Tensor, source: KVLayout, target: KVLayout
+                 ) -> torch.Tensor:
+        reference = checked_reference(self.source, blocks)
+        _, num_blocks, block_size, num_kv_heads, head_size = reference.shape
+        out = reference.new_empty(self.target.shape(num_blocks, block_size, num_kv_heads,
+                                                    head_size, reference.dtype))
+        self.target.from_reference(reference, out)
+        return out
+
+
 def layout_converter(source: KVLayout, target: KVLayout) -> LayoutConverter:
     """How blocks written under ``source`` are read under ``target``: unchanged when only
-    the backend names differ (same layout, same bytes), through the registered converter
-    when the layouts differ. Raises :class:`KVLayoutMismatchError` naming the fields when
-    anything else differs or no converter is registered."""
+    the backend names differ (same layout, same bytes); when the layouts differ, through
+    a converter registered for the pair, else :class:`ThroughReference` of the two
+    registered layout objects. Raises :class:`KVLayoutMismatchError` naming the fields
+    when anything else differs, or when a layout is neither registered nor bridged by a
+    registered converter."""
     differing = [f.name for f in fields(KVLayout)
                  if getattr(source, f.name) != getattr(target, f.name)]
     other = [name for name in differing if name not in LAYOUT_FIELDS]
@@ -135,16 +164,21 @@ def layout_converter(source: KVLayout, target: KVLayout) -> LayoutConverter:
     if source.layout == target.layout:
         return _identity
     key = f"{source.layout}->{target.layout}"
-    if key not in layout_converters:
+    names = (source.layout, target.layout)
+    if key not in layout_converters and not all(n in registries.kv_layouts for n in names):
         from hwplug.discovery import current_platform
 
-        current_platform()  # plugins register their converters when they load
-    if key not in layout_converters:
+        current_platform()  # plugins register their layouts and converters when they load
+    if key in layout_converters:
+        return layout_converters.get(key)
+    missing = [name for name in names if name not in registries.kv_layouts]
+    if missing:
         raise KVLayoutMismatchError(
             f"KV layout {source.layout} ({source.backend}) differs from {target.layout} "
-            f"({target.backend}) and no converter is registered for {key}; registered: "
-            f"{', '.join(layout_converters.names()) or 'none'}", ["layout"])
-    return layout_converters.get(key)
+            f"({target.backend}), and {' and '.join(missing)} is no registered KV-cache "
+            f"layout (registered: {', '.join(registries.kv_layouts.names())}) nor is a "
+            f"converter registered for {key}", ["layout"])
+    return ThroughReference(*(registries.kv_layouts.get(name) for name in names))
 
 
 def compatibility_key(layout: KVLayout) -> str:
@@ -185,6 +219,8 @@ class Connector(StrictInterface, abc.ABC):
 
     Built as ``cls(layout, policy, **options)`` (``options`` from the engine's
     ``kv_connector_config``). Runs on the engine's thread; it may use threads of its own.
+    :attr:`cache_layout` is the registered layout object named by ``layout.layout``: read
+    and write the engine's blocks through it, never by indexing a dimension.
     """
 
     _interface_root = True
@@ -199,6 +235,8 @@ class Connector(StrictInterface, abc.ABC):
             raise ConfigError(f"kv_load_failure_policy {chosen!r} is not valid; choose one of: "
                               f"{', '.join(valid)}")
         self.layout = layout
+        #: The engine's KV-cache layout: where its blocks lie in each layer's cache.
+        self.cache_layout: KVCacheLayout = kv_cache_layout(layout.layout)
         self.fingerprint = kv_layout_fingerprint(layout)
         self.policy = KVLoadFailurePolicy(chosen)
 
@@ -227,7 +265,8 @@ class Connector(StrictInterface, abc.ABC):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       metadata: ConnectorMetadata) -> None:
         """Begin saving ``metadata.saves`` blocks of one layer's cache (copy what must
-        outlive the call: the engine reuses the cache)."""
+        outlive the call, e.g. with ``cache_layout.select_blocks``: the engine reuses the
+        cache)."""
 
     @abc.abstractmethod
     def wait_for_save(self) -> None:

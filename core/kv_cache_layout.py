@@ -56,7 +56,7 @@ class KVCacheLayout(StrictInterface, abc.ABC):
 
     _interface_root = True
 
-    #: The registered name (``"NHD"``, ``"ROCM_PA"``, ...), what backends state in
+    #: The registered name (``"NHD"``, or a plugin's own), what backends state in
     #: ``kv_cache_layout`` and variants in ``layouts``.
     name: ClassVar[str]
     #: True when :meth:`to_reference` returns a view of the cache's own memory.

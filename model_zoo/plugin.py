@@ -54,14 +54,8 @@ BUILTIN_CONNECTORS = {
 
 @hookimpl
 def hwplug_register_connectors(registry: Any) -> None:
-    from hwplug.connector import layout_converters, register_layout_converter
-    from hwplug.model_zoo.connectors.layouts import CONVERTERS
-
     for name, target in BUILTIN_CONNECTORS.items():
         registry.register(name, target)
-    for (source, destination), converter in CONVERTERS.items():
-        if f"{source}->{destination}" not in layout_converters:
-            register_layout_converter(source, destination, converter)
 
 
 @hookimpl

@@ -66,6 +66,26 @@ class HeadsFirst(KVCacheLayout):
             out.copy_(reference.transpose(2, 3))
 
 
+class BlocksFirst(HeadsFirst):
+    '''[blocks, 2, block_size, heads, head_size]: blocks on dimension 0.'''
+
+    name = "WONKY_BLOCKS_FIRST"
+    block_dim = 0
+
+    def shape(self, num_blocks, block_size, num_kv_heads, head_size, dtype=None):
+        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+    def check(self, cache):
+        return None if cache.dim() == 5 and cache.shape[1] == 2 else "not [n, 2, bs, H, D]"
+
+    def to_reference(self, cache):
+        return cache.transpose(0, 1)
+
+    def from_reference(self, reference, out):
+        if reference.data_ptr() != out.data_ptr():
+            out.copy_(reference.transpose(0, 1))
+
+
 class SwapsHalves(HeadsFirst):
     '''Converts from NHD with keys and values swapped: not the inverse of to_reference.'''
 
@@ -214,7 +234,7 @@ class MemoryConnector(Connector):
         for blocks in metadata.saves.values():
             for block in blocks:
                 self._store.setdefault(block.block_hash, {})[layer_name] = (
-                    kv_layer[:, block.block_id].clone())
+                    self.cache_layout.select_blocks(kv_layer, [block.block_id]))
 
     def wait_for_save(self):
         pass
@@ -223,7 +243,8 @@ class MemoryConnector(Connector):
         for blocks in metadata.loads.values():
             for block in blocks:
                 for name, cache in kv_caches.items():
-                    cache[:, self._slot(block.block_id)] = self._store[block.block_hash][name]
+                    self.cache_layout.write_blocks(cache, [self._slot(block.block_id)],
+                                                   self._store[block.block_hash][name])
 
     def wait_for_layer_load(self, layer_name):
         pass
@@ -232,7 +253,29 @@ class MemoryConnector(Connector):
         return block_id
 
 
+class DimOneConnector(MemoryConnector):
+    '''Takes block b of a cache as cache[:, b] instead of asking the engine's layout.'''
+
+    @classmethod
+    def get_name(cls):
+        return "dim_one"
+
+    def save_kv_layer(self, layer_name, kv_layer, metadata):
+        for blocks in metadata.saves.values():
+            for block in blocks:
+                self._store.setdefault(block.block_hash, {})[layer_name] = (
+                    kv_layer[:, block.block_id].clone())
+
+    def start_load_kv(self, metadata, kv_caches):
+        for blocks in metadata.loads.values():
+            for block in blocks:
+                for name, cache in kv_caches.items():
+                    cache[:, block.block_id] = self._store[block.block_hash][name]
+
+
 class OffByOneConnector(MemoryConnector):
+    '''Loads each block one id past where the metadata puts it.'''
+
     @classmethod
     def get_name(cls):
         return "off_by_one"
@@ -245,6 +288,7 @@ class OffByOneConnector(MemoryConnector):
 def hwplug_register_kv_layouts(registry):
     registry.register("WONKY_HND", HeadsFirst())
     registry.register("WONKY_SWAPPED", SwapsHalves())
+    registry.register("WONKY_BLOCKS_FIRST", BlocksFirst())
 
 
 @hookimpl
@@ -274,6 +318,7 @@ def hwplug_register_quant_methods(registry):
 def hwplug_register_connectors(registry):
     registry.register("memory", MemoryConnector)
     registry.register("off_by_one", OffByOneConnector)
+    registry.register("dim_one", DimOneConnector)
 
 
 def hwplug_platform_resolved(platform):  # the @hookimpl is missing

@@ -15,8 +15,10 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import kv_layouts
 import pytest
 import torch
+from kv_layouts import BLOCKS_LAST, HEADS_FIRST
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tiny_llama import plain_tokens, random_prompts, tiny_model_dir  # noqa: F401 (fixture)
@@ -26,8 +28,11 @@ from hwplug.connector import (
     KVLayout,
     KVLayoutMismatchError,
     KVTransferError,
+    ThroughReference,
     kv_layout_fingerprint,
     layout_converter,
+    layout_converters,
+    register_layout_converter,
 )
 from hwplug.model_zoo.connectors.shared_storage import (
     CHECKSUMS_KEY,
@@ -35,6 +40,7 @@ from hwplug.model_zoo.connectors.shared_storage import (
     SharedStorageConnector,
     checksum,
 )
+from hwplug.registry import current_source
 
 GREEDY = hwplug.SamplingParams(max_tokens=6, ignore_eos=True)
 LAYOUT = KVLayout(backend="TORCH_PAGED", layout="NHD", kv_cache_dtype="float32", block_size=16,
@@ -66,27 +72,61 @@ def transfer(llm: hwplug.LLM):
 
 def test_the_fingerprint_covers_every_field_including_fp8_scales():
     base = kv_layout_fingerprint(LAYOUT)
-    changes = dict(backend="X", layout="HND", kv_cache_dtype="bfloat16", block_size=8,
+    changes = dict(backend="X", layout="OTHER", kv_cache_dtype="bfloat16", block_size=8,
                    num_kv_heads=4, head_size=8, num_layers=3, scales=(0.5, 0.5))
     for name, value in changes.items():
         assert kv_layout_fingerprint(replace(LAYOUT, **{name: value})) != base, name
     assert kv_layout_fingerprint(replace(LAYOUT)) == base
 
 
-def test_a_layout_only_difference_converts_any_other_names_the_fields():
+@pytest.fixture
+def other_layouts(fresh_discovery):
+    """Two layouts registered as a plugin's: a transposed view and one with blocks last."""
+    with kv_layouts.registered(HEADS_FIRST, BLOCKS_LAST):
+        yield
+
+
+def test_a_layout_only_difference_converts_any_other_names_the_fields(other_layouts):
     blocks = torch.randn(2, 3, 16, 2, 16)
-    hnd = replace(LAYOUT, backend="OTHER_ATTN", layout="HND")
+    hnd = replace(LAYOUT, backend="OTHER_ATTN", layout=HEADS_FIRST.name)
     there = layout_converter(LAYOUT, hnd)(blocks, LAYOUT, hnd)
-    assert there.shape == (2, 3, 2, 16, 16)
+    assert there.shape == (2, 3, 2, 16, 16) and torch.equal(there, blocks.transpose(2, 3))
     assert torch.equal(layout_converter(hnd, LAYOUT)(there, hnd, LAYOUT), blocks)
+    last = replace(LAYOUT, layout=BLOCKS_LAST.name)  # between two plugins' layouts
+    moved = layout_converter(hnd, last)(there, hnd, last)
+    assert moved.shape == (2, 16, 2, 16, 3)
+    assert torch.equal(layout_converter(last, LAYOUT)(moved, last, LAYOUT), blocks)
     same_bytes = replace(LAYOUT, backend="TRITON_ATTN")
     assert layout_converter(same_bytes, LAYOUT)(blocks, same_bytes, LAYOUT) is blocks
     with pytest.raises(KVLayoutMismatchError, match="kv_cache_dtype 'float32' vs 'bfloat16'"
                        ".*scales") as caught:
         layout_converter(LAYOUT, replace(hnd, kv_cache_dtype="bfloat16", scales=(1.0,)))
     assert caught.value.fields == ["kv_cache_dtype", "scales"]
-    with pytest.raises(KVLayoutMismatchError, match="no converter is registered for NHD->TPU"):
+    with pytest.raises(KVLayoutMismatchError, match="TPU is no registered KV-cache layout"):
         layout_converter(LAYOUT, replace(LAYOUT, layout="TPU"))
+
+
+def test_a_registered_converter_takes_precedence_over_the_derived_one(other_layouts):
+    hnd = replace(LAYOUT, layout=HEADS_FIRST.name)
+    calls = []
+
+    def direct(blocks, source, target):
+        calls.append((source.layout, target.layout))
+        return blocks.transpose(2, 3)
+
+    token = current_source.set(__name__)
+    try:
+        register_layout_converter(LAYOUT.layout, hnd.layout, direct)
+    finally:
+        current_source.reset(token)
+    try:
+        blocks = torch.randn(2, 3, 16, 2, 16)
+        assert torch.equal(layout_converter(LAYOUT, hnd)(blocks, LAYOUT, hnd),
+                           blocks.transpose(2, 3))
+        assert calls == [("NHD", "TEST_HND")]
+        assert isinstance(layout_converter(hnd, LAYOUT), ThroughReference)  # the other way
+    finally:
+        layout_converters.drop_source(__name__)
 
 
 def test_connector_options_are_checked(model_dir, tmp_path):
@@ -219,15 +259,17 @@ def test_a_bad_block_fails_or_is_recomputed_by_the_policy(model_dir, prompts, ex
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
 
 
-def test_blocks_written_in_another_layout_are_converted(model_dir, prompts, expected, tmp_path):
+def test_blocks_written_in_another_layout_are_converted(model_dir, prompts, expected, tmp_path,
+                                                        other_layouts):
     writer = llm_with(model_dir, "shared_storage", path=tmp_path)
     writer.generate(prompts[:1], GREEDY)
-    hnd = replace(writer.connector.layout, backend="OTHER_ATTN", layout="HND")
-    for path in tmp_path.rglob("*.safetensors"):  # as an HND engine would have stored them
+    other = replace(writer.connector.layout, backend="OTHER_ATTN", layout=BLOCKS_LAST.name)
+    for path in tmp_path.rglob("*.safetensors"):  # as a BLOCKS_LAST engine would store them
         with safe_open(path, framework="pt") as handle:
-            tensors = {name: handle.get_tensor(name).transpose(-3, -2).contiguous()
+            convert = layout_converter(writer.connector.layout, other)
+            tensors = {name: convert(handle.get_tensor(name), writer.connector.layout, other)
                        for name in handle.keys()}
-        save_file(tensors, path, metadata={LAYOUT_KEY: hnd.to_json(), CHECKSUMS_KEY: json.dumps(
+        save_file(tensors, path, metadata={LAYOUT_KEY: other.to_json(), CHECKSUMS_KEY: json.dumps(
             {name: checksum(tensor) for name, tensor in tensors.items()})})
     reader = llm_with(model_dir, "shared_storage", path=tmp_path)
     assert reader.generate(prompts[:1], GREEDY)[0].token_ids == expected[0]

@@ -7,8 +7,10 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import kv_layouts
 import pytest
 import torch
+from kv_layouts import BLOCKS_LAST, BlocksLast
 
 from hwplug import registries
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -19,42 +21,13 @@ from hwplug.kernel_registry import KernelRegistry, ops
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug.kv_cache_layout import NHD, KVCacheLayout, kv_cache_layout
 from hwplug.platforms.cpu.platform import CpuPlatform
-from hwplug.registry import current_source
-
-
-class BlocksLast(KVCacheLayout):
-    """``[2, block_size, Hkv, D, num_blocks]``: a layout that is no view of ``NHD``."""
-
-    name = "TEST_BLOCKS_LAST"
-    block_dim = 4
-
-    def shape(self, num_blocks, block_size, num_kv_heads, head_size, dtype=None):
-        return (2, block_size, num_kv_heads, head_size, num_blocks)
-
-    def check(self, cache):
-        return None if cache.dim() == 5 and cache.shape[0] == 2 else "not 5-D"
-
-    def to_reference(self, cache):
-        return cache.permute(0, 4, 1, 2, 3).contiguous()
-
-    def from_reference(self, reference, out):
-        out.copy_(reference.permute(0, 2, 3, 4, 1))
-
-
-BLOCKS_LAST = BlocksLast()
 
 
 @pytest.fixture
 def registered(fresh_discovery):
     """``BLOCKS_LAST`` registered as a plugin would, dropped afterwards."""
-    current_platform()
-    token = current_source.set(__name__)
-    try:
-        registries.kv_layouts.register(BLOCKS_LAST.name, BLOCKS_LAST)
-    finally:
-        current_source.reset(token)
-    yield BLOCKS_LAST
-    registries.kv_layouts.drop_source(__name__)
+    with kv_layouts.registered(BLOCKS_LAST):
+        yield BLOCKS_LAST
 
 
 def test_importing_the_layout_contract_does_not_import_torch():

@@ -1,15 +1,18 @@
 """Connectors must round-trip KV blocks: blocks saved by hash load back, bit for bit,
-into the block ids the metadata names.
+into the block ids the metadata names, in every registered KV-cache layout.
 
-The kit builds the connector as ``cls(layout, **cls.conformance_config(workdir))`` for a
-small ``NHD`` layout and an empty temporary ``workdir`` (a connector whose
+For each registered layout (``NHD`` first), the kit builds the connector as
+``cls(layout, **cls.conformance_config(workdir))`` for a small ``KVLayout`` of that layout
+and an empty temporary ``workdir`` (a connector whose
 ``conformance_config`` is None, or that still needs options the kit cannot guess, i.e.
 raises :class:`~hwplug.errors.ConfigError`, is "not checked here"), saves two blocks of every layer of a random cache for one request
 (its full blocks, named by chained hashes), waits, then requires
 ``get_num_new_matched_tokens`` to count both blocks (and none of a request it never saw),
 loads them into two *other* block ids of zeroed caches, waits per layer, and requires no
 load errors, the blocks back bit for bit where the metadata put them, and every other
-block untouched. Block ``b`` of a layer's cache is ``cache[:, b]``.
+block untouched. The caches have the layout's shape and blocks are compared through the
+layout object (``select_blocks``), so a connector that indexes a dimension instead of
+asking the layout fails in a layout whose blocks lie elsewhere.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 import hashlib
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from hwplug import registries
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.connector import (
@@ -31,6 +36,7 @@ from hwplug.connector import (
     KVLayout,
 )
 from hwplug.errors import ConfigError
+from hwplug.kv_cache_layout import REFERENCE_LAYOUT
 
 LAYOUT = KVLayout(backend="TORCH_PAGED", layout="NHD", kv_cache_dtype="float32", block_size=4,
                   num_kv_heads=2, head_size=8, num_layers=2)
@@ -51,11 +57,12 @@ def _chained_hashes(count: int, seed: str) -> tuple[str, ...]:
 def _round_trip(connector: Connector, placement: Placement) -> str | None:
     """What went wrong in one save-then-load, or None."""
     rng = torch.Generator().manual_seed(0)
-    shape = (2, NUM_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads, LAYOUT.head_size)
+    layout = connector.cache_layout
+    shape = layout.shape(NUM_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads, LAYOUT.head_size)
     caches = {f"layers.{i}": torch.randn(shape, generator=rng).to(placement.device)
               for i in range(LAYOUT.num_layers)}
     originals = {name: cache.clone() for name, cache in caches.items()}
-    hashes = _chained_hashes(len(SAVED), REQUEST)
+    hashes = _chained_hashes(len(SAVED), f"{REQUEST}:{connector.layout.layout}")  # per layout
     request = ConnectorRequest(REQUEST, len(SAVED) * LAYOUT.block_size, hashes)
     saves = ConnectorMetadata(connector.fingerprint, saves={
         REQUEST: [BlockTransfer(h, b) for h, b in zip(hashes, SAVED, strict=True)]})
@@ -80,38 +87,45 @@ def _round_trip(connector: Connector, placement: Placement) -> str | None:
         return f"reports load errors for blocks {sorted(errors)}"
     others = [b for b in range(NUM_BLOCKS) if b not in LOADED]
     for name, cache in caches.items():
-        if not torch.equal(cache[:, LOADED], originals[name][:, SAVED]):
+        if not torch.equal(layout.select_blocks(cache, LOADED),
+                           layout.select_blocks(originals[name], SAVED)):
             return (f"{name}: blocks saved from ids {SAVED} differ when loaded into "
                     f"ids {LOADED}")
-        if bool(cache[:, others].any()):
+        if bool(layout.select_blocks(cache, others).any()):
             return f"{name}: loading into blocks {LOADED} wrote into other blocks"
     return None
 
 
 def _outcome(cls: type[Connector], placement: Placement) -> tuple[Status, str]:
-    with tempfile.TemporaryDirectory(prefix="hwplug-connector-") as workdir:
-        options = cls.conformance_config(Path(workdir))
-        if options is None:
-            return "not checked", ("says it cannot be checked alone "
-                                   "(conformance_config is None)")
-        return _checked(cls, options, placement)
+    names = sorted(registries.kv_layouts.names(), key=lambda n: n != REFERENCE_LAYOUT)
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="hwplug-connector-") as workdir:
+            options = cls.conformance_config(Path(workdir))
+            if options is None:
+                return "not checked", ("says it cannot be checked alone "
+                                       "(conformance_config is None)")
+            status, detail = _checked(cls, options, placement, name)
+        if status != "passed":
+            return status, detail
+    return "passed", (f"blocks {SAVED} of {LAYOUT.num_layers} layers saved by hash and loaded "
+                      f"into {LOADED} bit for bit, in layouts {', '.join(names)} "
+                      f"{placement.describe()}")
 
 
-def _checked(cls: type[Connector], options: dict, placement: Placement
+def _checked(cls: type[Connector], options: dict, placement: Placement, layout: str
              ) -> tuple[Status, str]:
     try:
-        connector = cls(LAYOUT, **options)
+        connector = cls(replace(LAYOUT, layout=layout), **options)
     except ConfigError as exc:
         return "not checked", f"cannot be built without options the kit cannot guess: {exc}"
     try:
         problem = _round_trip(connector, placement)
         connector.request_finished(REQUEST)
+    except Exception as exc:  # e.g. indexing the cache where this layout keeps no blocks
+        problem = f"raised {exc!r}"
     finally:
         connector.close()
-    if problem:
-        return "failed", problem
-    return "passed", (f"blocks {SAVED} of {LAYOUT.num_layers} layers saved by hash and loaded "
-                      f"into {LOADED} bit for bit {placement.describe()}")
+    return ("failed", f"layout {layout}: {problem}") if problem else ("passed", "")
 
 
 def connector_check(name: str, load: Callable[[], type[Connector]],

@@ -8,6 +8,8 @@
 
 They share :class:`~.layerwise.LayerwiseConnector`: loads run on a thread of their own,
 layer by layer, so the model computes layer ``i`` while later layers still load; saves are
-copied out right after each layer and stored at the end of the step.
-:mod:`.layouts` registers the converters between the KV layouts hwplug knows.
+copied out right after each layer and stored at the end of the step. Blocks are read and
+written through the engine's layout object (``Connector.cache_layout``), and blocks of
+another engine's layout are converted through the reference layout
+(:func:`hwplug.connector.layout_converter`).
 """

@@ -48,4 +48,4 @@ class CPUOffloadConnector(LayerwiseConnector):
 
     def _write_blocks(self, blocks: dict[str, dict[str, torch.Tensor]]) -> None:
         for block_hash, layers in blocks.items():
-            self.store.put(block_hash, {name: tensor.clone() for name, tensor in layers.items()})
+            self.store.put(block_hash, layers)

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import torch
 
-#: One block: layer name -> that layer's block tensor (``cache[:, b]``).
+#: One block: layer name -> that layer's block, a one-block cache in the engine's layout.
 Block = dict[str, torch.Tensor]
 
 

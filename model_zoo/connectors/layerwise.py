@@ -6,8 +6,9 @@ store whole blocks (``_write_blocks``). This base:
 
 - answers :meth:`get_num_new_matched_tokens` by counting consecutive stored hashes;
 - loads on a thread of its own, layer after layer in the engine's order, each layer's
-  blocks checked (shape, dtype) before they are copied into the cache, and signals each
-  layer as it is done, so :meth:`wait_for_layer_load` returns as soon as the layer the
+  blocks converted into the engine's layout when written under another and checked
+  (shape, dtype) before they are written into the cache, and signals each layer as it
+  is done, so :meth:`wait_for_layer_load` returns as soon as the layer the
   model is about to run is in place;
 - records every block that could not be read, or failed a check, in any layer
   (:meth:`get_block_ids_with_load_errors`), with the reason in the log;
@@ -16,7 +17,9 @@ store whole blocks (``_write_blocks``). This base:
   :meth:`wait_for_save`.
 
 A load that does not finish within ``load_timeout_s`` counts as failed; the thread is told
-to stop writing into the cache.
+to stop writing into the cache. Every block moves through the engine's layout object
+(:attr:`~hwplug.connector.Connector.cache_layout`): one block of one layer is a one-block
+cache of that layout (``select_blocks``), and loads go back with ``write_blocks``.
 """
 
 from __future__ import annotations
@@ -69,14 +72,16 @@ class LayerwiseConnector(Connector):
     @abc.abstractmethod
     def _read_layer(self, layer_name: str, block_hashes: Sequence[str]
                     ) -> list[torch.Tensor | None]:
-        """One layer of each block, in this connector's layout (None: not readable)."""
+        """One layer of each block, a one-block cache in this connector's layout (None: not
+        readable)."""
 
     def _finish_reading(self) -> None:
         """Release what :meth:`_start_reading` took."""
 
     @abc.abstractmethod
     def _write_blocks(self, blocks: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Store whole blocks: block hash -> layer name -> the layer's block (on the host)."""
+        """Store whole blocks: block hash -> layer name -> the layer's block, a one-block
+        cache in this connector's layout (a new tensor on the host: a store may keep it)."""
 
     def _converted(self, blocks: torch.Tensor, source: KVLayout) -> torch.Tensor:
         """``blocks`` written under ``source`` as this connector's layout reads them
@@ -129,15 +134,16 @@ class LayerwiseConnector(Connector):
                 if transfer.block_hash not in unique and not self._contains(transfer.block_hash):
                     unique[transfer.block_hash] = transfer.block_id
         if unique:
-            ids = torch.tensor(list(unique.values()), device=kv_layer.device)
-            self._staged[layer_name] = (list(unique), kv_layer[:, ids].cpu())
+            blocks = self.cache_layout.select_blocks(kv_layer, list(unique.values()))
+            self._staged[layer_name] = (list(unique), blocks.cpu())
 
     def wait_for_save(self) -> None:
         staged, self._staged = self._staged, {}
         if not staged:
             return
         hashes = next(iter(staged.values()))[0]
-        self._write_blocks({block_hash: {name: blocks[:, j] for name, (_, blocks)
+        select = self.cache_layout.select_blocks
+        self._write_blocks({block_hash: {name: select(blocks, [j]) for name, (_, blocks)
                                          in staged.items()}
                             for j, block_hash in enumerate(hashes)})
 
@@ -164,7 +170,8 @@ class LayerwiseConnector(Connector):
 
     def _place(self, name: str, cache: torch.Tensor, hashes: list[str], ids: list[int]) -> None:
         blocks = self._read_layer(name, hashes)
-        expected = (cache.shape[0], *cache.shape[2:])
+        layout = self.cache_layout
+        expected = tuple(layout.select_blocks(cache, ids[:1]).shape)  # one block
         good_ids, good, bad_ids, reasons = [], [], [], []
         for block_hash, block_id, block in zip(hashes, ids, blocks, strict=True):
             if block_id in self._failed:
@@ -183,8 +190,7 @@ class LayerwiseConnector(Connector):
             self._fail(bad_ids, f"{name}: {'; '.join(reasons[:3])}"
                                 f"{' ...' if len(reasons) > 3 else ''}")
         if good and not self._cancel.is_set():
-            index = torch.tensor(good_ids, device=cache.device)
-            cache[:, index] = torch.stack(good, dim=1).to(cache.device)
+            layout.write_blocks(cache, good_ids, layout.join_blocks(good))
 
     def _fail(self, block_ids: list[int], reason: str) -> None:
         logger.warning("%s: %d KV blocks not loaded: %s", self.get_name(), len(block_ids),

@@ -12,9 +12,11 @@ Transport: point-to-point ``send``/``recv`` of CPU tensors in a ``gloo`` process
 (blocks are staged in host memory on both sides). The connector joins the default process
 group when one exists (``torchrun``) and otherwise creates it from ``init_method``
 (``env://`` by default: ``MASTER_ADDR``, ``MASTER_PORT``; pass ``rank`` and
-``world_size``). Before any block moves, the two sides exchange their :class:`KVLayout`:
-layouts that differ only in their layout names convert through the registered converter
-on the consumer; any other difference raises
+``world_size``). Blocks travel as one cache of the producer's layout per layer (its layout
+object's ``join_blocks``). Before any block moves, the two sides exchange their
+:class:`KVLayout`: layouts that differ only in their layout names convert on the consumer,
+through the reference layout (or a converter registered for the pair); any other
+difference raises
 :class:`~hwplug.connector.KVLayoutMismatchError` naming the fields, on both sides. A
 transfer that breaks (the peer died) fails the blocks being loaded; the consumer then
 supplies nothing more and the engine computes by itself (or fails the request, by the
@@ -143,13 +145,13 @@ class P2PConnector(LayerwiseConnector):
                 if not found:
                     self._send_json({"count": 0})
                     continue
-                first = found[0]["layers.0"]
-                self._send_json({"count": len(found), "shape": [2, len(found),
-                                                                *first.shape[1:]],
+                layers = [self.cache_layout.join_blocks([block[f"layers.{index}"]
+                                                         for block in found])
+                          for index in range(self.layout.num_layers)]
+                self._send_json({"count": len(found), "shape": list(layers[0].shape),
                                  "dtype": self.layout.kv_cache_dtype})
-                for index in range(self.layout.num_layers):
-                    name = f"layers.{index}"
-                    self._send_tensor(torch.stack([block[name] for block in found], dim=1))
+                for tensor in layers:
+                    self._send_tensor(tensor)
             except Exception as exc:  # the peer is gone: nothing more to serve
                 logger.warning("p2p producer: the connection to rank %d ended: %s",
                                self.peer, exc)
@@ -171,7 +173,7 @@ class P2PConnector(LayerwiseConnector):
 
     def _write_blocks(self, blocks: dict[str, dict[str, torch.Tensor]]) -> None:
         for block_hash, layers in blocks.items():
-            self.store.put(block_hash, {name: tensor.clone() for name, tensor in layers.items()})
+            self.store.put(block_hash, layers)
 
     # --- consumer ---------------------------------------------------------------------------
 
@@ -215,7 +217,8 @@ class P2PConnector(LayerwiseConnector):
             self._broken, self._incoming = str(exc), None
             raise KVTransferError(f"p2p: receiving {layer_name} from rank {self.peer} "
                                   f"failed: {exc}") from exc
-        return [*blocks.unbind(dim=1), *missing[count:]]
+        return [*(self.cache_layout.select_blocks(blocks, [j]) for j in range(count)),
+                *missing[count:]]
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       metadata: ConnectorMetadata) -> None:

@@ -3,9 +3,10 @@
 Block ``h`` is ``<path>/<compatibility key>/<h[:2]>/<h>.safetensors`` with one tensor per
 layer (``layers.0`` ...). The compatibility key is the layout fingerprint without the
 backend and layout names, so engines whose blocks convert into each other share files and
-others never see them. Each file's metadata holds the full :class:`KVLayout` that wrote it
-and a CRC-32 of every tensor; a reader checks both, converting through the registered
-converter when only the layout differs, so a corrupt, truncated, foreign or missing file
+others never see them. Each layer's tensor is the block as a one-block cache of the
+writer's layout. Each file's metadata holds the full :class:`KVLayout` that wrote it and a
+CRC-32 of every tensor; a reader checks both, converting through the reference layout (or
+a converter registered for the pair) when only the layout differs, so a corrupt, truncated, foreign or missing file
 is a failed block (the engine's ``kv_load_failure_policy`` decides what follows), never
 wrong attention. Files are written to a temporary name in the same directory and renamed,
 so a reader sees a whole block or none, and a second engine process started later reuses
