@@ -134,7 +134,8 @@ def test_connector_options_are_checked(model_dir, tmp_path):
         hwplug.LLM(model_dir, num_kv_blocks=8, kv_connector="shared_storage")
     with pytest.raises(hwplug.errors.ConfigError, match="does not fit connector cpu_offload"):
         llm_with(model_dir, "cpu_offload", path=tmp_path)
-    with pytest.raises(hwplug.errors.ConfigError, match="kv_load_failure_policy 'retry'"):
+    with pytest.raises(hwplug.errors.ConfigError,
+                       match="kv_load_failure_policy must be one of fail, recompute .*'retry'"):
         llm_with(model_dir, "cpu_offload", policy="retry")
     with pytest.raises(hwplug.errors.ConfigError, match="need a kv_connector"):
         hwplug.LLM(model_dir, num_kv_blocks=8, kv_load_failure_policy="recompute")

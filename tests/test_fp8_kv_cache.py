@@ -101,6 +101,6 @@ def test_a_per_tensor_checkpoint_scale_fills_every_head(state):
 def test_bad_kv_scales_are_typed_errors(state):
     with pytest.raises(ModelError, match="k_scale has 3 values; expected 1 .* or 2"):
         logits({**state, "model.layers.0.self_attn.k_scale": torch.ones(3)}, "fp8_e4m3")
-    with pytest.raises(ConfigError, match="kv_scale_granularity 'row' is not valid; choose one "
-                                          "of: tensor, head"):
+    with pytest.raises(ConfigError, match="kv_scale_granularity must be one of tensor, head, "
+                                          "got 'row'"):
         logits(state, "fp8_e4m3", calculate_kv_scales=True, kv_scale_granularity="row")
