@@ -72,7 +72,7 @@ def rows() -> list[tuple[str, torch.dtype, Callable[..., torch.Tensor], Callable
             continue
         variant.load()
         found += [(f"int4_linear/{variant.name}", getattr(torch, dtype), variant.impl,
-                   variant.supports) for dtype in variant.dtypes]
+                   variant.supports) for dtype in variant.requirements.dtypes]
     return found
 
 

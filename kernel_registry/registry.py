@@ -87,9 +87,10 @@ class KernelRegistry(Registry[Variant]):
     def register_variant(self, op: str, name: str, impl: Callable[..., Any] | str, *,
                          override: bool = False, **facts: Any) -> Variant:
         """Register ``impl`` as variant ``name`` of ``op``; ``facts`` are :class:`Variant`
-        fields (``priority``, ``platforms``, ``dtypes``, ``min_capability``, ...)."""
+        fields and :class:`~hwplug.requirements.Requirements` fields (``priority``,
+        ``platforms``, ``dtypes``, ``min_capability``, ...), see :meth:`Variant.of`."""
         self.op(op)  # unknown op -> error listing the ops
-        variant = Variant(op, name, impl, **facts)
+        variant = Variant.of(op, name, impl, **facts)
         self.register(variant.key, variant, override=override)
         return variant
 

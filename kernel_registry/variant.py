@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from hwplug.kv_cache_layout import ANY_LAYOUT, REFERENCE_LAYOUT
@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from hwplug.kernel_registry.native import NativeLibrary
     from hwplug.platform_interface import Platform
 
+#: The keywords of :meth:`Variant.of` that are :class:`Requirements` fields.
+_REQUIREMENT_FIELDS = tuple(f.name for f in fields(Requirements))
 #: ``supports(*args, **kwargs)`` of a variant: None if it can serve this call, else why not.
 SupportsFn = Callable[..., "str | None"]
 
@@ -22,12 +24,13 @@ class Variant:
     """An implementation of ``op`` and the facts that decide where it may run.
 
     ``impl`` is the callable or a lazy ``"module:function"`` (imported when first chosen).
-    Facts checked once per dispatch key: ``platforms`` (platform or family names, see
-    :meth:`~hwplug.Platform.matches`; empty = any platform, on any device), ``dtypes`` (of
-    the op's dispatch tensor; empty = any), ``features`` the device must have (its
-    :attr:`~hwplug.Platform.facts`), capability range, ``min_toolkit`` and ``packages``
-    version gates, the ``num_tokens`` range ``[low, high)`` of the dispatch tensor's
-    leading dimension, and for the ops over a paged KV cache (``reshape_and_cache``,
+    Facts checked once per dispatch key: its :class:`~hwplug.requirements.Requirements`
+    (``platforms``: platform or family names, see :meth:`~hwplug.Platform.matches`, empty
+    = any platform, on any device; ``dtypes`` of the op's dispatch tensor, empty = any;
+    ``features`` the device must have; capability range, ``min_toolkit`` and ``packages``
+    version gates; :meth:`of` takes them as keywords), the ``num_tokens`` range
+    ``[low, high)`` of the dispatch tensor's leading dimension, and for the ops over a
+    paged KV cache (``reshape_and_cache``,
     ``paged_attention``) the ``layouts`` it reads and writes: registered layout names,
     empty for the reference layout ``NHD`` alone (``"*"``, the references' claim: every
     layout). ``supports`` (a callable or a
@@ -43,18 +46,20 @@ class Variant:
     name: str
     impl: Callable[..., Any] | str
     priority: int = 0
-    platforms: tuple[str, ...] = ()
-    dtypes: tuple[str, ...] = ()
-    features: tuple[str, ...] = ()
-    min_capability: str | None = None
-    max_capability: str | None = None
-    min_toolkit: str | None = None
-    packages: dict[str, str] = field(default_factory=dict)
+    requirements: Requirements = field(default_factory=Requirements)
     num_tokens: tuple[int, int | None] | None = None
     layouts: tuple[str, ...] = ()
     supports: SupportsFn | str | None = None
     native: NativeLibrary | str | None = None
     description: str = ""
+
+    @classmethod
+    def of(cls, op: str, name: str, impl: Callable[..., Any] | str, **facts: Any) -> Variant:
+        """A variant from flat facts: :class:`Requirements` fields (``platforms``,
+        ``dtypes``, ``min_capability``, ...) and the variant's own (``priority``,
+        ``num_tokens``, ``supports``, ...)."""
+        needs = {name: facts.pop(name) for name in _REQUIREMENT_FIELDS if name in facts}
+        return cls(op, name, impl, requirements=Requirements(**needs), **facts)
 
     @property
     def key(self) -> str:
@@ -72,18 +77,11 @@ class Variant:
         if isinstance(self.native, str):
             self.native = import_object(self.native)
 
-    @property
-    def requirements(self) -> Requirements:
-        """The facts above that decide where the variant may run, as one
-        :class:`~hwplug.requirements.Requirements`."""
-        return Requirements(self.platforms, self.dtypes, self.features, self.min_capability,
-                            self.max_capability, self.min_toolkit, self.packages)
-
     def static_rejection(self, platform: Platform, device_type: str, dtype: str,
                          num_tokens: int | None, layout: str | None = None) -> str | None:
         """Why this variant cannot serve the dispatch key, or None if it can (``layout``:
         the KV-cache layout of a cache op's call, None for other ops)."""
-        device = device_type if self.platforms else None
+        device = device_type if self.requirements.platforms else None
         reasons = self.requirements.reasons(platform, dtype, device)
         if reasons:
             return reasons[0]

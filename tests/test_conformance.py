@@ -85,7 +85,7 @@ def test_builtins_pass(fresh_discovery):
     # Variants gated on device features this CPU lacks are not checked here, not passed.
     features = discovery.current_platform().facts.features
     for variant in kernels.variants("linear") + kernels.variants("scaled_mm"):
-        if variant.platforms == ("cpu",) and not set(variant.features) <= features:
+        if variant.requirements.platforms == ("cpu",) and not set(variant.requirements.features) <= features:
             status, detail = results[f"kernel {variant.key}"]
             assert status == "not checked" and "needs device feature" in detail, detail
     assert report.exit_status() == (0 if report.complete else 3)

@@ -97,7 +97,7 @@ def _variant_problems(entry: Entry[Any]) -> list[str]:
     if entry.name != variant.key:
         problems.append(f"kernel variant registered as {entry.name!r} but its key is "
                         f"{variant.key!r}")
-    unknown = [d for d in variant.dtypes if d not in DTYPE_NAMES]
+    unknown = [d for d in variant.requirements.dtypes if d not in DTYPE_NAMES]
     if unknown:
         problems.append(f"kernel variant {variant.key} declares unknown dtypes "
                         f"{', '.join(unknown)} (known: {', '.join(DTYPE_NAMES)})")
@@ -107,7 +107,8 @@ def _variant_problems(entry: Entry[Any]) -> list[str]:
         problems.append(f"kernel variant {variant.key} declares unregistered KV-cache layouts "
                         f"{', '.join(layouts)} (registered: "
                         f"{', '.join(registries.kv_layouts.names())})")
-    for bound in filter(None, (variant.min_capability, variant.max_capability)):
+    for bound in filter(None, (variant.requirements.min_capability,
+                               variant.requirements.max_capability)):
         try:
             DeviceCapability.parse(bound)
         except ValueError:

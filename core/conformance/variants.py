@@ -62,7 +62,7 @@ class _Tally:
 
 def missing_package(variant: Variant) -> str | None:
     """Why the variant cannot even be imported here: a package it declares is missing."""
-    for package, spec in variant.packages.items():
+    for package, spec in variant.requirements.packages.items():
         try:
             importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -142,10 +142,10 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     generator = GENERATORS.get(op.name)
     if generator is None:
         return "not checked", f"the kit has no input generator for op {op.name}"
-    declared = list(variant.dtypes or op.tolerances)
+    declared = list(variant.requirements.dtypes or op.tolerances)
     dtypes = [d for d in declared if d in op.tolerances]
     gates: list[str] = []
-    placement = placement.serving(variant.platforms, gates)
+    placement = placement.serving(variant.requirements.platforms, gates)
     dtypes = placement.judgeable(_gated_dtypes(variant, dtypes, placement, gates), gates)
     if not dtypes:
         why = "; ".join(gates) or f"op {op.name} states no tolerance for {', '.join(declared)}"

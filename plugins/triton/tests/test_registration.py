@@ -21,10 +21,11 @@ def test_register_adds_one_gated_lazy_variant_per_op() -> None:
     dispatch_dtypes = {"ggml_embedding": (), "scaled_mm": ("fp8_e4m3", "fp8_e5m2")}
     for op in KERNEL_MODULES:
         (variant,) = [v for v in registry.variants(op) if v.name == "triton_test"]
-        assert (variant.platforms, variant.min_capability, variant.priority) == (
+        assert (variant.requirements.platforms, variant.requirements.min_capability,
+                variant.priority) == (
             ("cpu",), "2.0", 10)
-        assert variant.packages == {"triton": TRITON_REQUIREMENT, "acmelib": ">=1"}
-        assert variant.dtypes == dispatch_dtypes.get(op, FLOAT_DTYPES)
+        assert variant.requirements.packages == {"triton": TRITON_REQUIREMENT, "acmelib": ">=1"}
+        assert variant.requirements.dtypes == dispatch_dtypes.get(op, FLOAT_DTYPES)
         assert isinstance(variant.impl, str)  # nothing imported yet
         variant.load()
         module = inspect.getmodule(variant.supports)
