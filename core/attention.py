@@ -11,8 +11,9 @@ ops (``hwplug.ops``), so kernel policy and the "kernels used" report reach atten
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hwplug import registries
 from hwplug.errors import UnsupportedError
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
 
     from hwplug.config import EngineConfig
     from hwplug.platform_interface import Platform
+
+
+class KernelBinder(Protocol):
+    """What binds ops for a backend or layer: a model's
+    :class:`~hwplug.kernel_registry.KernelPlan`. ``bind`` returns ``op`` bound for
+    dispatch tensors of ``dtype`` (and caches of ``layout``), called like the op."""
+
+    def bind(self, op: str, dtype: str, layout: str | None = None) -> Callable[..., Any]: ...
 
 
 @dataclass(frozen=True)
@@ -145,11 +154,14 @@ class AttentionBackend(StrictInterface, abc.ABC):
     #: The backend's own fallbacks, shown by ``hwplug kernels``.
     internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = ()
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: AttentionSpec, kernels: KernelBinder | None = None) -> None:
         reasons = self.validate(spec)
         if reasons:
             raise UnsupportedError(f"{self.get_name()} cannot serve {spec}: {'; '.join(reasons)}")
         self.spec = spec
+        #: Where the backend binds the ops it runs: the model's kernel plan (None: the
+        #: process's default plan, for a backend made outside a model).
+        self.kernels = kernels
         #: This layer's KV-cache scales when the cache is quantized (fp8): float32
         #: ``[Hkv]`` tensors, set by the model layer that owns the backend and passed to
         #: ``reshape_and_cache`` / ``paged_attention``; None for other caches.

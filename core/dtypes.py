@@ -43,6 +43,15 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, _TORCH_NAMES.get(name, name))
 
 
+def named_torch_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype a dispatch key names: hwplug's names (:func:`torch_dtype`) and torch's
+    own for the rest (``"int64"``); None for a name torch does not have."""
+    import torch
+
+    found = getattr(torch, _TORCH_NAMES.get(name, name), None)
+    return found if isinstance(found, torch.dtype) else None
+
+
 def dtype_name(dtype: Any) -> str:
     """The hwplug name of a torch dtype or a dtype name string."""
     text = str(dtype).removeprefix("torch.")

@@ -70,6 +70,9 @@ class QuantMethod(StrictInterface, abc.ABC):
     min_capability: ClassVar[str | None] = None
     #: The kernel-registry op :meth:`apply` computes with (reported as what serves it).
     gemm_op: ClassVar[str] = "linear"
+    #: The op :meth:`embed` looks rows up with (dispatched on int64 ids): a vocabulary table
+    #: binds it from the model's kernel plan as ``layer.embed_kernel``.
+    embed_op: ClassVar[str] = "embedding"
     #: Whether the embedding and LM head tables are stored by this method too (it then
     #: implements :meth:`embed`); otherwise they stay unquantized in the model dtype.
     quantizes_vocab: ClassVar[bool] = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hwplug.kernel_registry import kernels
+from hwplug.kernel_registry.registry import kernels
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,7 @@ scales, so a variant may differ from the reference only by fp32 rounding order.
 
 from __future__ import annotations
 
-from hwplug.kernel_registry import kernels
+from hwplug.kernel_registry.registry import kernels
 
 __all__ = ["ggml_embedding", "ggml_linear"]
 

@@ -23,7 +23,7 @@ own rounding (2^-9, 2^-12).
 
 from __future__ import annotations
 
-from hwplug.kernel_registry import kernels
+from hwplug.kernel_registry.registry import kernels
 
 __all__ = ["int4_linear"]
 

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hwplug import envs
-from hwplug.errors import ConfigError, DuplicateNameError, UnknownNameError
-from hwplug.kernel_registry.dispatch import LayoutOp, Op
+from hwplug import registries
+from hwplug.errors import DuplicateNameError, UnknownNameError
+from hwplug.kernel_registry.dispatch import REFERENCE, LayoutOp, Op
 from hwplug.kernel_registry.native import NativeLibrary, explain_build
+from hwplug.kernel_registry.plan import KernelPlan, KernelPolicy
 from hwplug.kernel_registry.variant import Variant
 from hwplug.kv_cache_layout import ANY_LAYOUT, REFERENCE_LAYOUT
 from hwplug.registry import Registry, current_source
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REFERENCE = "reference"
 #: The reference variant sorts after every registered variant.
 REFERENCE_PRIORITY = -(10**9)
 
@@ -57,6 +57,7 @@ class KernelRegistry(Registry[Variant]):
     def __init__(self) -> None:
         super().__init__("kernel variant")
         self._ops: dict[str, Op] = {}
+        self._default_plan: KernelPlan | None = None
 
     # --- declaring ops and variants -----------------------------------------------
 
@@ -121,28 +122,19 @@ class KernelRegistry(Registry[Variant]):
 
     def _changed(self) -> None:
         super()._changed()
+        self._default_plan = None
         for op in self._ops.values():
             op.invalidate()
 
     # --- selection --------------------------------------------------------------------
 
-    def disabled(self) -> set[str]:
-        """Variant keys disabled by ``HWPLUG_DISABLED_KERNELS`` (``op/name`` or ``name``)."""
-        names = envs.HWPLUG_DISABLED_KERNELS
-        keys = {e.name for e in self.entries()}
-        short = {key.split("/", 1)[1] for key in keys}
-        unknown = [n for n in names if n not in keys and n not in short]
-        if unknown:
-            raise ConfigError(
-                f"HWPLUG_DISABLED_KERNELS names unknown kernel variants: {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(keys))}")
-        return {key for key in keys if key in names or key.split("/", 1)[1] in names}
-
     def explain(self, op: str, platform: Platform, device_type: str, dtype: str,
-                num_tokens: int | None = None, layout: str | None = None) -> Explanation:
+                num_tokens: int | None = None, layout: str | None = None,
+                policy: KernelPolicy | None = None) -> Explanation:
         """Rank ``op``'s variants for one dispatch key, with a reason for each rejection.
         ``layout`` is the KV-cache layout of an op over a paged cache (default: the
-        reference ``NHD``); other ops have none.
+        reference ``NHD``); other ops have none. ``policy`` (default: the
+        ``HWPLUG_*_KERNELS`` variables now, checked) disables, ranks and forbids fallbacks.
 
         No side effects beyond importing the eligible variants: a variant's native library
         is judged by its build status alone (no compiler runs here). A remembered build
@@ -153,10 +145,12 @@ class KernelRegistry(Registry[Variant]):
             layout = None  # only the ops over a paged cache have one
         elif layout is None:
             layout = REFERENCE_LAYOUT
+        if policy is None:
+            policy = KernelPolicy.from_env()
+            policy.check(self)
         result = Explanation(op, device_type, dtype, num_tokens, layout=layout)
-        disabled = self.disabled()
-        for variant in self._preferred_order(op):
-            reason = ("disabled by HWPLUG_DISABLED_KERNELS" if variant.key in disabled
+        for variant in self._preferred_order(op, policy):
+            reason = ("disabled by HWPLUG_DISABLED_KERNELS" if policy.disables(variant)
                       else variant.static_rejection(platform, device_type, dtype, num_tokens,
                                                     layout))
             if reason is None:
@@ -169,7 +163,7 @@ class KernelRegistry(Registry[Variant]):
                 result.chain.append(variant)
             else:
                 result.rejected[variant.name] = reason
-        if envs.HWPLUG_STRICT_KERNELS and len(result.chain) > 1:
+        if policy.strict and len(result.chain) > 1:
             for variant in result.chain[1:]:
                 result.rejected[variant.name] = "no fallback: HWPLUG_STRICT_KERNELS is set"
             del result.chain[1:]
@@ -191,25 +185,22 @@ class KernelRegistry(Registry[Variant]):
             found.setdefault(id(library), (library, []))[1].append(variant.key)
         return list(found.values())
 
-    def preferred(self) -> dict[str, tuple[str, ...]]:
-        """``HWPLUG_PREFERRED_KERNELS`` (op -> variant names, best first), checked whole:
-        :class:`ConfigError` listing the known ops for an unknown op, or an op's known
-        variants for an unknown variant."""
-        wanted = envs.HWPLUG_PREFERRED_KERNELS
-        unknown_ops = [op for op in wanted if op not in self._ops]
-        if unknown_ops:
-            raise ConfigError(f"HWPLUG_PREFERRED_KERNELS names unknown ops: "
-                              f"{', '.join(unknown_ops)}; known ops: {', '.join(self._ops)}")
-        for op, preferred in wanted.items():
-            names = [v.name for v in self.variants(op)]
-            unknown = [p for p in preferred if p not in names]
-            if unknown:
-                raise ConfigError(f"HWPLUG_PREFERRED_KERNELS names unknown variants of {op}: "
-                                  f"{', '.join(unknown)}; known: {', '.join(names)}")
-        return wanted
+    def default_plan(self) -> KernelPlan:
+        """The plan that serves calls of the ops outside a model (``hwplug.ops.<op>(...)``:
+        the conformance kit, tests, a variant calling another op): made for the platform
+        discovery resolved (this is one of the entry points that read it, discovering on
+        first use) under the ``HWPLUG_*_KERNELS`` variables, and made again after the
+        registry, the platform or those variables change."""
+        from hwplug.discovery import current_platform
 
-    def _preferred_order(self, op: str) -> list[Variant]:
-        preferred = self.preferred().get(op, ())
+        platform, policy = current_platform(), KernelPolicy.from_env()
+        plan = self._default_plan
+        if plan is None or plan.platform is not platform or plan.policy != policy:
+            plan = self._default_plan = KernelPlan(self, platform, policy)
+        return plan
+
+    def _preferred_order(self, op: str, policy: KernelPolicy) -> list[Variant]:
+        preferred = policy.preferred.get(op, ())
         rank = {name: index for index, name in enumerate(preferred)}
         return sorted(self.variants(op), key=lambda v: rank.get(v.name, len(rank)))
 
@@ -233,3 +224,8 @@ def _import_failure(variant: Variant) -> str | None:
         logger.warning("kernel variant %s failed to import: %r", variant.key, exc)
         return f"import failed: {exc!r}"
     return None
+
+
+#: The process-wide kernel registry (passed to ``hwplug_register_kernels``).
+kernels = KernelRegistry()
+registries.attach("hwplug_register_kernels", kernels)

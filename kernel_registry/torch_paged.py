@@ -23,10 +23,11 @@ from hwplug.attention import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
+    KernelBinder,
     PagedAttentionParams,
 )
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
-from hwplug.kernel_registry import ops
+from hwplug.kernel_registry import registry
 from hwplug.kv_cache_layout import kv_cache_layout
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 
 
 class TorchPagedBackend(AttentionBackend):
-    """Writes K/V with ``ops.reshape_and_cache``, then attends with ``ops.paged_attention``."""
+    """Writes K/V with ``reshape_and_cache``, then attends with ``paged_attention``: both
+    bound from the model's kernel plan when the backend is made (for its dtype and
+    layout)."""
 
     supported_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     #: fp8 caches are read with this layer's k/v scales (``k_scale`` / ``v_scale``).
@@ -46,9 +49,11 @@ class TorchPagedBackend(AttentionBackend):
     kv_cache_layout: ClassVar[str] = "NHD"
     updates_kv_cache_in_forward: ClassVar[bool] = True
 
-    def __init__(self, spec: AttentionSpec) -> None:
-        super().__init__(spec)
-        self._write, self._attend = ops.reshape_and_cache, ops.paged_attention
+    def __init__(self, spec: AttentionSpec, kernels: KernelBinder | None = None) -> None:
+        super().__init__(spec, kernels)
+        plan = kernels if kernels is not None else registry.kernels.default_plan()
+        self._write, self._attend = (plan.bind(op, spec.dtype, self.kv_cache_layout)
+                                     for op in ("reshape_and_cache", "paged_attention"))
         self._layout = kv_cache_layout(self.kv_cache_layout)
         self._params: PagedAttentionParams | None = None
 

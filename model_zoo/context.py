@@ -1,8 +1,10 @@
 """``ModelContext`` and ``build_model``: from a checkpoint to a loaded model on the platform.
 
-The context carries what every layer needs to build itself for the resolved platform:
-the settled :class:`EngineConfig`, the attention backend class, the quant method, the
-dtype and the device.
+The context is handed to every layer when the model is built and carries what a layer
+needs to build itself for the platform: the platform, the settled :class:`EngineConfig`,
+the attention backend class, the quant method, the dtype and device, this process's
+share under tensor parallelism (with its communicator), and the kernel plan the layers
+bind their ops from (:class:`~hwplug.kernel_registry.KernelPlan`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hwplug.attention import AttentionBackend
 from hwplug.config import EngineConfig
 from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError, UnsupportedError
+from hwplug.kernel_registry import BoundOp, KernelPlan, KernelPolicy, kernels
 from hwplug.model_zoo.llm_config import LLMConfig
 from hwplug.model_zoo.loaders.memory import check_memory, estimate_memory
 from hwplug.model_zoo.parallel import TensorParallel
@@ -42,8 +45,15 @@ class ModelContext:
     quant_method: QuantMethod
     dtype: torch.dtype
     device: torch.device
+    #: The kernels the model's layers bind when they are built (one plan per model).
+    kernels: KernelPlan
     #: This process's share of the model under tensor parallelism (size 1: all of it).
     parallel: TensorParallel = field(default_factory=TensorParallel)
+
+    def bind(self, op: str, dtype: str | None = None, layout: str | None = None) -> BoundOp:
+        """``op`` bound from this model's plan for dispatch tensors of ``dtype`` (default:
+        the model dtype) and, for a cache op, caches of ``layout``."""
+        return self.kernels.bind(op, dtype or self.engine_config.dtype, layout)
 
 
 class CheckpointLike(Protocol):
@@ -60,15 +70,16 @@ ENGINE_OPTIONS = ("dtype", "kv_cache_dtype", "block_size", "attention_backend",
 
 
 def create_context(model_cls: Any, hf_config: Any, platform: Platform,
-                   config: LLMConfig | None = None, parallel: TensorParallel | None = None
-                   ) -> ModelContext:
+                   config: LLMConfig | None = None, parallel: TensorParallel | None = None,
+                   policy: KernelPolicy | None = None) -> ModelContext:
     """Settle the engine configuration of ``model_cls`` for ``hf_config`` on ``platform``
     from the checked ``config`` (default: every option's default). ``dtype`` ``"auto"``
     lets the platform choose, within what the checkpoint's ``torch_dtype`` allows. Under
     tensor ``parallel``ism the settled attention geometry is this rank's share of the
-    heads. Raises :class:`ConfigError` for heads that do not split over the ranks, and
-    :class:`UnsupportedError` when the platform cannot run the dtype, KV dtype, attention
-    or quantization the model needs."""
+    heads. The model's kernel plan follows ``policy`` (default: the ``HWPLUG_*_KERNELS``
+    variables now). Raises :class:`ConfigError` for heads that do not split over the ranks
+    or a policy naming unknown kernels, and :class:`UnsupportedError` when the platform
+    cannot run the dtype, KV dtype, attention or quantization the model needs."""
     config = config or LLMConfig()
     parallel = parallel or TensorParallel()
     engine = replace(model_cls.engine_config(hf_config, config.dtype),
@@ -83,6 +94,7 @@ def create_context(model_cls: Any, hf_config: Any, platform: Platform,
                             engine.attention_backend),
                         quant_method=_quant_method(hf_config, platform, engine.dtype),
                         dtype=torch_dtype(engine.dtype), device=torch.device(platform.device_type),
+                        kernels=KernelPlan(kernels, platform, policy or KernelPolicy.from_env()),
                         parallel=parallel)
 
 
@@ -131,13 +143,13 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
                          "(config.architectures is empty)")
     model_cls = get_model_class(architectures[0])
     ctx = create_context(model_cls, hf_config, platform, config, parallel)
-    logger.info("building %s (%s) on %s with %s attention, block size %d; quantization %s",
+    logger.info("building %s (%s) on %s with %s attention, block size %d",
                 architectures[0], ctx.engine_config.dtype, ctx.platform.name,
-                ctx.engine_config.attention_backend, ctx.engine_config.block_size,
-                quantization_report(ctx))
+                ctx.engine_config.attention_backend, ctx.engine_config.block_size)
     check_memory(estimate_memory(model_cls, hf_config, ctx), ctx.platform)  # before allocating
     with torch.device(ctx.device):
         model = model_cls(hf_config, ctx)
+    logger.info("quantization %s", quantization_report(ctx))
     model.load_weights(checkpoint.weights())
     for module in model.modules():  # linear layers and vocabulary tables
         if hasattr(module, "quant_method"):
@@ -146,20 +158,11 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
 
 
 def quantization_report(ctx: ModelContext) -> str:
-    """The quant method, its scheme and the kernel variant the registry chooses for its GEMM
-    here (for a model's first call; a per-call ``supports`` check may still fall back)."""
-    from hwplug.kernel_registry import kernels
-
+    """The quant method, its scheme and what the model's plan bound for its GEMM (the
+    variant per token bucket; call after the model is built)."""
     method = ctx.quant_method
-    activation = method.activation_quantization()
-    op = kernels.op(method.gemm_op)
-    # the op sees the quantized activation only if it takes that dtype (scaled_mm); int4's
-    # op takes the model dtype and rounds inside its variants
-    dtype = (activation.dtype if activation is not None and activation.dtype in op.tolerances
-             else ctx.engine_config.dtype)
-    why = kernels.explain(method.gemm_op, ctx.platform, ctx.device.type, dtype)
-    chosen = why.chosen.name if why.chosen else "none"
-    return f"{method.describe()}, {method.gemm_op} served by {chosen}"
+    bound = [op.describe() for op in ctx.kernels.bound() if op.op == method.gemm_op]
+    return f"{method.describe()}, {method.gemm_op} served by {'; '.join(bound) or 'none'}"
 
 
 def _quant_method(hf_config: Any, platform: Platform, dtype: str) -> QuantMethod:

@@ -200,7 +200,7 @@ def test_an_int4_checkpoint_tracks_its_dequantized_weights(reference, fmt, platf
     served = ("kleidiai_bf16" if dtype == "bfloat16" else "kleidiai") \
         if platform == "cpu-arm" else "reference"
     assert int4_linear.variants_used() == {served}
-    assert quantization_report(ctx).endswith(f"int4_linear served by {served}")
+    assert f"int4_linear served by {served}" in quantization_report(ctx)
     assert error < LOGIT_RTOL[fmt, platform], error
     assert same >= MIN_SAME_PROMPTS[platform], (same, NUM_PROMPTS)
 

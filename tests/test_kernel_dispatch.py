@@ -48,7 +48,7 @@ def test_supports_rejection_falls_back_and_logs_once(reg, caplog):
                          supports=lambda x: None if x.shape[0] % 2 == 0 else "odd length")
     op = reg.op("double")
     assert op(torch.zeros(4)).tolist() == [5.0] * 4
-    with caplog.at_level(logging.INFO, logger="hwplug.kernel_registry.dispatch"):
+    with caplog.at_level(logging.INFO, logger="hwplug.kernel_registry.plan"):
         assert op(torch.ones(3)).tolist() == [2.0] * 3
         op(torch.ones(5))
     fallbacks = [r for r in caplog.records if "falling back to reference" in r.message]

@@ -17,7 +17,7 @@ from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance.layouts import check_layout
 from hwplug.discovery import current_platform
 from hwplug.errors import UnsupportedError
-from hwplug.kernel_registry import KernelRegistry, ops
+from hwplug.kernel_registry import KernelPlan, KernelPolicy, KernelRegistry, ops
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug.kv_cache_layout import NHD, KVCacheLayout, kv_cache_layout
 from hwplug.platforms.cpu.platform import CpuPlatform
@@ -123,9 +123,9 @@ def test_a_variant_serves_only_the_layouts_it_declares(fresh_discovery):
     assert why.rejected["nhd_only"] == "serves layouts NHD, not TEST_BLOCKS_LAST"
     strict = KernelRegistry()
     strict.define_op("attend", _echo, doc="", layout_arg=1, tolerances={})
-    strict.disabled = lambda: {"attend/reference"}
+    plan = KernelPlan(strict, platform, KernelPolicy(disabled=frozenset({"attend/reference"})))
     with pytest.raises(UnsupportedError, match="cpu float32 in layout NHD: reference: disabled"):
-        strict.op("attend")(x, params)
+        plan.bind("attend", "float32", "NHD")
 
 
 def test_block_access_of_the_reference_layout():

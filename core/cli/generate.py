@@ -74,11 +74,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def print_resolved(llm: LLM, console: Console) -> None:
-    """The configuration ``llm`` runs with: settled values, then the options given."""
+    """The configuration ``llm`` runs with (settled values, then the options given) and
+    the kernel plan its layers bound."""
+    from hwplug.model_zoo.plan_report import layer_kernels
+
     settled = llm.config.describe()
     given = settled.pop("options")
     console.print(table("resolved configuration", ("setting", "value"),
                         [*settled.items(), *((f"option {k}", v) for k, v in given.items())]))
+    console.print(table("kernel plan (bound when the model was built; '>' falls back per "
+                        "call, [a, b) is a token range)", ("layers", "op", "variants"),
+                        layer_kernels(llm.model)))
 
 
 def _read_prompts(file: Path) -> list[str]:
@@ -117,8 +123,6 @@ def _batch(llm: LLM, prompts: list[str], inputs: list[list[int]], sampling: Samp
 
 def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
             console: Console) -> None:
-    from hwplug import kernels
-
     speed = f"{num_tokens} tokens in {seconds:.2f} s: {num_tokens / seconds:.1f} tokens/s"
     if first_text is not None and num_tokens > 1 and seconds > first_text:
         speed += (f"; first text after {first_text:.2f} s, then "
@@ -130,8 +134,8 @@ def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
     graphs = llm.runner.graphs
     console.print(graphs.describe() if graphs else f"step graphs: {llm.config.step_graphs}",
                   highlight=False, soft_wrap=True)
-    used = ", ".join(f"{name}={'+'.join(sorted(op.variants_used()))}"
-                     for name, op in kernels.ops().items() if op.variants_used())
+    used = ", ".join(f"{name}={'+'.join(sorted(variants))}"
+                     for name, variants in llm.ctx.kernels.used().items())
     parallel = llm.parallelism.describe()
     console.print(f"platform {llm.platform}, attention backend {llm.attention_backend}, "
                   f"dtype {llm.dtype}, KV cache {llm.ctx.engine_config.kv_cache_dtype}, "

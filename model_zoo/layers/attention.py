@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from hwplug.attention import AttentionMetadata, AttentionSpec
+from hwplug.attention import AttentionBackend, AttentionMetadata, AttentionSpec, KernelBinder
 from hwplug.dtypes import is_quantized_kv_cache, torch_dtype
 from hwplug.errors import ModelError
 
@@ -32,6 +34,20 @@ def kv_scale_target(name: str, block: str = "self_attn") -> tuple[str, None] | N
     if sep and tail in KV_SCALE_NAMES:
         return f"{head}.{block}.{KV_SCALE_NAMES[tail]}", None
     return None
+
+
+def make_backend(cls: type[AttentionBackend], spec: AttentionSpec,
+                 kernels: KernelBinder) -> AttentionBackend:
+    """A ``cls`` backend for ``spec`` that binds its ops from ``kernels``. A backend class
+    written before backends took ``kernels`` (``__init__(self, spec)``) is still made, with
+    a deprecation warning: it calls the ops through the process's default plan."""
+    parameters = inspect.signature(cls).parameters
+    if "kernels" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return cls(spec, kernels=kernels)
+    warnings.warn(f"{cls.__name__}.__init__ takes no kernels: its ops are not bound from the "
+                  "model's plan; accept __init__(self, spec, kernels=None) and pass kernels "
+                  "to super().__init__", DeprecationWarning, stacklevel=3)
+    return cls(spec)
 
 
 class Attention(nn.Module):
@@ -64,7 +80,7 @@ class Attention(nn.Module):
         spec = replace(AttentionSpec.from_config(config), num_heads=num_heads,
                        num_kv_heads=num_kv_heads, head_size=head_size,
                        sliding_window=sliding_window)
-        self.backend = ctx.attention_backend(spec)
+        self.backend = make_backend(ctx.attention_backend, spec, ctx.kernels)
         self.writes_cache_first = not self.backend.updates_kv_cache_in_forward
         self._scales_pending: str | None = None
         if is_quantized_kv_cache(config.kv_cache_dtype):

@@ -9,13 +9,19 @@ others) and all-reduces; the head computes its share of the logits and all-gathe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
+from hwplug.model_zoo.layers.binding import plan_and_dtype
 from hwplug.model_zoo.layers.linear import load_rows
 from hwplug.model_zoo.parallel import TensorParallel
 from hwplug.model_zoo.quant_methods.unquantized import UnquantizedLinearMethod
 from hwplug.quantization import QuantMethod
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.context import ModelContext
 
 
 def vocab_method(quant_method: QuantMethod | None) -> QuantMethod:
@@ -27,11 +33,14 @@ def vocab_method(quant_method: QuantMethod | None) -> QuantMethod:
 
 class _VocabTable(nn.Module):
     """This rank's share of a ``[num_rows, dim]`` table, created and loaded by its quant
-    method (parameters as for a linear layer of ``dim`` inputs and ``num_rows`` outputs)."""
+    method (parameters as for a linear layer of ``dim`` inputs and ``num_rows`` outputs),
+    in the model's dtype, its kernels bound from the model's plan."""
 
-    def __init__(self, num_rows: int, dim: int, dtype: torch.dtype,
+    def __init__(self, num_rows: int, dim: int, ctx: ModelContext,
                  parallel: TensorParallel | None, quant_method: QuantMethod | None) -> None:
         super().__init__()
+        self.kernels, dtype = plan_and_dtype(ctx, type(self).__name__)
+        self.dtype = dtype
         self.tp = parallel or TensorParallel()
         self.first, rows = self.tp.share(num_rows, "vocabulary rows")
         self.source = (0, self.first, rows, num_rows) if self.tp.size > 1 else None
@@ -46,13 +55,13 @@ class _VocabTable(nn.Module):
 
 class VocabEmbedding(_VocabTable):
     """``ids [T] int64`` -> rows of the ``[num_embeddings, embedding_dim]`` table
-    (``[T, dim]`` in the model dtype)."""
+    (``[T, dim]`` in the model dtype), looked up by its quant method's ``embed_op``."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype,
+    def __init__(self, num_embeddings: int, embedding_dim: int, ctx: ModelContext,
                  parallel: TensorParallel | None = None,
                  quant_method: QuantMethod | None = None) -> None:
-        super().__init__(num_embeddings, embedding_dim, dtype, parallel, quant_method)
-        self.dtype = dtype
+        super().__init__(num_embeddings, embedding_dim, ctx, parallel, quant_method)
+        self.embed_kernel = self.kernels.bind(self.quant_method.embed_op, "int64")
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -70,12 +79,12 @@ class LMHead(_VocabTable):
     embedding's name; the head owns no parameters); otherwise it owns its table.
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype,
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: ModelContext,
                  tied_to: VocabEmbedding | None = None,
                  parallel: TensorParallel | None = None,
                  quant_method: QuantMethod | None = None) -> None:
         if tied_to is None:
-            super().__init__(vocab_size, hidden_size, dtype, parallel, quant_method)
+            super().__init__(vocab_size, hidden_size, ctx, parallel, quant_method)
             self._table: tuple[_VocabTable, ...] = (self,)
         else:
             nn.Module.__init__(self)

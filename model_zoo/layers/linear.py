@@ -51,6 +51,7 @@ class Linear(nn.Module):
             self.source = (1, *self.tp.share(input_size, "input columns"), input_size)
             input_size = self.source[2]
         self.input_size, self.output_size = input_size, output_size
+        self.kernels = ctx.kernels  # the quant method binds its GEMM from it
         self.quant_method = ctx.quant_method
         self.quant_method.create_weights(self, input_size, output_size, ctx.dtype, bias)
         if bias and parallel == "row" and self.tp.rank:

@@ -1,12 +1,18 @@
-"""Normalisation layers. :class:`RMSNorm` runs ``ops.rms_norm`` (with the fused residual
-add); BERT's LayerNorm is :class:`torch.nn.LayerNorm` itself."""
+"""Normalisation layers. :class:`RMSNorm` runs the ``rms_norm`` op (with the fused residual
+add), bound from the model's kernel plan; BERT's LayerNorm is :class:`torch.nn.LayerNorm`
+itself."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from hwplug.kernel_registry import ops
+from hwplug.model_zoo.layers.binding import bind
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.context import ModelContext
 
 
 class RMSNorm(nn.Module):
@@ -17,11 +23,12 @@ class RMSNorm(nn.Module):
     next block comes out of the same kernel.
     """
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, eps: float, ctx: ModelContext) -> None:
         super().__init__()
         self.eps = eps
+        self.rms_norm, dtype = bind(ctx, "RMSNorm", "rms_norm")
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return ops.rms_norm(x, self.weight, self.eps, residual)
+        return self.rms_norm(x, self.weight, self.eps, residual)

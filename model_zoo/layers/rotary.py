@@ -1,15 +1,18 @@
-"""Rotary position embedding: one ``cos_sin_cache`` per model, applied by
-``ops.rotary_embedding``."""
+"""Rotary position embedding: one ``cos_sin_cache`` per model, applied by the
+``rotary_embedding`` op bound from the model's kernel plan."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from hwplug.kernel_registry import ops
 from hwplug.kernel_registry.reference import build_cos_sin_cache
+from hwplug.model_zoo.layers.binding import bind
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.context import ModelContext
 
 #: transformers' default RoPE base when a config names none.
 DEFAULT_THETA = 10000.0
@@ -41,9 +44,11 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, rotary_dim: int, max_position: int, base: float,
-                 rope_scaling: dict[str, Any] | None = None, is_neox: bool = True) -> None:
+                 rope_scaling: dict[str, Any] | None = None, is_neox: bool = True,
+                 ctx: ModelContext | None = None) -> None:
         super().__init__()
         self.rotary_dim, self.is_neox = rotary_dim, is_neox
+        self.rotary_embedding, _ = bind(ctx, "RotaryEmbedding", "rotary_embedding")
         # built on the CPU, then moved: under the meta device (a memory estimate) torch's
         # arange would import torch._dynamo, about 0.8 s of a cold start
         cache = build_cos_sin_cache(rotary_dim, max_position, base, rope_scaling)
@@ -51,12 +56,13 @@ class RotaryEmbedding(nn.Module):
                              persistent=False)
 
     @classmethod
-    def from_config(cls, hf_config: Any, head_size: int, is_neox: bool = True) -> RotaryEmbedding:
+    def from_config(cls, hf_config: Any, head_size: int, is_neox: bool = True,
+                    ctx: ModelContext | None = None) -> RotaryEmbedding:
         """The RoPE a Hugging Face decoder config describes, for heads of ``head_size``."""
         theta, scaling, partial = rope_parameters(hf_config)
         return cls(int(head_size * partial), hf_config.max_position_embeddings, theta, scaling,
-                   is_neox)
+                   is_neox, ctx)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        return ops.rotary_embedding(positions, query, key, self.cos_sin_cache, self.is_neox)
+        return self.rotary_embedding(positions, query, key, self.cos_sin_cache, self.is_neox)

@@ -51,10 +51,10 @@ class BertEmbeddings(nn.Module):
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
         super().__init__()
         hidden = hf_config.hidden_size
-        self.word_embeddings = VocabEmbedding(hf_config.vocab_size, hidden, ctx.dtype)
+        self.word_embeddings = VocabEmbedding(hf_config.vocab_size, hidden, ctx)
         self.position_embeddings = VocabEmbedding(hf_config.max_position_embeddings, hidden,
-                                                  ctx.dtype)
-        self.token_type_embeddings = VocabEmbedding(hf_config.type_vocab_size, hidden, ctx.dtype)
+                                                  ctx)
+        self.token_type_embeddings = VocabEmbedding(hf_config.type_vocab_size, hidden, ctx)
         self.norm = nn.LayerNorm(hidden, eps=hf_config.layer_norm_eps, dtype=ctx.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

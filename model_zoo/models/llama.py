@@ -125,7 +125,7 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = FusedLinear(
             hidden, {"gate": local, "up": local}, ctx, bias=bias,
             source_rows={"gate": rows, "up": rows} if ctx.parallel.size > 1 else None)
-        self.act = SiluAndMul()
+        self.act = SiluAndMul(ctx)
         self.down_proj = Linear(intermediate, hidden, ctx, bias=bias, parallel="row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,9 +143,9 @@ class LlamaDecoderLayer(nn.Module):
                  rotary: RotaryEmbedding, attention_cls: type[LlamaAttention]) -> None:
         super().__init__()
         eps = hf_config.rms_norm_eps
-        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps, ctx.dtype)
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps, ctx)
         self.self_attn = attention_cls(hf_config, ctx, layer_idx, rotary)
-        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps, ctx.dtype)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps, ctx)
         self.mlp = LlamaMLP(hf_config, ctx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
@@ -166,13 +166,13 @@ class LlamaModel(nn.Module):
     def __init__(self, hf_config: Any, ctx: ModelContext,
                  attention_cls: type[LlamaAttention]) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx.dtype,
+        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx,
                                            ctx.parallel, ctx.quant_method)
-        rotary = RotaryEmbedding.from_config(hf_config, head_size(hf_config))
+        rotary = RotaryEmbedding.from_config(hf_config, head_size(hf_config), ctx=ctx)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(hf_config, ctx, i, rotary, attention_cls)
             for i in range(hf_config.num_hidden_layers))
-        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx.dtype)
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
@@ -198,7 +198,7 @@ class LlamaForCausalLM(nn.Module):
         self.num_layers = hf_config.num_hidden_layers
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.model = LlamaModel(hf_config, ctx, self.attention_cls)
-        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, ctx.dtype,
+        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, ctx,
                               tied_to=self.model.embed_tokens if self.tie_word_embeddings
                               else None, parallel=ctx.parallel, quant_method=ctx.quant_method)
 

@@ -21,8 +21,8 @@ class Qwen3Attention(LlamaAttention):
     def __init__(self, hf_config: Any, ctx: ModelContext, layer_idx: int,
                  rotary: RotaryEmbedding) -> None:
         super().__init__(hf_config, ctx, layer_idx, rotary)
-        self.q_norm = RMSNorm(self.head_size, hf_config.rms_norm_eps, ctx.dtype)
-        self.k_norm = RMSNorm(self.head_size, hf_config.rms_norm_eps, ctx.dtype)
+        self.q_norm = RMSNorm(self.head_size, hf_config.rms_norm_eps, ctx)
+        self.k_norm = RMSNorm(self.head_size, hf_config.rms_norm_eps, ctx)
 
     def _project_qkv(self, hidden: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

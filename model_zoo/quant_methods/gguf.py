@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
-from hwplug.kernel_registry import ops_ggml
 from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
+from hwplug.model_zoo.layers.binding import kernels_of
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 
 if TYPE_CHECKING:
@@ -37,9 +38,11 @@ Parts = dict[int, dict[str, Any]]
 
 class GgufMethod(QuantMethod):
     """GGUF blocks as stored (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F32, F16 and
-    BF16 matrices too), multiplied by ``ops_ggml.ggml_linear``."""
+    BF16 matrices too), multiplied by the ``ggml_linear`` op (looked up by
+    ``ggml_embedding``)."""
 
     gemm_op: ClassVar[str] = "ggml_linear"
+    embed_op: ClassVar[str] = "ggml_embedding"
     quantizes_vocab: ClassVar[bool] = True
 
     @classmethod
@@ -68,6 +71,7 @@ class GgufMethod(QuantMethod):
             layer.register_parameter(name, param)
         layer.register_parameter("bias", nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+        layer.gemm_kernel = kernels_of(layer).bind("ggml_linear", dtype_name(params_dtype))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Check the loaded parts cover every output row with whole rows of
@@ -104,13 +108,13 @@ class GgufMethod(QuantMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         runs = layer.gguf_runs
         if len(runs) == 1:
-            return ops_ggml.ggml_linear(x, runs[0][1], runs[0][0], layer.bias)
-        out = torch.cat([ops_ggml.ggml_linear(x, rows, kind) for kind, rows in runs], dim=-1)
+            return layer.gemm_kernel(x, runs[0][1], runs[0][0], layer.bias)
+        out = torch.cat([layer.gemm_kernel(x, rows, kind) for kind, rows in runs], dim=-1)
         return out if layer.bias is None else out + layer.bias.to(out.dtype)
 
     def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         (kind, rows), = layer.gguf_runs  # one checkpoint tensor: one type
-        return ops_ggml.ggml_embedding(ids, rows, kind)
+        return layer.embed_kernel(ids, rows, kind)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return torch.cat([dequantize(rows, kind) for kind, rows in layer.gguf_runs])

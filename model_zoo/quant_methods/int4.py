@@ -23,9 +23,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from hwplug.dtypes import dtype_name
 from hwplug.errors import ConfigError, UnsupportedError
-from hwplug.kernel_registry.ops_int4 import int4_linear
 from hwplug.kernel_registry.reference.int4 import dequantize_int4
+from hwplug.model_zoo.layers.binding import kernels_of
 from hwplug.model_zoo.quant_methods.formats import LinearScheme, compressed_tensors_scheme
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 
@@ -117,6 +118,7 @@ class Int4LinearMethod(QuantMethod):
         layer.weight_shape.weight_loader = _accept_shape
         layer.register_parameter("bias", nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+        layer.gemm_kernel = kernels_of(layer).bind("int4_linear", dtype_name(params_dtype))
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """``layer.qweight``: ``weight_packed`` as the op's ``uint8 [N, K / 2]`` (a view,
@@ -127,7 +129,7 @@ class Int4LinearMethod(QuantMethod):
                               persistent=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return int4_linear(x, layer.qweight, layer.scales, layer.bias)
+        return layer.gemm_kernel(x, layer.qweight, layer.scales, layer.bias)
 
     def activation_quantization(self) -> ScaleDescriptor | None:
         """None would be true of :meth:`apply` itself; but the ``int4_linear`` variants

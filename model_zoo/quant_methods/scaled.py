@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from hwplug import ops
-from hwplug.dtypes import torch_dtype
+from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError
 from hwplug.kernel_registry.reference.matmul import expand_scale
+from hwplug.model_zoo.layers.binding import kernels_of
 from hwplug.model_zoo.quant_methods.activations import quantize
 from hwplug.model_zoo.quant_methods.formats import (
     LinearScheme,
@@ -116,6 +116,9 @@ class ScaledLinearMethod(QuantMethod):
             layer.input_scale.weight_loader = _fill_rows
         layer.register_parameter("bias", nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+        # scaled_mm dispatches on its activation: quantized here, or the model's for W8A16
+        layer.gemm_kernel = kernels_of(layer).bind(
+            "scaled_mm", activation.dtype if activation is not None else dtype_name(params_dtype))
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Lay the scales out as ``scaled_mm`` reads them: ``layer.scale_b`` (scalar,
@@ -139,7 +142,7 @@ class ScaledLinearMethod(QuantMethod):
             a, scale_a = rows, layer.scale_a
         else:
             a, scale_a = quantize(rows, activation, layer.scale_a)
-        out = ops.scaled_mm(a, layer.weight.t(), scale_a, layer.scale_b, x.dtype, layer.bias)
+        out = layer.gemm_kernel(a, layer.weight.t(), scale_a, layer.scale_b, x.dtype, layer.bias)
         return out.view(*x.shape[:-1], out.shape[-1])
 
     def activation_quantization(self) -> ScaleDescriptor | None:

@@ -1,5 +1,6 @@
 """``UnquantizedLinearMethod``: plain ``weight [out, in]`` (+ ``bias [out]``), the
-registry's ``linear`` op (``embedding`` for vocabulary tables).
+registry's ``linear`` op (``embedding`` for vocabulary tables), bound from the model's
+kernel plan.
 
 Registered as ``"unquantized"`` by :mod:`hwplug.model_zoo.plugin`; it is the quant method of
 every checkpoint without a ``quantization_config``.
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from hwplug.kernel_registry import ops
+from hwplug.dtypes import dtype_name
+from hwplug.model_zoo.layers.binding import kernels_of
 from hwplug.quantization import QuantMethod
 
 
 class UnquantizedLinearMethod(QuantMethod):
-    """Weights stored as given in the model dtype; the matmul is ``ops.linear``."""
+    """Weights stored as given in the model dtype; the matmul is the ``linear`` op."""
 
     @classmethod
     def get_name(cls) -> str:
@@ -26,12 +28,13 @@ class UnquantizedLinearMethod(QuantMethod):
                                           requires_grad=False)
         layer.register_parameter("bias", torch.nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+        layer.gemm_kernel = kernels_of(layer).bind("linear", dtype_name(params_dtype))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, layer.weight, layer.bias)
+        return layer.gemm_kernel(x, layer.weight, layer.bias)
 
     def embed(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return ops.embedding(ids, layer.weight)
+        return layer.embed_kernel(ids, layer.weight)
 
     def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
         return layer.weight.float()
