@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from hwplug import registries
 from hwplug.errors import UnsupportedError
 from hwplug.interface import StrictInterface
-from hwplug.kv_cache_layout import NHD, KVCacheLayout, kv_cache_layout
+from hwplug.kv_cache_layout import NHD, KVCacheLayout, registered_layout
 from hwplug.requirements import Requirements
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class AttentionBackend(StrictInterface, abc.ABC):
                        head_size: int) -> tuple[int, ...]:
         """Shape of one layer's cache: what the layout named in ``kv_cache_layout`` says
         (``NHD``: ``[2, num_blocks, block_size, num_kv_heads, head_size]``, K then V)."""
-        return kv_cache_layout(cls.kv_cache_layout).shape(num_blocks, block_size,
+        return registered_layout(cls.kv_cache_layout).shape(num_blocks, block_size,
                                                           num_kv_heads, head_size)
 
     @classmethod

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hwplug import registries
 from hwplug.errors import ConfigError, HwplugError
 from hwplug.interface import StrictInterface
-from hwplug.kv_cache_layout import KVCacheLayout, checked_reference, kv_cache_layout
+from hwplug.kv_cache_layout import KVCacheLayout, checked_reference, registered_layout
 from hwplug.registry import Registry
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ class Connector(StrictInterface, abc.ABC):
                               f"{', '.join(valid)}")
         self.layout = layout
         #: The engine's KV-cache layout: where its blocks lie in each layer's cache.
-        self.cache_layout: KVCacheLayout = kv_cache_layout(layout.layout)
+        self.cache_layout: KVCacheLayout = registered_layout(layout.layout)
         self.fingerprint = kv_layout_fingerprint(layout)
         self.policy = KVLoadFailurePolicy(chosen)
 

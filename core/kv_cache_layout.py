@@ -144,7 +144,7 @@ class NHDLayout(KVCacheLayout):
 NHD = NHDLayout()
 
 
-def kv_cache_layout(name: str) -> KVCacheLayout:
+def registered_layout(name: str) -> KVCacheLayout:
     """The layout registered as ``name``. Plugins register theirs when discovery loads
     them, so a name not registered yet runs discovery first; an unknown name then raises
     :class:`~hwplug.errors.UnknownNameError` listing the registered ones."""

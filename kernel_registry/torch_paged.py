@@ -28,7 +28,7 @@ from hwplug.attention import (
 )
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
 from hwplug.kernel_registry import registry
-from hwplug.kv_cache_layout import kv_cache_layout
+from hwplug.kv_cache_layout import registered_layout
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ class TorchPagedBackend(AttentionBackend):
         plan = kernels if kernels is not None else registry.kernels.default_plan()
         self._write, self._attend = (plan.bind(op, spec.dtype, self.kv_cache_layout)
                                      for op in ("reshape_and_cache", "paged_attention"))
-        self._layout = kv_cache_layout(self.kv_cache_layout)
+        self._layout = registered_layout(self.kv_cache_layout)
         self._params: PagedAttentionParams | None = None
 
     @classmethod

@@ -19,7 +19,7 @@ from hwplug.discovery import current_platform
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import KernelPlan, KernelPolicy, KernelRegistry, ops
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
-from hwplug.kv_cache_layout import NHD, KVCacheLayout, kv_cache_layout
+from hwplug.kv_cache_layout import NHD, KVCacheLayout, registered_layout
 from hwplug.platforms.cpu.platform import CpuPlatform
 
 
@@ -39,11 +39,11 @@ def test_importing_the_layout_contract_does_not_import_torch():
 def test_core_registers_only_the_reference_layout_and_the_hook_runs_first(fresh_discovery):
     assert registries.REGISTRATION_HOOKS[0] == "hwplug_register_kv_layouts"
     assert registries.kv_layouts.entry("NHD").source == "code"
-    assert kv_cache_layout("NHD") is NHD and PagedAttentionParams(1.0).layout is NHD
+    assert registered_layout("NHD") is NHD and PagedAttentionParams(1.0).layout is NHD
     current_platform()  # plugins add theirs
     assert {"NHD", "ROCM_PA", "RPA_INTERLEAVED"} <= set(registries.kv_layouts.names())
     for name in registries.kv_layouts.names():
-        assert kv_cache_layout(name).name == name
+        assert registered_layout(name).name == name
 
 
 def test_backends_take_their_cache_shape_from_their_layout(registered):
@@ -140,7 +140,7 @@ def test_block_access_of_the_reference_layout():
 
 def test_every_registered_layout_meets_its_contract(registered):
     for name in registries.kv_layouts.names():
-        result = check_layout(kv_cache_layout(name))
+        result = check_layout(registered_layout(name))
         assert result.status == "passed", (name, result.detail)
 
 

@@ -41,7 +41,7 @@ from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import DTYPE_NAMES, torch_dtype
-from hwplug.kv_cache_layout import kv_cache_layout
+from hwplug.kv_cache_layout import registered_layout
 
 #: Two steps per sequence: the first may be empty (the sequence starts in step two).
 Plan = tuple[Step, Step]
@@ -158,7 +158,7 @@ class _Episode:
         self.rng = torch.Generator().manual_seed(example.seed)
         totals = [second.context + second.new for _, second in example.plans]
         self.blocks = BlockLayout.shuffled(self.rng, totals, spec.block_size)
-        self.kv_layout = kv_cache_layout(backend.kv_cache_layout)
+        self.kv_layout = registered_layout(backend.kv_cache_layout)
         self.keys = [self._randn(n, spec.num_kv_heads) for n in totals]
         self.values = [self._randn(n, spec.num_kv_heads) for n in totals]
         kv_dtype = torch_dtype(spec.kv_cache_dtype)

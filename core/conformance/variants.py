@@ -36,7 +36,7 @@ from hwplug.conformance.inputs import GENERATORS, Case, in_layout
 from hwplug.conformance.result import Check, CheckResult, Status
 from hwplug.conformance.target import Placement
 from hwplug.errors import ConfigError, UnknownNameError, UnsupportedError
-from hwplug.kv_cache_layout import REFERENCE_LAYOUT, KVCacheLayout, kv_cache_layout
+from hwplug.kv_cache_layout import REFERENCE_LAYOUT, KVCacheLayout, registered_layout
 
 if TYPE_CHECKING:
     from hwplug.kernel_registry import Variant
@@ -188,7 +188,7 @@ def _layouts(variant: Variant, op: Op) -> list[KVCacheLayout | None]:
     KV cache (the reference ``NHD`` when none), else None (no layout)."""
     if op.layout_arg is None:
         return [None]
-    return [kv_cache_layout(name) for name in variant.layouts or (REFERENCE_LAYOUT,)]
+    return [registered_layout(name) for name in variant.layouts or (REFERENCE_LAYOUT,)]
 
 
 def variant_check(variant: Variant, placement: Placement, examples: int) -> Check:

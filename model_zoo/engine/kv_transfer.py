@@ -12,7 +12,9 @@ recomputes from there (``recompute``) or ends with a
 :class:`~hwplug.connector.KVTransferError` (``fail``).
 
 Sequences that ask for prompt log-probabilities never load (every prompt position must be
-computed), as with prefix caching.
+computed), as with prefix caching. The engine's :class:`~hwplug.connector.KVLayout` names
+its backend's registered KV-cache layout; the connector reaches the blocks of every
+layer's cache through that layout object (``Connector.cache_layout``).
 """
 
 from __future__ import annotations

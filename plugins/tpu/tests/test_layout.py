@@ -12,7 +12,7 @@ import torch
 
 from hwplug.conformance.layouts import check_layout
 from hwplug.connector import BlockTransfer, ConnectorMetadata, ConnectorRequest, KVLayout
-from hwplug.kv_cache_layout import NHD, kv_cache_layout
+from hwplug.kv_cache_layout import NHD, registered_layout
 from hwplug.model_zoo.connectors.shared_storage import SharedStorageConnector
 from hwplug_tpu.layout import RPA_INTERLEAVED
 
@@ -25,7 +25,7 @@ SAVED, LOADED = [4, 1], [0, 5]
 
 
 def test_the_layout_is_registered_and_meets_its_contract(fresh_discovery):
-    assert kv_cache_layout("RPA_INTERLEAVED") is RPA_INTERLEAVED
+    assert registered_layout("RPA_INTERLEAVED") is RPA_INTERLEAVED
     result = check_layout(RPA_INTERLEAVED)
     assert result.status == "passed", result.detail
 
@@ -46,7 +46,7 @@ def test_blocks_are_pages_and_the_reference_is_a_view():
 
 def _cache(layout: KVLayout, dtype: torch.dtype, seed: int | None) -> torch.Tensor:
     """One layer's cache of ``layout``'s shape: random when ``seed`` is given, else zeros."""
-    shape = kv_cache_layout(layout.layout).shape(*GEOMETRY)
+    shape = registered_layout(layout.layout).shape(*GEOMETRY)
     if seed is None:
         return torch.zeros(shape, dtype=dtype)
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)

@@ -26,8 +26,8 @@ class VariantBackedAttention(TorchPagedBackend):
     """``TORCH_PAGED`` (layout ``NHD``, K/V written in ``forward``) that serves a spec only
     where the registry chooses, for each ``(op, variant)`` of ``_kernels``, that variant,
     for head sizes up to ``_max_head_size``. Subclasses name themselves (``get_name``) and
-    state ``_kernels``; a backend of another layout also overrides its ops and cache
-    shape."""
+    state ``_kernels``; a backend of another registered layout names it in
+    ``kv_cache_layout`` and lists that layout's variants in ``_kernels``."""
 
     #: ``(op, variant)``: the ops the backend runs (each dispatches on a tensor in the
     #: model dtype) and the variant that must serve each.
