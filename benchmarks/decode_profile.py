@@ -53,13 +53,15 @@ import json, time
 import hwplug
 hwplug.current_platform().apply_process_env()
 from torch.profiler import ProfilerActivity, profile, record_function
-from hwplug.kernel_registry.dispatch import Op
+from hwplug.kernel_registry.dispatch import LayoutOp, Op
 
-call = Op.__call__
-def recorded(self, *args, **kwargs):
-    with record_function("op:" + self.name):
-        return call(self, *args, **kwargs)
-Op.__call__ = recorded
+def recording(call):
+    def recorded(self, *args, **kwargs):
+        with record_function("op:" + self.name):
+            return call(self, *args, **kwargs)
+    return recorded
+for cls in (Op, LayoutOp):  # LayoutOp (the cache ops) has a __call__ of its own
+    cls.__call__ = recording(cls.__call__)
 
 llm = hwplug.LLM(dequantize={dequantize}, step_graphs={step_graphs})
 engine = llm.engine
