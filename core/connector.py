@@ -112,7 +112,7 @@ LAYOUT_FIELDS = ("backend", "layout")
 #: ``(blocks, source, target) -> blocks``: one layer's blocks (a cache of those blocks, as
 #: ``select_blocks`` gives them) in the source layout, returned in the target's.
 LayoutConverter = Callable[["torch.Tensor", KVLayout, KVLayout], "torch.Tensor"]
-layout_converters: Registry[Any] = Registry("KV layout converter")
+layout_converters: Registry[Any] = Registry("KV layout converter", registries.DISCOVERY)
 
 
 def register_layout_converter(source: str, target: str, converter: LayoutConverter | str,
@@ -165,10 +165,6 @@ def layout_converter(source: KVLayout, target: KVLayout) -> LayoutConverter:
         return _identity
     key = f"{source.layout}->{target.layout}"
     names = (source.layout, target.layout)
-    if key not in layout_converters and not all(n in registries.kv_layouts for n in names):
-        from hwplug.discovery import current_platform
-
-        current_platform()  # plugins register their layouts and converters when they load
     if key in layout_converters:
         return layout_converters.get(key)
     missing = [name for name in names if name not in registries.kv_layouts]

@@ -145,15 +145,11 @@ NHD = NHDLayout()
 
 
 def registered_layout(name: str) -> KVCacheLayout:
-    """The layout registered as ``name``. Plugins register theirs when discovery loads
-    them, so a name not registered yet runs discovery first; an unknown name then raises
+    """The layout registered as ``name`` (plugins' layouts included: the registry is
+    filled by discovery before its first read); an unknown name raises
     :class:`~hwplug.errors.UnknownNameError` listing the registered ones."""
     from hwplug import registries
 
-    if name not in registries.kv_layouts:
-        from hwplug.discovery import current_platform
-
-        current_platform()
     return registries.kv_layouts.get(name)
 
 

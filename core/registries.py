@@ -1,5 +1,8 @@
 """The process-wide registries, and which registration hook fills each.
 
+Each is filled by discovery, which runs before the first read of any of them (so
+``registries.connectors.names()`` in a fresh process lists the plugins' connectors too).
+
 Core defines the registries of its interfaces here. The kernel registry lives with the
 ops in :mod:`hwplug.kernel_registry`, which sits above core: it attaches itself with
 :func:`attach` when imported (hwplug's own kernel plugin imports it before any hook
@@ -13,14 +16,20 @@ from typing import Any
 from hwplug.errors import PluginError
 from hwplug.registry import Registry
 
+#: What fills the process registries before their first read: discovery (once per process;
+#: ``hwplug.discovery.reset`` makes the next read run it again). Named, not imported:
+#: discovery sits beside the registries it fills.
+DISCOVERY = "hwplug.discovery.state:fill_registries"
+
 #: KV-cache layouts by name (:class:`~hwplug.kv_cache_layout.KVCacheLayout` instances);
 #: core's reference layout ``NHD`` is registered in code, so it survives a reset.
-kv_layouts: Registry[Any] = Registry("KV-cache layout")
+kv_layouts: Registry[Any] = Registry("KV-cache layout", DISCOVERY)
 kv_layouts.register("NHD", "hwplug.kv_cache_layout:NHD")
-attention_backends: Registry[Any] = Registry("attention backend")
-quant_methods: Registry[Any] = Registry("quantization method")
-connectors: Registry[Any] = Registry("connector")
-models: Registry[Any] = Registry("model architecture")
+
+attention_backends: Registry[Any] = Registry("attention backend", DISCOVERY)
+quant_methods: Registry[Any] = Registry("quantization method", DISCOVERY)
+connectors: Registry[Any] = Registry("connector", DISCOVERY)
+models: Registry[Any] = Registry("model architecture", DISCOVERY)
 
 #: Registration hook name -> the registry its implementations fill.
 _BY_HOOK: dict[str, Registry[Any]] = {

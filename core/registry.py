@@ -62,13 +62,34 @@ class Entry(Generic[T]):
 
 
 class Registry(Generic[T]):
-    """A thread-safe table of named entries of one ``kind`` (e.g. "attention backend")."""
+    """A thread-safe table of named entries of one ``kind`` (e.g. "attention backend").
 
-    def __init__(self, kind: str) -> None:
+    ``filler`` names (``"module:function"``) what fills the registry; it runs once, before
+    the first read (a lookup, a listing, ``in``), so a process registry is never read
+    empty: hwplug's own are filled by discovery (:data:`hwplug.registries.DISCOVERY`).
+    Registrations need no filler and never run it.
+    """
+
+    def __init__(self, kind: str, filler: str | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
         self._lock = threading.RLock()
         self.version = 0
+        self._filler = filler
+        self._filled = filler is None
+
+    def _fill(self) -> None:
+        if not self._filled:
+            import_object(self._filler)()  # type: ignore[arg-type]
+            self._filled = True
+
+    def refill(self, keep: str = "code") -> None:
+        """Drop every entry not registered by source ``keep`` (by default, keep what code
+        registered) and run the filler again before the next read (discovery reset)."""
+        with self._lock:
+            for source in {entry.source for entry in self._entries.values()} - {keep}:
+                self.drop_source(source)
+            self._filled = self._filler is None
 
     def register(self, name: str, target: T | str, *, override: bool = False) -> None:
         """Register ``target`` under ``name``; a second registration needs ``override=True``."""
@@ -143,6 +164,7 @@ class Registry(Generic[T]):
 
     def current_name(self, name: str) -> str:
         """``name``, or for a deprecated alias the name it stands for (warning once)."""
+        self._fill()
         entry = self._entries.get(name)
         if entry is None or not entry.alias:
             return name
@@ -154,6 +176,7 @@ class Registry(Generic[T]):
         return self._entry(name)
 
     def _entry(self, name: str) -> Entry[T]:
+        self._fill()
         try:
             return self._entries[name]
         except KeyError:
@@ -161,15 +184,18 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Names that can be looked up, aliases and removed names left out."""
+        self._fill()
         with self._lock:
             return [n for n, e in self._entries.items()
                     if e.status != "removed" and not e.alias]
 
     def entries(self) -> list[Entry[T]]:
+        self._fill()
         with self._lock:
             return list(self._entries.values())
 
     def __contains__(self, name: object) -> bool:
+        self._fill()
         entry = self._entries.get(name) if isinstance(name, str) else None
         return entry is not None and entry.status != "removed"
 

@@ -54,8 +54,8 @@ class KernelRegistry(Registry[Variant]):
     #: Name of every op's pure-torch reference variant (the conformance oracle).
     REFERENCE = REFERENCE
 
-    def __init__(self) -> None:
-        super().__init__("kernel variant")
+    def __init__(self, filler: str | None = None) -> None:
+        super().__init__("kernel variant", filler)
         self._ops: dict[str, Op] = {}
         self._default_plan: KernelPlan | None = None
 
@@ -227,5 +227,5 @@ def _import_failure(variant: Variant) -> str | None:
 
 
 #: The process-wide kernel registry (passed to ``hwplug_register_kernels``).
-kernels = KernelRegistry()
+kernels = KernelRegistry(registries.DISCOVERY)
 registries.attach("hwplug_register_kernels", kernels)

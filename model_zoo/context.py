@@ -124,10 +124,10 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
     :class:`~hwplug.errors.UnknownNameError` for an unregistered architecture;
     :class:`ConfigError` for an option that is not an engine option or not valid.
     """
-    from hwplug.discovery import current_platform  # an entry point: registries filled
+    if platform is None:
+        from hwplug.discovery import current_platform  # build_model is an entry point
 
-    resolved = current_platform()
-    platform = platform or resolved
+        platform = current_platform()
     not_engine = sorted(set(options) - set(ENGINE_OPTIONS))
     if not_engine:
         raise ConfigError(f"build_model takes the engine options {', '.join(ENGINE_OPTIONS)}; "

@@ -192,3 +192,27 @@ def test_invalid_flag_value_names_valid_ones(fresh_discovery, monkeypatch):
     monkeypatch.setenv("HWPLUG_STRICT_PLUGINS", "maybe")
     with pytest.raises(ConfigError, match="HWPLUG_STRICT_PLUGINS='maybe'.*choose one of: 0, 1"):
         fresh_discovery.current_platform()
+
+
+REGISTRIES_IN_A_FRESH_PROCESS = """
+from hwplug import discovery, registries
+print(discovery.state._state.resolution is None, sorted(registries.connectors.names()),
+      "TRITON_ATTN" in registries.attention_backends, discovery.current_platform().name)
+"""
+
+
+def test_a_registry_read_first_runs_discovery():
+    """Nothing triggers discovery but the read: the plugins' registrations are there."""
+    out = subprocess.run([sys.executable, "-c", REGISTRIES_IN_A_FRESH_PROCESS],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "['cpu_offload',", "'p2p',", "'shared_storage']",
+                                  "True", "cpu"]
+
+
+def test_a_reset_refills_on_the_next_read(fresh_discovery):
+    registries.models.names()  # discovered
+    fresh_discovery.reset()
+    assert fresh_discovery.state._state.resolution is None
+    assert "LlamaForCausalLM" in registries.models  # read: discovered again
+    assert fresh_discovery.state._state.resolution is not None

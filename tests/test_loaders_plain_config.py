@@ -79,6 +79,7 @@ def test_a_config_class_whose_aliases_a_plain_config_lacks_keeps_its_class(tmp_p
     assert type(load_config(tmp_path)) is Qwen3Config  # config.json, through AutoConfig
 
 
+@pytest.mark.filterwarnings("ignore:RotaryEmbedding was built without the model.s context")
 def test_the_rotary_cache_is_made_on_the_default_device():
     with torch.device("meta"):
         meta = RotaryEmbedding(64, 128, 1e4)

@@ -78,6 +78,14 @@ def discover(root: Path | None = None) -> Resolution:
 
     Probes read the OS under ``root`` (default: ``HWPLUG_PROBE_ROOT``, i.e. ``/``).
     """
+    running, _state.thread.running = getattr(_state.thread, "running", False), True
+    try:
+        return _discover(root)
+    finally:
+        _state.thread.running = running
+
+
+def _discover(root: Path | None) -> Resolution:
     envs.effective()  # an invalid HWPLUG_* value fails here, before anything is imported
     envs.warn_unknown()
     root = envs.HWPLUG_PROBE_ROOT if root is None else root
@@ -104,9 +112,19 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.resolution: Resolution | None = None
+        #: ``.running``: whether discovery runs on this thread (its own registry reads).
+        self.thread = threading.local()
 
 
 _state = _State()
+
+
+def fill_registries() -> None:
+    """What a process registry runs before its first read (:data:`hwplug.registries.
+    DISCOVERY`): discovery, once per process. Reads made by discovery itself, on its
+    thread, see what is registered so far."""
+    if not getattr(_state.thread, "running", False):
+        resolution()
 
 
 def resolution() -> Resolution:
@@ -131,6 +149,4 @@ def reset() -> None:
     with _state.lock:
         _state.resolution = None
         for registry in registries.every():
-            for entry in registry.entries():
-                if entry.source != "code":
-                    registry.drop_source(entry.source)
+            registry.refill()  # code registrations stay; the next read discovers again
