@@ -14,14 +14,16 @@ from hwplug.hookspecs import hookimpl
 hwplug_api_version = ">=1,<2"
 hwplug_order = -100  # before every third-party plugin, so they may override
 
-_MODELS = "hwplug.model_zoo.models."
-BUILTIN_MODELS = {
-    "LlamaForCausalLM": _MODELS + "llama:LlamaForCausalLM",
-    "MistralForCausalLM": _MODELS + "llama:LlamaForCausalLM",
-    "Qwen2ForCausalLM": _MODELS + "llama:LlamaForCausalLM",
-    "Qwen3ForCausalLM": _MODELS + "qwen3:Qwen3ForCausalLM",
-    "BertModel": _MODELS + "bert:BertModel",
+#: The architectures each model-zoo class serves (Mistral and Qwen2 checkpoints are Llama's
+#: architecture with other hyperparameters).
+_SERVED_BY = {
+    "llama:LlamaForCausalLM": ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"),
+    "qwen3:Qwen3ForCausalLM": ("Qwen3ForCausalLM",),
+    "bert:BertModel": ("BertModel",),
 }
+BUILTIN_MODELS = {architecture: f"hwplug.model_zoo.models.{target}"
+                  for target, architectures in _SERVED_BY.items()
+                  for architecture in architectures}
 
 
 _QUANT = "hwplug.model_zoo.quant_methods."

@@ -20,14 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hwplug_triton.kernels.attention_tiles import (
-    attend_key_range,
-    cache_arguments,
-    cache_constants,
-    dot_operands,
-    kv_head_scales,
-    padded_head_size,
-)
+from hwplug_triton.kernels import attention_tiles as tiles
+from hwplug_triton.kernels.attention_tiles import attend_key_range, kv_head_scales
 from hwplug_triton.kernels.functions import chunked
 from hwplug_triton.kernels.layouts import CacheView
 from hwplug_triton.tuning import launch_config
@@ -64,16 +58,17 @@ def decode_attention(query: torch.Tensor, view: CacheView, metadata: AttentionMe
                                       dtype=torch.float32)
         partial_max = query.new_empty((num_seqs, num_heads, num_splits), dtype=torch.float32)
         partial_sum = torch.empty_like(partial_max)
-    block_d = padded_head_size(head_size)
+    block_d = tiles.padded_head_size(head_size)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, *cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
+        query, *tiles.cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
         query_start_loc, out, partial_acc, partial_max, partial_sum, num_heads, num_splits,
         split_size, params.scale, soft_cap or 0.0, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        **cache_constants(view), GROUP=group, HEAD_SIZE=head_size,
+        **tiles.cache_constants(view), GROUP=group, HEAD_SIZE=head_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config["block_n"], BLOCK_D=block_d,
         SLIDING=sliding_window is not None, SOFT_CAP=soft_cap is not None,
-        SCALED=scales is not None, SPLIT=num_splits > 1, **dot_operands(query.dtype, query.device),
+        SCALED=scales is not None, SPLIT=num_splits > 1,
+        **tiles.dot_operands(query.dtype, query.device),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     if num_splits > 1:
         _reduce_splits_kernel[(num_seqs, num_heads)](

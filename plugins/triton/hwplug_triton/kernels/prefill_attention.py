@@ -19,14 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hwplug_triton.kernels.attention_tiles import (
-    attend_key_range,
-    cache_arguments,
-    cache_constants,
-    dot_operands,
-    kv_head_scales,
-    padded_head_size,
-)
+from hwplug_triton.kernels import attention_tiles as tiles
+from hwplug_triton.kernels.attention_tiles import attend_key_range, kv_head_scales
 from hwplug_triton.kernels.functions import chunked
 from hwplug_triton.kernels.layouts import CacheView
 from hwplug_triton.tuning import launch_config
@@ -51,14 +45,14 @@ def prefill_attention(query: torch.Tensor, view: CacheView, metadata: AttentionM
     block_q = block_m // group
     out = query.new_empty(query.shape)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
-        query, *cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
+        query, *tiles.cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
         query_start_loc, out, num_seqs, params.scale, soft_cap or 0.0, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        **cache_constants(view), GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=block_q,
-        BLOCK_M=block_m, BLOCK_N=config["block_n"], BLOCK_D=padded_head_size(head_size),
+        **tiles.cache_constants(view), GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=block_q,
+        BLOCK_M=block_m, BLOCK_N=config["block_n"], BLOCK_D=tiles.padded_head_size(head_size),
         CAUSAL=params.causal, SLIDING=sliding_window is not None,
         SOFT_CAP=soft_cap is not None,
-        SCALED=scales is not None, **dot_operands(query.dtype, query.device),
+        SCALED=scales is not None, **tiles.dot_operands(query.dtype, query.device),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out
 
