@@ -43,7 +43,7 @@ class Op:
         self.registry, self.name, self.__doc__ = registry, name, doc
         self.tolerances, self.dispatch_arg = tolerances, dispatch_arg
         self._bound: dict[tuple[Any, ...], Callable[..., Any]] = {}
-        self._edges: list[int] = []
+        self._edges: list[int] | None = None
         #: The variants that served calls of this op, in any plan, since the last change.
         self.used: set[str] = set()
 
@@ -73,20 +73,22 @@ class Op:
 
     def token_edges(self) -> list[int]:
         """Where the op's token buckets meet: every bound of its variants' ``num_tokens``
-        ranges, sorted (empty: one bucket)."""
+        ranges, sorted (empty: one bucket); computed on first use after a change."""
+        if self._edges is None:
+            edges = set()
+            for variant in self.registry.variants(self.name):
+                if variant.num_tokens is not None:
+                    low, high = variant.num_tokens
+                    edges.update(e for e in (low, high) if e is not None)
+            self._edges = sorted(edges)
         return self._edges
 
     def invalidate(self) -> None:
-        """Forget bound keys and what served calls (the registry calls this on every
-        change)."""
+        """Forget bound keys, token edges and what served calls (the registry calls this on
+        every change; it reads nothing, so registering never runs the registry's filler)."""
         self._bound.clear()
         self.used.clear()
-        edges = set()
-        for variant in self.registry.variants(self.name):
-            if variant.num_tokens is not None:
-                low, high = variant.num_tokens
-                edges.update(e for e in (low, high) if e is not None)
-        self._edges = sorted(edges)
+        self._edges = None
 
 
 class LayoutOp(Op):

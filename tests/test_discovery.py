@@ -216,3 +216,20 @@ def test_a_reset_refills_on_the_next_read(fresh_discovery):
     assert fresh_discovery.state._state.resolution is None
     assert "LlamaForCausalLM" in registries.models  # read: discovered again
     assert fresh_discovery.state._state.resolution is not None
+
+
+FREE_OP_IN_A_FRESH_PROCESS = """
+import torch, hwplug
+out = hwplug.ops.rms_norm(torch.randn(2, 64), torch.ones(64), 1e-6)
+from hwplug import discovery
+print(tuple(out.shape), [p.name for p in discovery.resolution().plugins if p.status != "loaded"])
+"""
+
+
+def test_importing_the_kernel_registry_first_does_not_discover_mid_import():
+    """Defining the ops registers their references; that must not fill the registries
+    (discovery would run with half the ops defined and the plugins' variants fail)."""
+    out = subprocess.run([sys.executable, "-c", FREE_OP_IN_A_FRESH_PROCESS],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "(2, 64) []" and "raised" not in out.stderr
