@@ -3,8 +3,8 @@
 Each configuration runs in a fresh process (settings are read when torch and the kernel
 registry load): it builds ``hwplug.LLM()``, decodes ``--batch`` sequences greedily for
 ``--tokens`` steps once to warm up, times the same again, then profiles it with
-``torch.profiler``, every registry op call wrapped in a ``record_function`` named after
-the op. Printed per configuration: ms per step, tokens/s, the ms per step inside each op
+``torch.profiler``, every call of an op the model's layers bound wrapped in a
+``record_function`` named after the op. Printed per configuration: ms per step, tokens/s, the ms per step inside each op
 (its kernels and the torch calls it makes) and what is left outside the ops (Python
 engine, scheduler, sampling, tensor creation, dispatch), plus the torch calls with the
 most self time. The configurations:
@@ -53,15 +53,14 @@ import json, time
 import hwplug
 hwplug.current_platform().apply_process_env()
 from torch.profiler import ProfilerActivity, profile, record_function
-from hwplug.kernel_registry.dispatch import LayoutOp, Op
+from hwplug.kernel_registry import BoundOp
 
 def recording(call):
     def recorded(self, *args, **kwargs):
-        with record_function("op:" + self.name):
+        with record_function("op:" + self.op):
             return call(self, *args, **kwargs)
     return recorded
-for cls in (Op, LayoutOp):  # LayoutOp (the cache ops) has a __call__ of its own
-    cls.__call__ = recording(cls.__call__)
+BoundOp.__call__ = recording(BoundOp.__call__)  # what a model's layers call
 
 llm = hwplug.LLM(dequantize={dequantize}, step_graphs={step_graphs})
 engine = llm.engine

@@ -1,7 +1,10 @@
 """Cost of calling an op through the kernel registry vs calling its chosen variant directly.
 
-Both are timed side by side in one process on a tiny tensor, so the difference is the
-dispatch itself (key build + cached lookup). Goal: under 1 microsecond added per call.
+Three ways, timed side by side in one process on a tiny tensor, so the differences are
+the dispatch itself: the chosen variant's function directly; the op bound in a kernel plan
+(what a model's layers call: the dtype guard and the token-bucket bisect); and the free op
+(``hwplug.ops.<op>``: its key and cached lookup, then the bound op). Goal: under 1
+microsecond added per call.
 
     python benchmarks/dispatch_overhead.py
 """
@@ -37,15 +40,19 @@ def main() -> None:
     }
     platform = current_platform()
     print(f"platform {platform.name}, torch {torch.__version__}, tensor {tuple(x.shape)}")
-    print(f"{'op':<14} {'variant':<10} {'direct us':>10} {'registry us':>12} {'added us':>9}")
+    print(f"{'op':<14} {'variant':<10} {'direct us':>10} {'bound us':>9} {'free op us':>11} "
+          f"{'added (bound, free)':>20}")
+    plan = kernels.default_plan()
     for op_name, op_args in cases.items():
-        op = kernels.op(op_name)
-        chosen = kernels.explain(op_name, platform, x.device.type, dtype_name(x.dtype)).chosen
-        op(*op_args)  # resolve and cache the choice
+        op, bound = kernels.op(op_name), plan.bind(op_name, dtype_name(x.dtype))
+        chosen = bound.buckets[0].chain[0]
+        op(*op_args)  # bind the free op's key
+        bound(*op_args)  # the bucket's first call
         direct = per_call_us(chosen.impl, op_args, args.number, args.repeat)
-        through = per_call_us(op, op_args, args.number, args.repeat)
-        print(f"{op_name:<14} {chosen.name:<10} {direct:>10.2f} {through:>12.2f} "
-              f"{through - direct:>9.2f}")
+        through_plan = per_call_us(bound, op_args, args.number, args.repeat)
+        free = per_call_us(op, op_args, args.number, args.repeat)
+        print(f"{op_name:<14} {chosen.name:<10} {direct:>10.2f} {through_plan:>9.2f} "
+              f"{free:>11.2f} {through_plan - direct:>9.2f}, {free - direct:>8.2f}")
 
 
 if __name__ == "__main__":
