@@ -11,7 +11,8 @@ removed.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,7 +42,7 @@ def plan_and_dtype(ctx: ModelContext | torch.dtype | None, layer: str
 
 
 def bind(ctx: ModelContext | torch.dtype | None, layer: str, op: str,
-         dtype: str | None = None) -> tuple[object, torch.dtype]:
+         dtype: str | None = None) -> tuple[Callable[..., Any], torch.dtype]:
     """``op`` bound for ``layer`` (see :func:`plan_and_dtype`) for dispatch tensors of
     ``dtype`` (default: the layer's), and the layer's dtype."""
     plan, layer_dtype = plan_and_dtype(ctx, layer)
