@@ -1,9 +1,13 @@
 """The hwplug runner of ``benchmarks/cpu_vs_llamacpp.py`` (protocol: :mod:`runner`).
 
 Options: ``dtype``, ``dequantize`` and ``step_graphs`` (default True), given to
-``hwplug.LLM`` for the default model (SmolLM2-135M-Instruct's Q4_1 GGUF):
-``dequantize=False`` keeps the GGUF's blocks (quant method ``gguf``). The platform's process environment is applied before torch loads, as
-``hwplug generate`` does; torch gets ``threads`` threads.
+``hwplug.LLM`` for ``model`` (a GGUF path; absent or None: the default model,
+SmolLM2-135M-Instruct's Q4_1 GGUF): ``dequantize=False`` keeps the GGUF's blocks (quant
+method ``gguf``). ``kv_tokens`` (optional) sizes the KV cache to that many tokens in
+blocks of :data:`BLOCK_SIZE` (the CPU backend's own choice), instead of hwplug's default,
+which holds at least one sequence of the model's whole context (131072 tokens for Llama
+3: 34 GB of float32 KV for Llama-3.1-8B). The platform's process environment is applied
+before torch loads, as ``hwplug generate`` does; torch gets ``threads`` threads.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from runner import serve
 
 import hwplug
 
+#: KV block size when ``kv_tokens`` sizes the cache.
+BLOCK_SIZE = 16
+
 
 class HwplugEngine:
     """``hwplug.LLM`` behind the runner protocol."""
@@ -23,9 +30,13 @@ class HwplugEngine:
         import torch
 
         torch.set_num_threads(threads)
-        self.llm = hwplug.LLM(dtype=options["dtype"], dequantize=options["dequantize"],
-                              max_num_seqs=max_batch,
-                              step_graphs=options.get("step_graphs", True))
+        kv = {}
+        if options.get("kv_tokens"):
+            kv = {"block_size": BLOCK_SIZE,
+                  "num_kv_blocks": -(-int(options["kv_tokens"]) // BLOCK_SIZE) + max_batch}
+        self.llm = hwplug.LLM(options.get("model"), dtype=options["dtype"],
+                              dequantize=options["dequantize"], max_num_seqs=max_batch,
+                              step_graphs=options.get("step_graphs", True), **kv)
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         sampling = hwplug.SamplingParams(max_tokens=new_tokens, temperature=0,
@@ -40,6 +51,8 @@ class HwplugEngine:
             "platform": self.llm.platform, "dtype": self.llm.dtype,
             "attention_backend": self.llm.attention_backend,
             "quant_method": self.llm.ctx.quant_method.get_name(),
+            "block_size": self.llm.config.block_size,
+            "num_kv_blocks": self.llm.config.num_kv_blocks,
             "weight_bytes": weight_bytes(self.llm.model),
             "preemptions": self.llm.engine.scheduler.num_preemptions,
             "step_graphs": graphs.describe() if (graphs := self.llm.runner.graphs) else "off",

@@ -8,12 +8,19 @@ then decoded one token per sequence per ``llama_decode`` call; each step's next 
 the argmax of ``llama_get_logits_ith`` for each sequence. ``n_threads`` and
 ``n_threads_batch`` are ``threads``; everything else is llama.cpp's default (an F16 KV
 cache, flash attention where llama.cpp picks it). One context per batch size and prompt
-length, made on its first (warm-up) call; the KV cache is cleared before every call.
+length, made on its first (warm-up) call (the previous one is freed then, so the peak
+RSS holds one context at a time); the KV cache is cleared before every call.
+
+``python llamacpp_runner.py --first-token PATH THREADS``: the cold-start probe. A fresh
+process loads ``PATH`` (llama.cpp's defaults: the file memory-mapped), prefills the
+tokens of "Hello" in a one-sequence context and prints the first greedy token's id:
+``cpu_vs_llamacpp.py`` times it from launch to exit.
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any
 
 import llama_cpp
@@ -49,6 +56,10 @@ class LlamaCppEngine:
         holding the prefill of ``batch`` prompts of ``prompt_len`` tokens."""
         key = (batch, prompt_len, total_len)
         if key not in self.contexts:
+            for context, tokens in self.contexts.values():
+                llama_cpp.llama_batch_free(tokens)
+                llama_cpp.llama_free(context)
+            self.contexts.clear()
             params = llama_cpp.llama_context_default_params()
             params.n_seq_max = batch
             params.n_ctx = batch * -(-total_len // CONTEXT_STEP) * CONTEXT_STEP
@@ -96,5 +107,19 @@ def _fill(batch: Any, entries: list[tuple[int, int, int, bool]]) -> None:
         batch.seq_id[i][0] = seq
 
 
+def first_token(path: str, threads: int) -> int:
+    """The first greedy token after "Hello" with the model at ``path`` (cold-start probe)."""
+    engine = LlamaCppEngine({"path": path}, threads, 1)
+    vocab = llama_cpp.llama_model_get_vocab(engine.model)
+    ids = (llama_cpp.llama_token * 16)()
+    count = llama_cpp.llama_tokenize(vocab, b"Hello", 5, ids, 16, True, False)
+    if count <= 0:
+        raise RuntimeError(f"llama.cpp cannot tokenize 'Hello' ({count})")
+    return engine.generate([list(ids[:count])], 1)[0][0]
+
+
 if __name__ == "__main__":
-    serve(LlamaCppEngine)
+    if sys.argv[1:2] == ["--first-token"]:
+        print(first_token(sys.argv[2], int(sys.argv[3])))
+    else:
+        serve(LlamaCppEngine)

@@ -16,17 +16,18 @@ RATIOS = (("hwplug-gguf", "llamacpp"), ("hwplug-gguf", "hwplug-gguf-eager"),
           ("hwplug-fp32", "llamacpp-f32"),
           ("hwplug-fp32", "vllm-fp32"), ("hwplug-bf16", "vllm-bf16"),
           ("hwplug-fp32", "transformers-fp32"))
-#: The row whose completions the others are compared with.
-REFERENCE_ROW = "hwplug-fp32"
+#: The rows whose completions the others are compared with: the first that ran.
+REFERENCE_ROWS = ("hwplug-fp32", "llamacpp")
 MIB = 2**20
 
 
-def print_report(args: argparse.Namespace, rows: list[Any], gguf: Path,
-                 cold: list[float] | str, tokenizer: Any, check_prompt: list[int],
+def print_report(args: argparse.Namespace, rows: list[Any], gguf: Path, model_label: str,
+                 tokenizer: Any, check_prompt: list[int],
                  load_average: tuple[float, float]) -> dict[str, Any]:
-    """Print the host, the table, the ratios, weight memory, the completions (of
-    ``check_prompt`` and the first timed call) and the cold start; return all of it (and
-    every row's raw result) for ``--json``."""
+    """Print the host, the table, the ratios, weight memory and the completions (of
+    ``check_prompt`` and the first timed call; compared with hwplug fp32's, else
+    llama.cpp's, where that row ran); return all of it (and every row's raw result) for
+    ``--json``. The sections after these: :mod:`report_more`."""
     facts = hwplug.current_platform().facts
     host = {"cpu": facts.device_name, "features": sorted(facts.features),
             "torch": torch.__version__, "threads": args.threads,
@@ -34,7 +35,7 @@ def print_report(args: argparse.Namespace, rows: list[Any], gguf: Path,
     print(f"\nCPU {host['cpu']} (features: {' '.join(host['features'])}), torch "
           f"{host['torch']}, {args.threads} threads per engine; load average "
           f"{load_average[0]:.2f} at start, {load_average[1]:.2f} at end")
-    print(f"SmolLM2-135M-Instruct, {args.prompt_tokens}-token prompts, {args.new_tokens} new "
+    print(f"{model_label}, {args.prompt_tokens[0]}-token prompts, {args.new_tokens} new "
           f"tokens, greedy, EOS ignored; generated tokens/s end to end (prefill included), "
           f"median of {args.repeats}")
     batches = [str(batch) for batch in args.batch_sizes]
@@ -42,11 +43,10 @@ def print_report(args: argparse.Namespace, rows: list[Any], gguf: Path,
     _print_table(rows, batches)
     ratios = _print_ratios(by_key, batches)
     memory = _print_weight_memory(by_key.get("hwplug-gguf"), gguf)
-    completions = _print_completions(rows, by_key.get(REFERENCE_ROW), batches[0],
+    reference = next((by_key[key] for key in REFERENCE_ROWS
+                      if key in by_key and by_key[key].result), None)
+    completions = _print_completions(rows, reference, batches[0],
                                      tokenizer.decode(check_prompt), tokenizer)
-    print("\ncold start to the first token (python -m hwplug generate --max-tokens 1, a fresh "
-          "process): " + (cold if isinstance(cold, str) else
-                          f"{cold[-1]:.2f} s (run {len(cold)}; run 1: {cold[0]:.2f} s)"))
     preempted = {row.key: row.result["engine"]["preemptions"] for row in rows
                  if row.result and row.result["engine"].get("preemptions")}
     if preempted:
@@ -54,8 +54,7 @@ def print_report(args: argparse.Namespace, rows: list[Any], gguf: Path,
     return {"host": host, "settings": {k: str(v) if isinstance(v, Path) else v
                                        for k, v in vars(args).items()},
             "rows": {row.key: _row_json(row) for row in rows}, "ratios": ratios,
-            "weight_memory": memory, "completions": completions,
-            "cold_start_s": cold}
+            "weight_memory": memory, "completions": completions}
 
 
 def _print_table(rows: list[Any], batches: list[str]) -> None:

@@ -9,7 +9,8 @@ The main script writes one JSON request on the runner's stdin::
 
     {"options": {...}, "threads": 2, "new_tokens": 128,
      "calls": {"<batch>": [<call>, ...]},    # a call: <batch> prompts, each a token-id list
-     "check_prompt": [token ids]}            # a sentence, no longer than the prompts
+     "check_prompt": [token ids],            # a sentence, no longer than the prompts
+     "ttft_calls": {"<length>": [<call>, ...]}}  # optional: calls of one prompt each
 
 ``options`` is the runner's own (model path, dtype, ...). The runner loads its engine
 (``load_s``), then, batch size by batch size, runs the first call as a warm-up (its time
@@ -17,15 +18,25 @@ The main script writes one JSON request on the runner's stdin::
 batch each: greedy, end-of-sequence ignored, ``new_tokens`` new tokens per prompt, prefill
 included. A completion of any other length is an error (its rate would be wrong). Last,
 untimed, it completes ``check_prompt`` alone (a natural sentence: the random-word prompts
-only show that engines agree, this shows the text is sane). It then prints one line,
-:data:`MARKER` and the JSON result, on stdout::
+only show that engines agree, this shows the text is sane). With ``ttft_calls``, each
+prompt length's calls then run one prompt to one new token (time to first token: prefill
+and one sampled token), the first a warm-up. It then prints one line, :data:`MARKER` and
+the JSON result, on stdout::
 
     {"load_s": 1.2, "engine": {...}, "batches": {"<batch>": {"warmup_s": 3.1,
      "seconds": [2.9, 3.0], "first_completion": [token ids]}},
-     "check_completion": [token ids]}
+     "check_completion": [token ids],
+     "ttft": {"<length>": {"warmup_s": 0.2, "seconds": [0.1, 0.1]}},
+     "rss_after_load_bytes": 123, "rss_anon_after_load_bytes": 100,
+     "rss_file_after_load_bytes": 23, "peak_rss_bytes": 456}
 
 ``engine`` is what the engine says of itself (versions, settings); ``first_completion``
-is the first timed call's first completion, for the output checks.
+is the first timed call's first completion, for the output checks. The RSS figures are
+this process's (``VmRSS`` after the load, split into ``RssAnon`` and ``RssFile``: memory
+of its own and mapped file pages; ``VmHWM`` at the end; from /proc/self/status;
+None where there is no /proc): an engine that computes in processes of its own (vLLM)
+is not counted whole. An engine that fails to load prints ``{"error": "<first line>"}``
+after the marker (and the traceback on stderr) and exits with status 1.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -57,8 +69,18 @@ def serve(load: Callable[[dict[str, Any], int, int], Engine]) -> None:
     new_tokens = int(request["new_tokens"])
     calls: dict[str, list[list[list[int]]]] = request["calls"]
     started = time.perf_counter()
-    engine = load(request["options"], int(request["threads"]), max(map(int, calls)))
-    result: dict[str, Any] = {"load_s": time.perf_counter() - started, "batches": {}}
+    try:
+        engine = load(request["options"], int(request["threads"]), max(map(int, calls)))
+    except Exception as exc:
+        traceback.print_exc()
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        print(MARKER + json.dumps({"error": f"{type(exc).__name__}: {first_line}"}),
+              flush=True)
+        sys.exit(1)
+    result: dict[str, Any] = {"load_s": time.perf_counter() - started, "batches": {},
+                              "rss_after_load_bytes": proc_status_bytes("VmRSS"),
+                              "rss_anon_after_load_bytes": proc_status_bytes("RssAnon"),
+                              "rss_file_after_load_bytes": proc_status_bytes("RssFile")}
     for batch, batch_calls in calls.items():
         warmup_s, _ = timed_call(engine, batch_calls[0], new_tokens)
         seconds, completions = [], []
@@ -69,7 +91,12 @@ def serve(load: Callable[[dict[str, Any], int, int], Engine]) -> None:
         result["batches"][batch] = {"warmup_s": warmup_s, "seconds": seconds,
                                     "first_completion": completions[0][0]}
     result["check_completion"] = timed_call(engine, [request["check_prompt"]], new_tokens)[1][0]
+    result["ttft"] = {}
+    for length, ttft_calls in request.get("ttft_calls", {}).items():
+        times = [timed_call(engine, prompts, 1)[0] for prompts in ttft_calls]
+        result["ttft"][length] = {"warmup_s": times[0], "seconds": times[1:]}
     result["engine"] = engine.describe()
+    result["peak_rss_bytes"] = proc_status_bytes("VmHWM")
     print(MARKER + json.dumps(result), flush=True)
 
 
@@ -84,3 +111,16 @@ def timed_call(engine: Engine, prompts: list[list[int]],
         raise RuntimeError(f"{len(prompts)} prompts gave {len(completions)} completions of "
                            f"{lengths} tokens, not {new_tokens} each")
     return elapsed, completions
+
+
+def proc_status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """``field`` of /proc/<pid>/status (``VmRSS``, ``VmHWM``: kB there) in bytes, or None
+    where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
