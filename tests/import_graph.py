@@ -11,7 +11,8 @@ Contracts:
   (module level, in functions and classes, under ``if TYPE_CHECKING:``), and per call of
   ``importlib.import_module`` / ``import_module`` with a literal module name. Relative
   imports are resolved; ``from a.b import c`` points at the module ``a.b.c`` when it is one,
-  else at ``a.b``. Imports of anything outside the graph (the standard library, third-party
+  else at ``a.b``. Importing ``a.b.c`` also runs the packages ``a`` and ``a.b`` first: the
+  statement points at them too, unless the importer lies inside them. Imports of anything outside the graph (the standard library, third-party
   packages) are dropped. Strings naming a module for lazy loading are data, not edges.
 * :func:`strongly_connected_components` and :func:`cycle_in` find the cycles.
 """
@@ -101,11 +102,23 @@ def build_graph(root: Path) -> ImportGraph:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         where = path.relative_to(root).as_posix()
         for node, in_function, in_type_checking in _imports(tree):
+            targets = [loaded for target in _targets(node, package, modules)
+                       for loaded in _with_parents(target, name)]
             edges.extend(Edge(name, target, f"{where}:{node.lineno}", in_function,
                               in_type_checking)
-                         for target in dict.fromkeys(_targets(node, package, modules))
+                         for target in dict.fromkeys(targets)
                          if target in modules and target != name)
     return ImportGraph(modules, edges)
+
+
+def _with_parents(target: str, source: str) -> list[str]:
+    """``target`` and the packages whose ``__init__`` importing it runs first (``a`` and
+    ``a.b`` for ``a.b.c``), except those ``source`` lies in: they are initialised (at
+    least partly) before ``source`` runs."""
+    parts = target.split(".")
+    parents = [".".join(parts[:depth]) for depth in range(1, len(parts))]
+    return [parent for parent in parents
+            if not (source == parent or source.startswith(parent + "."))] + [target]
 
 
 def _imports(node: ast.AST, in_function: bool = False, in_type_checking: bool = False,

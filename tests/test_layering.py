@@ -148,10 +148,11 @@ SYNTHETIC = {
         def fail():
             from hwplug.kernel_registry import dispatch, missing
         """,
-    "core/cli/__init__.py": "",
+    "core/cli/__init__.py": "from . import main\n",
+    "core/cli/helpers.py": "",
     "core/cli/main.py": "import hwplug.conformance.kit\n",
     "core/conformance/__init__.py": "",
-    "core/conformance/kit.py": "",
+    "core/conformance/kit.py": "import hwplug.cli.helpers\n",
     "kernel_registry/__init__.py": "",
     "kernel_registry/dispatch.py": """
         import importlib
@@ -174,23 +175,36 @@ def test_the_checker_reports_a_synthetic_cycle_and_upward_imports(tmp_path):
     synthetic = build_graph(tmp_path)
 
     assert sorted(synthetic.modules) == [
-        "hwplug", "hwplug.cli", "hwplug.cli.main", "hwplug.conformance",
+        "hwplug", "hwplug.cli", "hwplug.cli.helpers", "hwplug.cli.main", "hwplug.conformance",
         "hwplug.conformance.kit", "hwplug.errors", "hwplug.kernel_registry",
         "hwplug.kernel_registry.dispatch", "hwplug_demo"]
-    assert upward_imports(synthetic) == [
+    assert upward_imports(synthetic) == [  # importing a.b.c runs the packages a.b and a too
+        "core/errors.py:5: hwplug.errors -> hwplug.cli (core -> entry points), TYPE_CHECKING",
         "core/errors.py:5: hwplug.errors -> hwplug.cli.main (core -> entry points), TYPE_CHECKING",
         "core/errors.py:7: hwplug.errors -> hwplug.cli (core -> entry points)",
-        "core/errors.py:11: hwplug.errors -> hwplug.kernel_registry.dispatch"
-        " (core -> kernel_registry), function-level",
         "core/errors.py:11: hwplug.errors -> hwplug.kernel_registry"
         " (core -> kernel_registry), function-level",
+        "core/errors.py:11: hwplug.errors -> hwplug.kernel_registry.dispatch"
+        " (core -> kernel_registry), function-level",
+        "kernel_registry/dispatch.py:6: hwplug.kernel_registry.dispatch ->"
+        " hwplug.conformance (kernel_registry -> entry points)",
         "kernel_registry/dispatch.py:6: hwplug.kernel_registry.dispatch ->"
         " hwplug.conformance.kit (kernel_registry -> entry points)"]
     assert kit_imports(synthetic) == [
         "runtime imports the conformance kit: kernel_registry/dispatch.py:6:"
+        " hwplug.kernel_registry.dispatch -> hwplug.conformance"
+        " (kernel_registry -> entry points)",
+        "runtime imports the conformance kit: kernel_registry/dispatch.py:6:"
         " hwplug.kernel_registry.dispatch -> hwplug.conformance.kit"
         " (kernel_registry -> entry points)"]
     assert cycles(synthetic) == [
+        "cycle among 3 modules: hwplug.cli, hwplug.cli.main, hwplug.conformance.kit\n"
+        "    core/cli/__init__.py:1: hwplug.cli -> hwplug.cli.main"
+        " (entry points -> entry points)\n"
+        "    core/cli/main.py:1: hwplug.cli.main -> hwplug.conformance.kit"
+        " (entry points -> entry points)\n"
+        "    core/conformance/kit.py:1: hwplug.conformance.kit -> hwplug.cli"
+        " (entry points -> entry points)",
         "cycle among 2 modules: hwplug.errors, hwplug.kernel_registry.dispatch\n"
         "    core/errors.py:11: hwplug.errors -> hwplug.kernel_registry.dispatch"
         " (core -> kernel_registry), function-level\n"

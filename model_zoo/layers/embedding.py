@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hwplug.model_zoo.layers.binding import plan_and_dtype
+from hwplug.model_zoo.kernel_binding import plan_and_dtype
 from hwplug.model_zoo.layers.linear import load_rows
 from hwplug.model_zoo.parallel import TensorParallel
 from hwplug.model_zoo.quant_methods.unquantized import UnquantizedLinearMethod

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hwplug.model_zoo.layers.binding import bind
+from hwplug.model_zoo.kernel_binding import bind
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext

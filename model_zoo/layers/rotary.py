@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hwplug.kernel_registry.reference import build_cos_sin_cache
-from hwplug.model_zoo.layers.binding import bind
+from hwplug.model_zoo.kernel_binding import bind
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext

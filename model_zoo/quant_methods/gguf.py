@@ -26,7 +26,7 @@ from torch import nn
 from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
-from hwplug.model_zoo.layers.binding import kernels_of
+from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 
 if TYPE_CHECKING:

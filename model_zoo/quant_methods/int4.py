@@ -26,7 +26,7 @@ from torch import nn
 from hwplug.dtypes import dtype_name
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.reference.int4 import dequantize_int4
-from hwplug.model_zoo.layers.binding import kernels_of
+from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.model_zoo.quant_methods.formats import LinearScheme, compressed_tensors_scheme
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 

@@ -20,7 +20,7 @@ from torch import nn
 from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError
 from hwplug.kernel_registry.reference.matmul import expand_scale
-from hwplug.model_zoo.layers.binding import kernels_of
+from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.model_zoo.quant_methods.activations import quantize
 from hwplug.model_zoo.quant_methods.formats import (
     LinearScheme,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hwplug.dtypes import dtype_name
-from hwplug.model_zoo.layers.binding import kernels_of
+from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.quantization import QuantMethod
 
 
