@@ -92,9 +92,19 @@ def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(_entry, args=(world_size, store.port, fn, args, results),
-                       nprocs=world_size, start_method="spawn")
-    collected = dict(results.get() for _ in range(world_size))
+    processes = mp.start_processes(_entry, args=(world_size, store.port, fn, args, results),
+                                   nprocs=world_size, start_method="spawn", join=False)
+    # read while the ranks run: a rank blocks writing a result larger than the pipe's
+    # buffer until it is read; join raises as soon as a rank fails
+    collected: dict[int, bytes] = {}
+    while len(collected) < world_size:
+        if results.empty():
+            processes.join(timeout=0.1)
+        else:
+            rank, data = results.get()
+            collected[rank] = data
+    while not processes.join():
+        pass
     return [torch.load(io.BytesIO(collected[rank])) for rank in range(world_size)]
 
 
@@ -154,3 +164,58 @@ def tensor_parallel_logits(rank: int, world_size: int, config_name: str, steps: 
 
     parallel = TensorParallel(world_size, rank, DeviceCommunicator())
     return greedy_logits(config_name, steps, parallel)
+
+
+def gguf_prefill_logits(rank: int, world_size: int, path: str, ids: list[int]) -> torch.Tensor:
+    """Prefill logits of the GGUF at ``path`` for ``ids``, its blocks kept, with this rank's
+    tensor-parallel share (``world_size`` 1: the whole model in one process)."""
+    from model_harness import PagedBatch
+
+    from hwplug.communicator import DeviceCommunicator
+    from hwplug.model_zoo.context import build_model
+    from hwplug.model_zoo.loaders import load_checkpoint
+    from hwplug.model_zoo.parallel import TensorParallel
+
+    parallel = TensorParallel(world_size, rank, DeviceCommunicator())
+    model, ctx = build_model(load_checkpoint(Path(path)), dtype="float32", parallel=parallel)
+    batch = PagedBatch(ctx, model.num_layers, 1, len(ids))
+    with torch.inference_mode():
+        return model.compute_logits(batch.run(model, [torch.tensor(ids)], [len(ids)]))
+
+
+def gguf_row_parallel_layers(rank: int, world_size: int, path: str,
+                             cases: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """For each ``(ggml type, inputs, outputs)``: a row-parallel GGUF ``Linear`` of random
+    rows of that type with this rank's share, against ``x @ dequantize(W).T``. The GGUF at
+    ``path`` (built whole) supplies the model context (platform, kernels, quant method)."""
+    import dataclasses
+
+    from hwplug.communicator import DeviceCommunicator
+    from hwplug.kernel_registry.reference.ggml import dequantize
+    from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
+    from hwplug.model_zoo.context import build_model
+    from hwplug.model_zoo.layers import Linear
+    from hwplug.model_zoo.loaders import load_checkpoint
+    from hwplug.model_zoo.parallel import TensorParallel
+
+    parallel = TensorParallel(world_size, rank, DeviceCommunicator())
+    _, whole = build_model(load_checkpoint(Path(path)), dtype="float32")
+    ctx = dataclasses.replace(whole, parallel=parallel)
+    results = []
+    for kind, inputs, outputs in cases:
+        generator = torch.Generator().manual_seed(kind)
+        weight = ggml_weight(generator, kind, outputs, inputs)
+        x = torch.randn(3, inputs, generator=generator)
+        layer = Linear(inputs, outputs, ctx, bias=True, parallel="row")
+        bias = torch.randn(outputs, generator=generator)
+        layer.load_weight("qweight", weight, None)
+        layer.load_weight("qweight_type", torch.tensor([kind], dtype=torch.int32), None)
+        layer.load_weight("bias", bias, None)
+        layer.quant_method.process_weights_after_loading(layer)
+        first, count = parallel.share(inputs, "input columns")
+        with torch.inference_mode():
+            got = layer(x[:, first:first + count])
+        want = x @ dequantize(weight, kind).T + bias
+        results.append({"split_by": layer.gguf_split_by, "got": got, "want": want,
+                        "bytes": sum(w.numel() for _, w in layer.gguf_runs)})
+    return results
