@@ -19,10 +19,9 @@ from gguf import GGUFReader
 from model_harness import PagedBatch
 from tiny_checkpoints import shrink_gguf, write_tiny_llama
 
-from hwplug.errors import ConfigError, UnsupportedError
+from hwplug.errors import ConfigError
 from hwplug.model_zoo.context import ModelContext, build_model
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
-from hwplug.model_zoo.parallel import TensorParallel
 
 #: Max |kept - dequantized| logit over the dequantized logits' range: the weights are the
 #: same values, so this is the activations' int8 rounding. Measured: 0.011 (SmolLM2 Q4_1,
@@ -88,8 +87,3 @@ def test_dequantize_applies_to_gguf_files_only(tmp_path: Path):
     with pytest.raises(ConfigError, match="dequantize applies to GGUF files"):
         load_checkpoint(directory, dequantize=True)
 
-
-def test_tensor_parallel_gguf_asks_for_dequantize(mixed_gguf: Path):
-    with pytest.raises(UnsupportedError, match=r"dequantize=True"):
-        build_model(load_checkpoint(mixed_gguf), dtype="float32",
-                    parallel=TensorParallel(size=3, rank=0))

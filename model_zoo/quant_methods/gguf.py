@@ -11,16 +11,26 @@ the same way (:attr:`quantizes_vocab`): the embedding dequantizes only the rows 
 
 After loading, a layer's ``qweight`` holds every run's bytes back to back (one flat
 ``uint8`` parameter) and ``qweight_type`` the runs' types; ``layer.gguf_runs`` are
-``(type, uint8 [rows, row_bytes])`` views into it. Tensor parallelism is not supported
-(input columns would split GGUF blocks).
+``(type, uint8 [rows, row_bytes])`` views into it.
+
+Under tensor parallelism the blocks stay as stored. A column-parallel layer (and a
+vocabulary table) holds its share of the output rows. A row-parallel layer holds its share
+of the input columns where every run's blocks start and end on the share's boundaries
+(``split_by="columns"``: the bytes of those blocks of each row); where a type's block does
+not divide the share (Q4_K's 256 values over a 384-column share), it holds its share of the
+output rows over every input column instead (``split_by="gathered"``): it gathers the input
+from every rank, computes its rows and returns them in place in an otherwise zero output,
+so the row-parallel all-reduce still sums the ranks' outputs into the whole.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from hwplug.dtypes import dtype_name
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
 
 #: A layer's loaded parts: first output row -> {"qweight": rows, "qweight_type": type}.
 Parts = dict[int, dict[str, Any]]
+
+logger = logging.getLogger(__name__)
 
 
 class GgufMethod(QuantMethod):
@@ -60,9 +72,11 @@ class GgufMethod(QuantMethod):
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        params_dtype: torch.dtype, bias: bool) -> None:
         parallel: TensorParallel | None = getattr(layer, "tp", None)
-        if parallel is not None and parallel.size > 1:
-            raise UnsupportedError("GGUF weights cannot be split for tensor parallelism; "
-                                   "load the GGUF dequantized (dequantize=True) to use it")
+        layer.gguf_columns = None
+        if parallel is not None and parallel.size > 1 and getattr(layer, "parallel", None) == "row":
+            # load whole rows: process_weights_after_loading cuts them where the blocks allow
+            _, first, count, full = layer.source
+            layer.gguf_columns, layer.source = (first, count, full), None
         parts: Parts = {}
         layer.gguf_parts, layer.gguf_shape = parts, (output_size, input_size)
         for name, dtype in (("qweight", torch.uint8), ("qweight_type", torch.int32)):
@@ -75,7 +89,11 @@ class GgufMethod(QuantMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Check the loaded parts cover every output row with whole rows of
-        ``input_size`` values, then lay them out as runs of equal type."""
+        ``input_size`` values, then lay them out as runs of equal type (a row-parallel
+        layer's share first cut from the whole rows, see the module docstring)."""
+        layer.gguf_split_by = None
+        if layer.gguf_columns is not None:
+            _cut_share(layer)
         output_size, input_size = layer.gguf_shape
         runs: list[tuple[int, torch.Tensor]] = []
         expected = 0
@@ -106,6 +124,8 @@ class GgufMethod(QuantMethod):
         del layer.gguf_parts
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if layer.gguf_split_by == "gathered":
+            return _gathered_apply(layer, x)
         runs = layer.gguf_runs
         if len(runs) == 1:
             return layer.gemm_kernel(x, runs[0][1], runs[0][0], layer.bias)
@@ -136,6 +156,52 @@ class GgufMethod(QuantMethod):
         kind = fitting[int(torch.randint(len(fitting), (), generator=generator))]
         return {"qweight": ggml_weight(generator, kind, output_size, input_size),
                 "qweight_type": torch.tensor([kind], dtype=torch.int32)}
+
+
+def _cut_share(layer: nn.Module) -> None:
+    """Cut a row-parallel layer's whole loaded rows (``layer.gguf_parts``) down to this
+    rank's share: the share's input columns of every row when every part's blocks fall on
+    its boundaries, else every column of this rank's share of the output rows
+    (``layer.gguf_split_by`` says which, ``layer.gguf_shape`` what is kept)."""
+    first, count, full = layer.gguf_columns
+    output_size = layer.gguf_shape[0]
+    parts = layer.gguf_parts
+    kinds = {int(part["qweight_type"]) for part in parts.values() if "qweight_type" in part}
+    blocks = {kind: GGML_QUANT_SIZES[GGMLQuantizationType(kind)] for kind in kinds}
+    if all(first % values == 0 and count % values == 0 for values, _ in blocks.values()):
+        for part in parts.values():
+            values, size = blocks[part["qweight_type"]]
+            start, stop = first // values * size, (first + count) // values * size
+            part["qweight"] = part["qweight"][:, start:stop].contiguous()
+        layer.gguf_split_by = "columns"
+        return
+    start, rows = layer.tp.share(output_size, "output rows")
+    kept: Parts = {}
+    for at, part in sorted(parts.items()):
+        qweight = part["qweight"]
+        lo, hi = max(at, start), min(at + qweight.shape[0], start + rows)
+        if lo < hi:
+            kept[lo - start] = {**part, "qweight": qweight[lo - at:hi - at].contiguous()}
+    layer.gguf_parts, layer.gguf_shape = kept, (rows, full)
+    layer.gguf_rows, layer.gguf_split_by = (start, rows), "gathered"
+    logger.info("a row-parallel GGUF layer of %s blocks cannot split %d input columns at "
+                "%d..%d: it gathers its input and computes its %d of %d output rows",
+                "/".join(type_name(kind) for kind in sorted(kinds)), full, first,
+                first + count, rows, output_size)
+
+
+def _gathered_apply(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A ``gathered`` row-parallel layer: this rank's output rows of the whole input, in
+    place in a zero output of every row (the bias, on rank 0 only, added whole), for the
+    layer's all-reduce to sum."""
+    whole = layer.tp.all_gather(x, dim=-1)
+    start, rows = layer.gguf_rows
+    out = whole.new_zeros(*x.shape[:-1], layer.output_size)
+    at = start
+    for kind, weight in layer.gguf_runs:
+        out[..., at:at + weight.shape[0]] = layer.gemm_kernel(whole, weight, kind)
+        at += weight.shape[0]
+    return out if layer.bias is None else out + layer.bias.to(out.dtype)
 
 
 def _keep_part(parts: Parts, name: str, param: nn.Parameter, tensor: torch.Tensor,
