@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hwplug.dtypes import dtype_name
 from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.legacy_calls import current_form
 
 if TYPE_CHECKING:
     from hwplug.kernel_registry.registry import KernelRegistry
@@ -95,13 +96,23 @@ class LayoutOp(Op):
     """An op over a paged KV cache (``reshape_and_cache``, ``paged_attention``): the layout
     of its :class:`~hwplug.attention.PagedAttentionParams` argument (positional argument
     ``layout_arg``, or keyword ``params``) joins the dispatch key, so a variant serves
-    only the layouts it declares (see :attr:`~hwplug.kernel_registry.Variant.layouts`)."""
+    only the layouts it declares (see :attr:`~hwplug.kernel_registry.Variant.layouts`). A
+    call in release 0.1's form, the arguments written out, is converted with a deprecation
+    warning (:mod:`~hwplug.kernel_registry.legacy_calls`)."""
 
     def __init__(self, registry: KernelRegistry, name: str, doc: str,
                  tolerances: dict[str, tuple[float, float]], dispatch_arg: int,
                  layout_arg: int) -> None:
         super().__init__(registry, name, doc, tolerances, dispatch_arg)
         self.layout_arg = layout_arg
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = current_form(self.name, args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def reference(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = current_form(self.name, args, kwargs)
+        return super().reference(*args, **kwargs)
 
     def _layout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         params = args[self.layout_arg] if len(args) > self.layout_arg else kwargs["params"]

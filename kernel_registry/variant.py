@@ -68,10 +68,11 @@ class Variant:
     def load(self) -> None:
         """Import a lazy ``impl``, ``supports`` and ``native`` in place (import errors
         propagate). Nothing is built: see :attr:`native`."""
+        from hwplug.kernel_registry.legacy_calls import adapt_variant
         from hwplug.registry import import_object
 
         if isinstance(self.impl, str):
-            self.impl = import_object(self.impl)
+            self.impl = adapt_variant(self.op, import_object(self.impl))
         if isinstance(self.supports, str):
             self.supports = import_object(self.supports)
         if isinstance(self.native, str):

@@ -13,3 +13,6 @@ def site(tmp_path, monkeypatch, fresh_discovery) -> FakeSite:
     fake = FakeSite(tmp_path / "site")
     activate_site(fake, monkeypatch)
     return fake
+
+#: A plugin package of a previous release, run by test_previous_release_plugin.py only.
+collect_ignore_glob = ["release_0_1_plugin/*"]

@@ -197,3 +197,27 @@ def test_block_tables_must_cover_max_seq_len():
     with pytest.raises(ValueError, match="block_tables has 2 columns; 40 tokens need 3"):
         paged_attention(batch.query, batch.kv_cache, metadata(batch, batch.block_tables[:, :2]),
                         PagedAttentionParams(0.3))
+
+
+def test_release_0_1_call_forms_give_the_current_forms_results():
+    from hwplug import ops
+
+    batch = make_batch([20, 7], [3, 7], 4, 2, 16, 8, torch.float32, seed=5)
+    params = PagedAttentionParams(0.25, True, 6, 30.0)
+    want = ops.paged_attention(batch.query, batch.kv_cache, metadata(batch), params)
+    with pytest.warns(DeprecationWarning, match="arguments written out"):
+        got = ops.paged_attention(batch.query, batch.kv_cache, batch.block_tables,
+                                  batch.seq_lens, batch.query_start_loc, 0.25, True, 6,
+                                  soft_cap=30.0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    key, value = torch.randn(2, 3, 2, 16)
+    slots = torch.tensor([3, -1, 12])
+    scale = torch.tensor([0.5, 2.0])
+    caches = [torch.zeros(2, 4, 8, 2, 16, dtype=torch.float8_e4m3fn) for _ in range(2)]
+    ops.reshape_and_cache(key, value, caches[0], slots,
+                          PagedAttentionParams(1.0, k_scale=scale, v_scale=scale * 2))
+    with pytest.warns(DeprecationWarning, match="arguments written out"):
+        ops.reshape_and_cache(key, value, caches[1], slots, scale, v_scale=scale * 2)
+    assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
+    assert caches[0].float().abs().sum() > 0

@@ -1,0 +1,1 @@
+"""hwplug-acme-npu: the hwplug platform plugin for acme-npu devices."""
