@@ -34,6 +34,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
+
+logger = logging.getLogger(__name__)
+#: Connector classes already reported as loading nothing (see get_num_new_matched_tokens).
+_SAVE_ONLY: set[type] = set()
 
 
 class KVLoadFailurePolicy(str, Enum):
@@ -241,12 +246,20 @@ class Connector(StrictInterface, abc.ABC):
     def get_name(cls) -> str:
         """The connector's registered name."""
 
-    @abc.abstractmethod
     def get_num_new_matched_tokens(self, request: ConnectorRequest,
                                    num_computed_tokens: int) -> int:
         """How many tokens after the first ``num_computed_tokens`` (a whole number of
         blocks the engine already holds) the connector can load: ``block_size`` times the
-        number of consecutive blocks of ``request.block_hashes`` it has from there."""
+        number of consecutive blocks of ``request.block_hashes`` it has from there.
+
+        Every connector that loads overrides this. The default, 0 (nothing to load: the
+        engine computes every token), keeps connectors written before the method existed
+        working as save-only connectors; it logs that once per class."""
+        if type(self) not in _SAVE_ONLY:
+            _SAVE_ONLY.add(type(self))
+            logger.warning("connector %s does not implement get_num_new_matched_tokens "
+                           "(added after release 0.1): it loads nothing", self.get_name())
+        return 0
 
     @abc.abstractmethod
     def start_load_kv(self, metadata: ConnectorMetadata, kv_caches: dict[str, Any]) -> None:
