@@ -59,7 +59,8 @@ def transformers_model(model: str | None, dtype: torch.dtype) -> torch.nn.Module
     from transformers import AutoModelForCausalLM
 
     checkpoint = load_checkpoint(resolve_model(model), dequantize=is_gguf(model))
-    reference = AutoModelForCausalLM.from_config(checkpoint.config, dtype=dtype).eval()
+    reference = AutoModelForCausalLM.from_config(checkpoint.transformers_config(),
+                                                 dtype=dtype).eval()
     result = reference.load_state_dict(dict(checkpoint.weights()), strict=False)
     if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
         raise RuntimeError(f"weights do not match transformers' model: {result}")
