@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from hwplug.config import EngineConfig
     from hwplug.platform_interface import Platform
 
+__all__ = ["AttentionBackend", "AttentionMetadata", "AttentionSpec", "InternalFallback",
+           "KernelBinder", "NHD", "PagedAttentionParams"]
+
 
 class KernelBinder(Protocol):
     """What binds ops for a backend or layer: a model's

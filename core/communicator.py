@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
     from hwplug.platform_interface import Platform
 
+__all__ = ["TORCH_DIST_ALIASES", "DeviceCommunicator", "communicator_for"]
+
 logger = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()
 

@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 
     import torch
 
+__all__ = ["BlockTransfer", "Connector", "ConnectorMetadata", "ConnectorRequest", "KVLayout",
+           "KVLayoutMismatchError", "KVLoadFailurePolicy", "KVTransferError", "LAYOUT_FIELDS",
+           "ThroughReference", "compatibility_key", "kv_layout_fingerprint",
+           "layout_converter", "register_layout_converter"]
+
 logger = logging.getLogger(__name__)
 #: Connector classes already reported as loading nothing (see get_num_new_matched_tokens).
 _SAVE_ONLY: set[type] = set()

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["DeviceCapability", "DeviceFacts", "MemoryInfo"]
+
 
 @dataclass(frozen=True, order=True)
 class DeviceCapability:

@@ -14,6 +14,9 @@ from hwplug.errors import UnsupportedError
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["AUTO", "DTYPE_NAMES", "FLOAT_DTYPES", "FP8_KV_DTYPES", "INT_DTYPES", "auto_dtype",
+           "dtype_name", "is_quantized_kv_cache", "named_torch_dtype", "torch_dtype"]
+
 #: Floating dtypes a model can compute in.
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 #: One-byte float dtypes a KV cache can store (with k/v scales): the quantized KV caches.

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+__all__ = ["BuildError", "ConfigError", "DuplicateNameError", "EngineStoppedError",
+           "HwplugError", "ModelError", "PlatformError", "PluginError", "RemovedError",
+           "RequestAbortedError", "UnknownNameError", "UnsupportedError", "WorkerError"]
+
 
 class HwplugError(Exception):
     """Base class of every error hwplug raises on purpose."""

@@ -23,6 +23,11 @@ import pluggy
 if TYPE_CHECKING:
     from hwplug.platform_interface import Platform
 
+__all__ = ["hookimpl", "hwplug_platform_resolved", "hwplug_register_attention_backends",
+           "hwplug_register_connectors", "hwplug_register_kernels",
+           "hwplug_register_kv_layouts", "hwplug_register_models",
+           "hwplug_register_quant_methods"]
+
 PROJECT = "hwplug"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -25,6 +25,9 @@ from hwplug.interface import StrictInterface
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["ANY_LAYOUT", "NHD", "REFERENCE_LAYOUT", "KVCacheLayout", "NHDLayout",
+           "checked_reference", "registered_layout"]
+
 #: Name of the reference layout, the one core defines.
 REFERENCE_LAYOUT = "NHD"
 #: In a kernel variant's ``layouts``: every registered layout (the references' claim).

@@ -20,6 +20,8 @@ from hwplug.requirements import Requirements
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["GRANULARITIES", "QuantMethod", "ScaleDescriptor"]
+
 #: How many values share one scale: the whole tensor, one output channel (row), one token
 #: (row of an activation), or a group / block of ``group_shape`` elements.
 Granularity = Literal["tensor", "channel", "token", "group", "block"]

@@ -16,6 +16,8 @@ from typing import Any
 from hwplug.errors import PluginError
 from hwplug.registry import Registry
 
+__all__ = ["attention_backends", "connectors", "kv_layouts", "models", "quant_methods"]
+
 #: What fills the process registries before their first read: discovery (once per process;
 #: ``hwplug.discovery.reset`` makes the next read run it again). Named, not imported:
 #: discovery sits beside the registries it fills.

@@ -22,6 +22,8 @@ from hwplug.device import DeviceCapability
 if TYPE_CHECKING:
     from hwplug.platform_interface import Platform
 
+__all__ = ["Requirements", "version"]
+
 
 @dataclass(frozen=True)
 class Requirements:

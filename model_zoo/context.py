@@ -31,6 +31,8 @@ from hwplug.model_zoo.registry import get_model_class
 from hwplug.platform_interface import Platform
 from hwplug.quantization import QuantMethod
 
+__all__ = ["CheckpointLike", "ModelContext", "build_model", "create_context"]
+
 logger = logging.getLogger(__name__)
 
 

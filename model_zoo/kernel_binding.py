@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from hwplug.attention import KernelBinder
     from hwplug.model_zoo.context import ModelContext
 
+__all__ = ["bind", "kernels_of", "plan_and_dtype"]
+
 _warned: set[str] = set()
 
 

@@ -7,6 +7,8 @@ from typing import Any
 from hwplug import registries
 from hwplug.errors import UnknownNameError
 
+__all__ = ["get_model_class", "register_model"]
+
 _HOW_TO = ("Register one with hwplug.register_model('MyArchForCausalLM', 'my_pkg.model:MyArch') "
            "or an entry point in the 'hwplug.models' group")
 

@@ -21,6 +21,8 @@ import torch
 from hwplug.checks import MAX_SEED, is_integer
 from hwplug.errors import ConfigError
 
+__all__ = ["MAX_SEED", "SamplingParams"]
+
 
 @dataclass(frozen=True)
 class SamplingParams:

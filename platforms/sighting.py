@@ -9,6 +9,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+__all__ = ["Activation", "DeviceKind", "Sighting", "activator"]
+
 
 @dataclass(frozen=True)
 class Sighting:

@@ -21,6 +21,8 @@ from hwplug.conformance.target import Placement
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, torch_dtype
 from hwplug.kv_cache_layout import NHD, KVCacheLayout
 
+__all__ = ["check_layout", "layout_check"]
+
 #: (num_blocks, block_size, Hkv, D) of the generated caches: D whole 16-byte chunks in
 #: every dtype, sizes all different so a swapped dimension shows.
 GEOMETRY = (5, 4, 3, 32)

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 from hwplug.errors import UnsupportedError
 
+__all__ = ["OFFSET", "dequantize_int4", "group_size", "int4_linear", "pack_int4", "unpack_int4"]
+
 #: The stored code of the value 0 (codes 0..15 are the values -8..7).
 OFFSET = 8
 

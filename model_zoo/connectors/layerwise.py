@@ -41,6 +41,8 @@ from hwplug.connector import (
     layout_converter,
 )
 
+__all__ = ["DEFAULT_LOAD_TIMEOUT_S", "LayerwiseConnector"]
+
 logger = logging.getLogger(__name__)
 
 #: Seconds a layer's load may take before its blocks count as failed.

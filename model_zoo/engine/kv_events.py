@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "KVEventBus"]
+
 logger = logging.getLogger(__name__)
 
 
