@@ -7,7 +7,8 @@ registered is dropped and its traceback kept. Each hook implementation receives 
 the arguments it names, as pluggy does. Plugins of other platforms' distributions are not
 imported while ``HWPLUG_PLATFORM`` forces a platform; hwplug's own always are. An import
 or hook still running after half of ``HWPLUG_PROBE_TIMEOUT`` is logged with how to skip the
-plugin (:mod:`.watchdog`).
+plugin (:mod:`.watchdog`); what one changes of torch's process-global state (default
+dtype, device, grad mode, threads) is put back, with a warning (:mod:`.torch_state`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from hwplug import envs, hookspecs, registries
+from hwplug.discovery import torch_state
 from hwplug.discovery.entry_points import (
     API_VERSION,
     MODEL_GROUP,
@@ -99,7 +101,8 @@ def import_plugins(platform_name: str, other_platform_dists: Iterable[str],
             record.reason = f"not imported: HWPLUG_PLATFORM forces {platform_name!r}"
             continue
         try:
-            with watchdog(f"importing plugin {ep.name}", ep.name):
+            with watchdog(f"importing plugin {ep.name}", ep.name), \
+                    torch_state.kept(ep.name, "import"):
                 module = ep.load()
         except BaseException as exc:
             if not isolated(exc):
@@ -168,7 +171,8 @@ class PluginHost:
         caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
         token = current_source.set(record.name)
         try:
-            with watchdog(f"{hook_name} of plugin {record.name}", record.name):
+            with watchdog(f"{hook_name} of plugin {record.name}", record.name), \
+                    torch_state.kept(record.name, hook_name):
                 caller(**kwargs)
         except BaseException as exc:
             if not isolated(exc):
