@@ -36,7 +36,7 @@ from hwplug.model_zoo.engine import (
     Sequence,
 )
 from hwplug.model_zoo.engine.block_hash import model_key, root_hash
-from hwplug.model_zoo.engine.engine_loop import EngineLoop, TextStream
+from hwplug.model_zoo.engine.engine_loop import EngineLoop, RequestHandle, TextStream
 from hwplug.model_zoo.engine.kv_events import KVEventBus
 from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
 from hwplug.model_zoo.engine.model_runner import GraphLimits
@@ -65,44 +65,39 @@ class LLM:
     ``model`` is an alias of a packaged model (``smollm2``, the default when None, or
     ``all-minilm-l6-v2``), a path to a ``.gguf`` file, or a Hugging Face style directory
     (``config.json``, tokenizer files and safetensors weights); nothing is downloaded. The
-    other options are keyword arguments, each declared once with its check, default and
-    help in :class:`~hwplug.model_zoo.llm_config.LLMConfig` (``hwplug info`` lists them;
-    ``hwplug generate`` takes each as a flag), and checked before anything loads. After
+    other options are keyword arguments declared once in
+    :class:`~hwplug.model_zoo.llm_config.LLMConfig` (the CLI's flags), checked first. After
     the model is built, :attr:`config` holds them with what the platform settled (dtype,
     attention backend, block size, quant method, KV blocks, step graphs).
 
     A GGUF's weights stay in their GGUF blocks (quant method ``gguf``) unless ``dequantize``
-    asks for float weights in ``dtype`` (so does a platform without GGUF kernels).
-    ``dtype`` ``auto`` (the default) is the platform's best dtype the checkpoint allows.
+    asks for float weights in ``dtype`` (``auto``: the platform's best the checkpoint
+    allows; a platform without GGUF kernels dequantizes too).
     ``num_kv_blocks`` sizes the KV cache: a block count, a fraction in (0, 1) of the
     platform's free memory, or None for :data:`DEFAULT_KV_CACHE_FRACTION`, capped at what
-    ``max_num_seqs`` full-length sequences use. A ``block_size`` no attention backend that
-    can serve the model accepts is an error listing the sizes they do. Decode steps replay
-    step graphs where the platform can (docs/generation.md); ``step_graphs=False``: never.
+    ``max_num_seqs`` full-length sequences use; a ``block_size`` no fitting attention
+    backend accepts is an error listing those they do. Decode steps replay step graphs
+    where the platform can (docs/generation.md); ``step_graphs=False``: never.
 
-    KV blocks: prefix caching reuses the KV of full blocks an earlier request computed
-    (outputs are identical either way; ``enable_prefix_caching=False`` turns it off), and
-    :attr:`kv_events` reports what it stores and evicts (published over ZeroMQ too when
-    ``kv_events_endpoint`` is set, e.g. ``"tcp://*:5557"``; needs pyzmq).
-    ``kv_connector`` (a registered name: ``shared_storage``, ``cpu_offload``, ``p2p``, or
-    a :class:`~hwplug.connector.Connector` subclass) loads blocks from outside and saves
-    the ones the engine fills; it is built with ``kv_connector_config`` as options, and
-    ``kv_load_failure_policy`` (``"fail"``, the default, or ``"recompute"``) says what
-    a failed load does. See docs/connector-authoring.md.
+    Prefix caching reuses the KV of full blocks an earlier request computed (same outputs;
+    ``enable_prefix_caching=False``: off); :attr:`kv_events` reports what it stores and
+    evicts (also over ZeroMQ at ``kv_events_endpoint``, e.g. ``"tcp://*:5557"``).
+    ``kv_connector`` (``shared_storage``, ``cpu_offload``, ``p2p``, or a ``Connector``
+    subclass; options ``kv_connector_config``) loads blocks from outside and saves those
+    the engine fills; ``kv_load_failure_policy`` (``"fail"`` or ``"recompute"``) says what
+    a failed load does (docs/connector-authoring.md).
 
-    Parallelism (docs/generation.md, "Parallelism"): ``tensor_parallel_size=N`` splits
-    the model over N processes (N-1 spawned; under torchrun, the launched ranks: rank 0
-    gets the outputs, other ranks serve it and return a worker LLM once it closes) and
-    ``data_parallel_size=N`` runs N engine replicas that share each generate call's
-    prompts; a worker that dies fails the requests with a :class:`~hwplug.errors.WorkerError`.
+    Parallelism (docs/generation.md): ``tensor_parallel_size=N`` splits the model over N
+    processes (spawned, or torchrun's ranks: rank 0 gets the outputs, the others return a
+    worker LLM once it closes); ``data_parallel_size=N`` runs N engine replicas sharing
+    each generate call's prompts; a dead worker fails requests with a ``WorkerError``.
 
-    One ``LLM`` may be used from several threads at once: every request goes to one
-    engine thread that batches them together and hands each caller its own output.
-    ``LLM`` prints nothing: it logs through :mod:`logging` (``hwplug.model_zoo.*``
-    loggers), and ``hwplug generate`` prints its generation statistics (tokens/s, time to
-    first token, kernels used) on stderr, the text alone on stdout. Invalid arguments raise
-    :class:`~hwplug.errors.ConfigError` (or :class:`~hwplug.errors.ModelError` for the
-    model and prompts) naming the valid values.
+    One ``LLM`` may be used from several threads (and, through
+    :class:`~hwplug.model_zoo.async_llm.AsyncLLM`, from asyncio) at once: one engine
+    thread batches every request and hands each caller its own output. ``LLM`` prints
+    nothing (it logs through :mod:`logging`). Invalid arguments raise
+    :class:`~hwplug.errors.ConfigError` (:class:`~hwplug.errors.ModelError` for the model
+    and prompts) naming the valid values.
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, **options: Any) -> None:
@@ -327,7 +322,13 @@ class LLM:
             raise ConfigError(f"stream() yields one completion, got n={sampling.n}; use "
                               "generate() for several")
         text = prompt if isinstance(prompt, str) else None
-        return TextStream(self._loop, self._loop.submit(self.tokenize(prompt), sampling, text))
+        return TextStream(self._loop, self.submit(self.tokenize(prompt), sampling, text))
+
+    def submit(self, prompt_ids: Seq[int], sampling: SamplingParams, prompt: str | None = None,
+               listener: Callable[[], None] | None = None) -> RequestHandle:
+        """Check and start one request; its handle gets each step's update (AsyncLLM's)."""
+        self._require(encoder=False, method="submit()")
+        return self._loop.submit(prompt_ids, sampling, prompt, listener)
 
     def chat(self, messages: Messages, sampling: SamplingParams | None = None) -> Output:
         """The assistant's reply to a conversation (see :meth:`apply_chat_template`)."""

@@ -30,52 +30,74 @@ from concurrent.futures import Future
 from typing import Any
 
 from hwplug.errors import EngineStoppedError, RequestAbortedError
-from hwplug.model_zoo.engine.llm_engine import LLMEngine
+from hwplug.model_zoo.engine.llm_engine import LLMEngine, RequestUpdate
 from hwplug.model_zoo.engine.output import Output
 from hwplug.model_zoo.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _ids = itertools.count()
-_DONE = object()
 
 
 class RequestHandle:
-    """One submitted request's results, filled in by the loop's thread."""
+    """One submitted request's results, filled in by the loop's thread.
 
-    def __init__(self, request_id: str) -> None:
+    The loop puts each step's :class:`RequestUpdate` for the request (and, at the end, the
+    error that ended it, if one did) in the handle's queue, then calls ``listener`` (on
+    the loop's thread; it must not block), so an asyncio caller can be woken to
+    :meth:`take` them.
+    """
+
+    def __init__(self, request_id: str, listener: Callable[[], None] | None = None,
+                 loop: EngineLoop | None = None) -> None:
         self.request_id = request_id
         self.output: Output | None = None
-        self._events: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[RequestUpdate | BaseException] = queue.SimpleQueue()
+        self._listener = listener
+        self._loop = loop
         self._closed = False
+
+    def abort(self) -> None:
+        """Abort the request unless it has finished (its KV blocks are freed at once, by
+        the loop's thread); idempotent."""
+        if self._loop is not None:
+            abort_unfinished(self._loop, self)
 
     @property
     def finished(self) -> bool:
         """Whether the final output or an error has been delivered (maybe not yet read)."""
         return self._closed
 
-    def _put(self, delta: str, output: Output | None) -> None:
-        if delta:
-            self._events.put((delta, None))
-        if output is not None:
+    def _put(self, update: RequestUpdate | BaseException) -> None:
+        if isinstance(update, BaseException) or update.output is not None:
             self._closed = True
-            self._events.put((_DONE, output))
+        self._events.put(update)
+        if self._listener is not None:
+            self._listener()
 
-    def _fail(self, error: BaseException) -> None:
-        self._closed = True
-        self._events.put((_DONE, error))
+    def take(self) -> list[RequestUpdate | BaseException]:
+        """The updates (or the final error) delivered since the last call, without
+        waiting; sets :attr:`output` when the final update is among them."""
+        items = []
+        while True:
+            try:
+                item = self._events.get_nowait()
+            except queue.Empty:
+                return items
+            if isinstance(item, RequestUpdate) and item.output is not None:
+                self.output = item.output
+            items.append(item)
 
     def deltas(self) -> Iterator[str]:
         """The request's text piece by piece, as steps produce it; then :attr:`output` is
         set. Raises the error that ended the request, if one did."""
         while self.output is None:
-            item, payload = self._events.get()
-            if item is not _DONE:
-                yield item
-            elif isinstance(payload, BaseException):
-                raise payload
-            else:
-                self.output = payload
+            item = self._events.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.delta:
+                yield item.delta
+            self.output = item.output
 
     def result(self) -> Output:
         """Wait for the request's :class:`Output` (raises the error that ended it)."""
@@ -99,11 +121,12 @@ class EngineLoop:
         self._stopped = False
 
     def submit(self, prompt_ids: Seq[int], sampling: SamplingParams,
-               prompt: str | None = None) -> RequestHandle:
+               prompt: str | None = None,
+               listener: Callable[[], None] | None = None) -> RequestHandle:
         """Check the request in the caller's thread (typed errors raise here), queue it,
-        and return its handle."""
+        and return its handle (``listener``: see :class:`RequestHandle`)."""
         self.engine.check_request(prompt_ids, sampling)
-        handle = RequestHandle(f"req-{next(_ids)}")
+        handle = RequestHandle(f"req-{next(_ids)}", listener, self)
         self._send("add", (handle, list(prompt_ids), sampling, prompt))
         return handle
 
@@ -184,14 +207,14 @@ class EngineLoop:
             self.engine.abort(payload)
             handle = handles.pop(payload, None)
             if handle is not None:
-                handle._fail(RequestAbortedError(f"request {payload} was aborted"))
+                handle._put(RequestAbortedError(f"request {payload} was aborted"))
             return
         handle, prompt_ids, sampling, prompt = payload
         try:
             self.engine.add_request(handle.request_id, prompt_ids, sampling, prompt)
         except Exception as exc:  # delivered to the one caller it concerns
             self.engine.abort(handle.request_id)
-            handle._fail(exc)
+            handle._put(exc)
             return
         handles[handle.request_id] = handle
 
@@ -207,10 +230,10 @@ class EngineLoop:
             if handle is None:
                 continue
             if update.error is not None:
-                handle._fail(update.error)
+                handle._put(update.error)
                 del handles[update.request_id]
                 continue
-            handle._put(update.delta, update.output)
+            handle._put(update)
             if update.output is not None:
                 del handles[update.request_id]
 
@@ -218,7 +241,7 @@ class EngineLoop:
         if self.engine is not None:
             self.engine.abort_all()
         for handle in handles.values():
-            handle._fail(error)
+            handle._put(error)
         handles.clear()
 
 

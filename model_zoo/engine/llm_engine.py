@@ -30,15 +30,49 @@ from hwplug.model_zoo.sampling import SamplingParams
 
 
 @dataclass
+class SampleDelta:
+    """What one step added to completion ``index`` of a request: its newly streamable
+    ``text`` (a stop string's possible start is held back until it is settled), the
+    ``token_ids`` sampled, their log-probabilities when the request asked for them (one
+    dict per token, as :attr:`CompletionOutput.logprobs`), and, once it is finished, its
+    ``finish_reason`` and ``stop_reason``."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
 class RequestUpdate:
     """What one step did for one request: ``delta``, its new streamable text (requests of
-    one completion), and ``output`` once the request is finished."""
+    one completion), ``samples``, what it added to each completion it advanced, and
+    ``output`` once the request is finished."""
 
     request_id: str
     delta: str = ""
     output: Output | None = None
     #: The error that ended the request (its KV blocks failed to load), if one did.
     error: BaseException | None = None
+    samples: list[SampleDelta] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's load: sequences running and waiting, KV blocks in use
+    of the cache's total, prompt tokens looked up in the prefix cache and found there,
+    preemptions so far, and steps run."""
+
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    num_steps: int
 
 
 @dataclass
@@ -119,6 +153,18 @@ class LLMEngine:
             self.scheduler.add(seq)
         return request.seqs
 
+    def stats(self) -> EngineStats:
+        """The engine's load now. Reads counters only, so any thread may call it while the
+        engine's thread steps (the values may then be a step apart from each other)."""
+        scheduler, blocks = self.scheduler, self.scheduler.block_manager
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            kv_blocks_used=blocks.num_blocks - blocks.num_free_blocks,
+            kv_blocks_total=blocks.num_blocks,
+            prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
+            prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
+            num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -153,8 +199,9 @@ class LLMEngine:
                 seq.stop_reason = detokenizer.stop_reason
                 self.scheduler.finish(seq, FinishReason.STOP)
             update = updates.setdefault(seq.request_id, RequestUpdate(seq.request_id))
+            update.samples.append(self._sample_delta(seq, detokenizer.stream(seq.is_finished)))
             if len(request.seqs) == 1:
-                update.delta = detokenizer.stream(seq.is_finished)
+                update.delta = update.samples[-1].text
         for update in updates.values():
             request = self._requests.get(update.request_id)
             if request is not None and all(seq.is_finished for seq in request.seqs):
@@ -202,6 +249,14 @@ class LLMEngine:
         return Output(request_id=request.request_id, prompt_token_ids=request.prompt_ids,
                       outputs=completions, prompt=request.prompt,
                       prompt_logprobs=prompt_logprobs)
+
+    def _sample_delta(self, seq: Sequence, text: str) -> SampleDelta:
+        """What this step added to ``seq`` (one token; its logprobs row when it has one)."""
+        logprobs = None if seq.logprobs is None else [self._logprobs(seq.logprobs[-1])]
+        finished = seq.is_finished
+        return SampleDelta(seq.index, text, [seq.token_ids[-1]], logprobs,
+                           str(seq.finish_reason) if finished else None,
+                           seq.stop_reason if finished else None)
 
     def _logprobs(self, row: RowLogprobs) -> dict[int, Logprob]:
         return {token: Logprob(value, rank, self.tokenizer.decode([token]))

@@ -87,6 +87,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: Prompt tokens of the sequences started so far, and how many of them were found
+        #: in the prefix cache (a preempted sequence counts again when it restarts).
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
         #: The connector's engine side, asked for the KV of sequences that start.
         self.kv_transfer: KVTransfer | None = None
 
@@ -123,6 +127,8 @@ class Scheduler:
             if not self.block_manager.allocate(seq, external + num_new, prefix):
                 break
             seq.num_computed_tokens = computed + external
+            self.num_prefix_queried_tokens += seq.num_tokens
+            self.num_prefix_hit_tokens += computed
             if external:
                 self.kv_transfer.add_load(seq, len(prefix))
             self.waiting.popleft()
