@@ -12,7 +12,8 @@ layers, lowest first (see :data:`LAYERS` and :func:`layer_of`):
   through lazy ``importlib.import_module`` calls of non-literal names;
 * ``kernel_registry``; ``platform plugins`` (the rest of ``platforms/cpu/`` and every
   ``plugins/*/hwplug_*`` package); ``model_zoo``;
-* ``entry points``: the CLI, the conformance kit, the plugin scaffold and ``__main__``.
+* ``entry points``: the CLI, the conformance kit, the plugin scaffold, the HTTP server
+  (``hwplug.serve``) and ``__main__``.
 
 A module may import modules of its own layer or of lower ones (type-only imports under
 ``if TYPE_CHECKING:`` included); the runtime never imports the conformance kit. No
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("probes", "core", "kernel_registry", "platform plugins", "model_zoo", "entry points")
 FACADE = "hwplug"
 KIT = "hwplug.conformance"
-ENTRY_POINTS = ("hwplug.cli", KIT, "hwplug.scaffold", "hwplug.__main__")
+ENTRY_POINTS = ("hwplug.cli", KIT, "hwplug.scaffold", "hwplug.serve", "hwplug.__main__")
 CPU_PROBE = ("hwplug.platforms.cpu", "hwplug.platforms.cpu.probe")
 SOURCE_FOLDERS = ("core", "platforms", "kernel_registry", "model_zoo", "plugins", "benchmarks",
                   "tests")
