@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fake_dists import FakeSite, activate_site
+from serve_harness import serve_llm_fixture, served_fixture  # noqa: F401 (session fixtures)
 
 
 @pytest.fixture
