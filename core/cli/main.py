@@ -22,7 +22,7 @@ from hwplug import envs
 from hwplug.errors import ConfigError, HwplugError
 
 #: Subcommands that run a model: the platform's process environment is applied first.
-RUNS_MODELS = ("generate", "embed")
+RUNS_MODELS = ("generate", "embed", "serve")
 #: subcommand -> (module, help). Each module defines ``add_arguments(parser)`` and
 #: ``run(args, console) -> int``.
 COMMANDS = {
@@ -33,6 +33,7 @@ COMMANDS = {
     "models": ("hwplug.cli.models", "list registered model architectures"),
     "generate": ("hwplug.cli.generate", "generate text with a model"),
     "embed": ("hwplug.cli.embed", "embed text with an encoder model"),
+    "serve": ("hwplug.cli.serve", "serve a model over an OpenAI-compatible HTTP API"),
     "conformance": ("hwplug.cli.conformance", "run the conformance kit against a plugin"),
     "new-plugin": ("hwplug.cli.new_plugin", "write a new hardware plugin package"),
 }
