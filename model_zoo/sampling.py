@@ -25,6 +25,30 @@ __all__ = ["MAX_SEED", "SamplingParams"]
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text, exactly one of: ``json_schema`` (a JSON schema,
+    as JSON text), ``json_object`` (any JSON object), ``regex`` or ``grammar`` (a Lark
+    grammar). The engine masks, before each sampling, every token that would leave the
+    language (:mod:`~hwplug.model_zoo.engine.structured`, with llguidance), and ends the
+    completion when the text is complete."""
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json_schema", "regex", "grammar")
+                 if getattr(self, name) is not None] + (["json_object"] if self.json_object
+                                                        else [])
+        if len(given) != 1 or not all(isinstance(getattr(self, name), str)
+                                      for name in given if name != "json_object"):
+            raise ConfigError("a StructuredOutput holds exactly one of json_schema (JSON "
+                              "text), json_object=True, regex or grammar (text), got "
+                              f"{', '.join(given) or 'none'}")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick the tokens of one request and when to stop.
 
@@ -47,7 +71,8 @@ class SamplingParams:
     temperature, top-k/top-p and the penalty). ``cache_salt`` keeps the request's KV
     blocks apart from those of requests with another salt (or none): it is hashed into
     its first block, so prefix caching and connectors share blocks only between equal
-    salts. Invalid types or values raise
+    salts. ``structured`` (a :class:`StructuredOutput`) constrains the text to a JSON
+    schema, a regex or a grammar. Invalid types or values raise
     :class:`~hwplug.errors.ConfigError` naming the valid range; ``k`` above the vocabulary
     size and stop token ids outside it are refused when the request is made.
     """
@@ -65,6 +90,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     cache_salt: str | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         for name in ("stop", "stop_token_ids"):  # a list (or one stop string) -> a tuple
@@ -108,6 +134,8 @@ class SamplingParams:
              f"prompt_logprobs must be None or an integer >= 0, got {self.prompt_logprobs!r}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt),
              f"cache_salt must be None or a non-empty string, got {self.cache_salt!r}"),
+            (self.structured is None or isinstance(self.structured, StructuredOutput),
+             f"structured must be None or a StructuredOutput, got {self.structured!r}"),
         )
         return [message for ok, message in checks if not ok]
 

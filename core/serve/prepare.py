@@ -3,14 +3,16 @@
 Limits that depend on the model are checked here, each an
 :class:`~hwplug.serve.protocol.ApiError`: a prompt that leaves no room in the context is
 413 (``context_length_exceeded``); a ``max_tokens`` beyond the room left, a token id
-outside the vocabulary, a stop token id outside it or ``response_format`` (not served
-yet) are 400 naming the field and its valid values. OpenAI's defaults apply: 16 new
+outside the vocabulary or a stop token id outside it are 400 naming the field and its
+valid values. ``response_format`` (``json_object``, ``json_schema``) becomes the
+request's structured-output constraint (an invalid schema is 400 too). OpenAI's defaults apply: 16 new
 tokens for a completion, the rest of the context (as far as the KV cache holds it) for a
 chat completion, and temperature 1.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ from hwplug.serve.protocol import ApiError, ChatCompletionRequest, CompletionReq
 
 if TYPE_CHECKING:
     from hwplug import LLM, SamplingParams
+    from hwplug.model_zoo.sampling import StructuredOutput
 
 #: ``max_tokens`` of a completion that gives none (OpenAI's default).
 DEFAULT_COMPLETION_TOKENS = 16
@@ -59,9 +62,6 @@ def prepare_completion(llm: LLM, body: CompletionRequest) -> Prepared:
 
 def prepare_chat(llm: LLM, body: ChatCompletionRequest) -> Prepared:
     """The engine inputs of ``POST /v1/chat/completions`` (the chat template applied)."""
-    if body.response_format is not None and body.response_format.type != "text":
-        raise ApiError(400, f"response_format {body.response_format.type!r} is not served "
-                            "yet: only 'text'", param="response_format.type")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     ids = chat_prompt(llm, body.messages)
@@ -73,7 +73,23 @@ def prepare_chat(llm: LLM, body: ChatCompletionRequest) -> Prepared:
     name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     max_tokens = _max_tokens(llm, requested, name, [ids], None)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    return Prepared([ids], [""], _sampling(llm, body, max_tokens, logprobs, None), logprobs)
+    sampling = _sampling(llm, body, max_tokens, logprobs, None, _structured(body))
+    return Prepared([ids], [""], sampling, logprobs)
+
+
+def _structured(body: ChatCompletionRequest) -> StructuredOutput | None:
+    """The constraint ``response_format`` asks for (None: plain text)."""
+    from hwplug.model_zoo.sampling import StructuredOutput
+
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutput(json_object=True)
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ApiError(400, "response_format of type json_schema needs json_schema.schema, "
+                            "a JSON schema", param="response_format.json_schema")
+    return StructuredOutput(json_schema=json.dumps(fmt.json_schema.schema_))
 
 
 def chat_prompt(llm: LLM, messages: list[Any]) -> list[int]:
@@ -115,7 +131,8 @@ def _max_tokens(llm: LLM, requested: int | None, name: str, prompt_ids: list[lis
 
 
 def _sampling(llm: LLM, body: Any, max_tokens: int, logprobs: int | None,
-              prompt_logprobs: int | None) -> SamplingParams:
+              prompt_logprobs: int | None,
+              structured: StructuredOutput | None = None) -> SamplingParams:
     from hwplug import SamplingParams
 
     vocab = llm.engine.vocab_size
@@ -128,4 +145,4 @@ def _sampling(llm: LLM, body: Any, max_tokens: int, logprobs: int | None,
         top_k=max(body.top_k, 0), repetition_penalty=body.repetition_penalty, seed=body.seed,
         stop=body.stop_strings(), stop_token_ids=body.stop_token_ids or (),
         ignore_eos=body.ignore_eos, n=body.n, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs, structured=structured)

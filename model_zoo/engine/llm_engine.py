@@ -26,6 +26,7 @@ from hwplug.model_zoo.engine.model_runner import ModelRunner
 from hwplug.model_zoo.engine.output import CompletionOutput, Detokenizer, Logprob, Output
 from hwplug.model_zoo.engine.scheduler import Scheduler
 from hwplug.model_zoo.engine.sequence import ROOT_HASH, FinishReason, Sequence
+from hwplug.model_zoo.engine.structured import Grammars
 from hwplug.model_zoo.sampling import SamplingParams
 
 
@@ -97,6 +98,8 @@ class LLMEngine:
         #: Steps run so far (each one batch over every request that could run).
         self.num_steps = 0
         self._requests: dict[str, _Request] = {}
+        #: Compiles the structured-output constraints requests ask for.
+        self.grammars = Grammars(tokenizer, vocab_size, scheduler.eos_token_ids)
 
     @property
     def max_model_len(self) -> int:
@@ -106,7 +109,8 @@ class LLMEngine:
         """Raise a typed error unless the request can run: :class:`ModelError` for a prompt
         that is empty, holds ids outside the vocabulary, does not fit the model's context
         or could never fit the KV cache; :class:`ConfigError` for log-probability counts
-        or stop token ids beyond the vocabulary. Reads no mutable state."""
+        or stop token ids beyond the vocabulary, or an invalid structured-output constraint.
+        Reads no mutable state."""
         if not prompt_ids:
             raise ModelError("the prompt is empty: it must hold at least one token")
         vocab = self.vocab_size
@@ -126,6 +130,8 @@ class LLMEngine:
         if any(t >= vocab for t in sampling.stop_token_ids):
             raise ConfigError(f"stop_token_ids must be below the vocabulary size {vocab}, got "
                               f"{list(sampling.stop_token_ids)}")
+        if sampling.structured is not None:
+            self.grammars.check(sampling.structured)
         blocks = self.scheduler.block_manager
         longest = min(len(prompt_ids) + sampling.max_tokens, self.max_model_len)
         if blocks.blocks_for(longest) > blocks.num_blocks:
@@ -146,6 +152,8 @@ class LLMEngine:
                 generator = torch.Generator(self.runner.device).manual_seed(params.seed)
             seq = Sequence(request.prompt_ids, params, generator, request_id=request_id,
                            index=index, root_hash=self.root_hash)
+            if params.structured is not None:
+                seq.guide = self.grammars.guide(params.structured)
             request.seqs.append(seq)
             request.detokenizers.append(Detokenizer(self.tokenizer, prompt_ids, params.stop))
         self._requests[request_id] = request
@@ -198,6 +206,9 @@ class LLMEngine:
             if detokenizer.add_token(seq.token_ids[-1]) and not seq.is_finished:
                 seq.stop_reason = detokenizer.stop_reason
                 self.scheduler.finish(seq, FinishReason.STOP)
+            if seq.guide is not None and not seq.is_finished and (
+                    not seq.guide.accept(seq.token_ids[-1]) or seq.guide.done):
+                self.scheduler.finish(seq, FinishReason.STOP)  # the structure is complete
             update = updates.setdefault(seq.request_id, RequestUpdate(seq.request_id))
             update.samples.append(self._sample_delta(seq, detokenizer.stream(seq.is_finished)))
             if len(request.seqs) == 1:

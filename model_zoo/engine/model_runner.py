@@ -167,6 +167,9 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden)
         wanted = [i for i, seq in enumerate(sampled) if seq.logprobs is not None]
         raw = logits[wanted] if wanted else None  # a copy: sample() edits logits in place
+        for i, seq in enumerate(sampled):
+            if seq.guide is not None:  # structured output: only the grammar's next tokens
+                seq.guide.mask(logits[i])
         rows = [SamplingRow(seq.sampling, seq.generator, seq.token_ids) for seq in sampled]
         tokens = sample(logits, rows, self.generator).tolist()
         if raw is not None:

@@ -14,12 +14,16 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from hwplug.model_zoo.engine.block_hash import root_hash
 from hwplug.model_zoo.engine.logprobs import RowLogprobs
 from hwplug.model_zoo.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from hwplug.model_zoo.engine.structured import Guide
 
 #: The root hash of a sequence made without a model identity (tests, tools).
 ROOT_HASH = root_hash("")
@@ -76,6 +80,8 @@ class Sequence:
     block_hashes: list[str] = field(default_factory=list, repr=False)
     #: Leading blocks already registered in the prefix cache (or found there).
     num_cached_blocks: int = 0
+    #: Where the output is in its structured-output grammar (``sampling.structured``).
+    guide: Guide | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
