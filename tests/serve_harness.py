@@ -45,8 +45,9 @@ def running(llm: hwplug.LLM, **app_options: Any) -> Iterator[Served]:
     from hwplug.serve.app import create_app
     from hwplug.serve.server import Server, bind
 
-    app = create_app(llm, model_name=MODEL, max_queued_requests=MAX_QUEUED,
-                     max_request_bytes=MAX_REQUEST_BYTES, **app_options)
+    options = {"model_name": MODEL, "max_queued_requests": MAX_QUEUED,
+               "max_request_bytes": MAX_REQUEST_BYTES, **app_options}
+    app = create_app(llm, **options)
     sock = bind("127.0.0.1", 0)
     server = Server(app, shutdown_timeout=5)
     thread = threading.Thread(target=server.serve_forever, args=([sock],), daemon=True)

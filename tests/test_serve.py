@@ -5,7 +5,7 @@ Every answer is compared with what ``LLM.generate`` gives for the same request o
 answers, completions and chat, ``n``, stop strings and token ids, log-probabilities,
 ``echo`` and usage. Then the server's own behaviour: concurrent streams batched together,
 a client that disconnects mid-stream (its KV blocks freed, seen through ``/metrics``), a
-full queue (503 with ``Retry-After``) and the API key.
+full queue (503 with ``Retry-After``), the API key, and an encoder's embeddings.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import httpx
 import openai
 import pytest
+import torch
 from serve_harness import (
     API_KEY,
     MAX_NUM_SEQS,
@@ -248,3 +249,23 @@ def test_the_api_key_is_required_except_for_health_and_metrics(serve_llm):
         assert keyed.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices
         assert httpx.get(server.url + "/health").status_code == 200
         assert httpx.get(server.url + "/metrics").status_code == 200
+
+
+def test_an_encoder_serves_embeddings_and_no_completions():
+    encoder = hwplug.LLM("all-minilm-l6-v2")
+    texts = ["The capital of France is Paris.", "A sentence about the sea."]
+    try:
+        with running(encoder, model_name="all-minilm-l6-v2") as server:
+            client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+            # floats, then the client's default: base64, which it decodes
+            for encoding in ({"encoding_format": "float"}, {}):
+                answer = client.embeddings.create(model="all-minilm-l6-v2", input=texts,
+                                                  **encoding)
+                vectors = torch.tensor([item.embedding for item in answer.data])
+                assert torch.allclose(vectors, encoder.embed(texts), atol=1e-5)
+            assert answer.usage.prompt_tokens == sum(len(encoder.tokenizer(text).input_ids)
+                                                     for text in texts)
+            with pytest.raises(openai.BadRequestError, match="encoder"):
+                client.completions.create(model="all-minilm-l6-v2", prompt="x")
+    finally:
+        encoder.close()

@@ -158,7 +158,7 @@ class EmbeddingRequest(_Body):
 
     input: str | list[str]
     model: str | None = None
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
 
     @field_validator("input", mode="before")

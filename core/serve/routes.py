@@ -7,6 +7,7 @@ read when ``Content-Length`` says so) and parsed by :func:`~hwplug.serve.protoco
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -121,8 +122,8 @@ def add_routes(app: FastAPI, state: ServerState, generation: Generation) -> None
         finally:
             release()
         return JSONResponse({"object": "list", "model": state.model_name, "data": [
-            {"object": "embedding", "index": i, "embedding": vector}
-            for i, vector in enumerate(vectors.tolist())],
+            {"object": "embedding", "index": i, "embedding": _encode(vector, body)}
+            for i, vector in enumerate(vectors)],
             "usage": {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}})
 
     @app.post("/tokenize")
@@ -148,6 +149,14 @@ def add_routes(app: FastAPI, state: ServerState, generation: Generation) -> None
             raise ApiError(400, f"tokens must be in [0, {vocab}), got {bad[:5]}",
                            param="tokens")
         return JSONResponse({"prompt": state.llm.tokenizer.decode(body.tokens)})
+
+
+def _encode(vector: Any, body: EmbeddingRequest) -> list[float] | str:
+    """An embedding as a list of floats, or base64 of its little-endian float32 bytes
+    (the openai client's default)."""
+    if body.encoding_format == "base64":
+        return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
