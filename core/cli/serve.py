@@ -17,6 +17,11 @@ from rich.console import Console
 from hwplug.cli.inputs import positive_int, utf8_text
 from hwplug.cli.llm_flags import add_llm_flags, llm_options
 from hwplug.errors import ConfigError
+from hwplug.serve import (
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+)
 
 #: The packages of the ``serve`` extra.
 SERVE_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
@@ -64,15 +69,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model's name in the API (default: MODEL as given)")
     parser.add_argument("--api-key", type=utf8_text, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' (all but /health, /metrics)")
-    parser.add_argument("--max-queued-requests", type=_count, default=256, metavar="N",
+    parser.add_argument("--max-queued-requests", type=_count, metavar="N",
+                        default=DEFAULT_MAX_QUEUED_REQUESTS,
                         help="requests that may wait beyond --max-num-seqs; more get 503 "
-                             "(default: 256)")
-    parser.add_argument("--max-request-bytes", type=positive_int, default=4 * 2**20,
-                        metavar="N", help="largest request body; larger get 413 "
-                                          "(default: 4 MiB)")
-    parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                             "(default: %(default)s)")
+    parser.add_argument("--max-request-bytes", type=positive_int, metavar="N",
+                        default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="largest request body; larger get 413 (default: %(default)s)")
+    parser.add_argument("--shutdown-timeout", type=_seconds, metavar="S",
+                        default=DEFAULT_SHUTDOWN_TIMEOUT,
                         help="seconds requests in flight get to finish after SIGTERM "
-                             "(default: 30)")
+                             "(default: %(default)s)")
     add_llm_flags(parser)
 
 

@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from hwplug.errors import ConfigError, EngineStoppedError, HwplugError, ModelError
-from hwplug.serve import routes
+from hwplug.serve import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, routes
 from hwplug.serve.prepare import Prepared
 from hwplug.serve.protocol import ApiError
 from hwplug.serve.responses import Formatter
@@ -45,10 +45,6 @@ if TYPE_CHECKING:
     from hwplug.model_zoo.engine.llm_engine import RequestUpdate
 
 logger = logging.getLogger(__name__)
-
-#: Default limits of :func:`create_app`.
-DEFAULT_MAX_QUEUED_REQUESTS = 256
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
 
 def create_app(llm: LLM, *, model_name: str, api_key: str | None = None,

@@ -34,7 +34,7 @@ class Formatter:
 
     def __init__(self, kind: str, model: str, prepared: Prepared,
                  decode: Callable[[int], str]) -> None:
-        self.kind, self.model, self.prepared, self.decode = kind, model, prepared, decode
+        self.model, self.prepared, self.decode = model, prepared, decode
         self.chat = kind == "chat"
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())

@@ -21,11 +21,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from hwplug.errors import ConfigError
+from hwplug.serve import DEFAULT_SHUTDOWN_TIMEOUT
 
 logger = logging.getLogger(__name__)
-
-#: Seconds requests in flight get to finish after a shutdown begins (by default).
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 
 
 class Server(uvicorn.Server):
