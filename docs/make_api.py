@@ -35,6 +35,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
                "hwplug.model_zoo.context", "hwplug.model_zoo.registry",
                "hwplug.model_zoo.models.llama", "hwplug.model_zoo.sampling",
                "hwplug.model_zoo.loaders"),
+    "Serving": ("hwplug.serve", "hwplug.serve.app", "hwplug.serve.server",
+                "hwplug.model_zoo.async_llm"),
     "Conformance kit": ("hwplug.conformance", "hwplug.conformance.layouts"),
     "Errors": ("hwplug.errors",),
 }

@@ -27,6 +27,8 @@ from hwplug.model_zoo.engine.output import Output
 from hwplug.model_zoo.llm import LLM
 from hwplug.model_zoo.sampling import SamplingParams
 
+__all__ = ["AsyncLLM", "AsyncRequest"]
+
 logger = logging.getLogger(__name__)
 
 

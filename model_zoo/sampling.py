@@ -21,7 +21,7 @@ import torch
 from hwplug.checks import MAX_SEED, is_integer
 from hwplug.errors import ConfigError
 
-__all__ = ["MAX_SEED", "SamplingParams"]
+__all__ = ["MAX_SEED", "SamplingParams", "StructuredOutput"]
 
 
 @dataclass(frozen=True)

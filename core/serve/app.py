@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from hwplug.model_zoo.async_llm import AsyncRequest
     from hwplug.model_zoo.engine.llm_engine import RequestUpdate
 
+__all__ = ["Generation", "create_app"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -23,6 +23,8 @@ from fastapi import FastAPI
 from hwplug.errors import ConfigError
 from hwplug.serve import DEFAULT_SHUTDOWN_TIMEOUT
 
+__all__ = ["Server", "bind"]
+
 logger = logging.getLogger(__name__)
 
 
