@@ -121,6 +121,13 @@ _DECLARED = [
            str.lower, ("auto", "never")),
     EnvVar("HWPLUG_ATTENTION_BACKEND", "backend name", None,
            "Use this attention backend instead of the platform's priority list.", str),
+    EnvVar("HWPLUG_KV_CONNECTOR", "connector name", None,
+           "The KV connector of every LLM (and hwplug generate / serve) not given one.", str),
+    EnvVar("HWPLUG_KV_CONNECTOR_CONFIG", "JSON or @file", None,
+           "The KV connector's options, as JSON text or @path of a file holding it.", str),
+    EnvVar("HWPLUG_KV_LOAD_FAILURE_POLICY", "policy", None,
+           "What a failed KV load does: fail the request or recompute the blocks.",
+           str.lower, ("fail", "recompute")),
     EnvVar("HWPLUG_CACHE_DIR", "path", Path.home() / ".cache" / "hwplug",
            "Where converted tokenizers, dequantised weights and compiled kernel libraries "
            "(and their remembered build failures) are cached.", Path),

@@ -37,7 +37,8 @@ class Option:
     ``parse`` turns a CLI string into a value (None: the string itself; boolean options
     are ``--name`` / ``--no-name`` flags). ``cli=False`` keeps an option off the command
     line (a value only Python can give, e.g. a class). ``env`` names the ``HWPLUG_*``
-    variable read when the option is not given.
+    variable read when the option is not given (a string there is parsed by ``parse``,
+    as on the command line).
     """
 
     help: str
@@ -139,13 +140,15 @@ class LLMConfig:
         True, "reuse the KV blocks of prompt prefixes computed before", checks.boolean)
     kv_connector: str | type[Connector] | None = option(
         None, "a KV connector (a registered name, or a Connector subclass in Python)",
-        _connector, metavar="NAME")
+        _connector, metavar="NAME", env="HWPLUG_KV_CONNECTOR")
     kv_connector_config: Mapping[str, Any] | None = option(
         None, "the connector's options (CLI: JSON, or @file holding it)",
-        checks.mapping(none="no options"), parse=_json_mapping, metavar="JSON")
+        checks.mapping(none="no options"), parse=_json_mapping, metavar="JSON",
+        env="HWPLUG_KV_CONNECTOR_CONFIG")
     kv_load_failure_policy: str | None = option(
         None, "what a failed KV load does: fail the request, or recompute the blocks",
-        checks.choice(_POLICIES, none="the connector's"), choices=_POLICIES)
+        checks.choice(_POLICIES, none="the connector's"), choices=_POLICIES,
+        env="HWPLUG_KV_LOAD_FAILURE_POLICY")
     kv_events_endpoint: str | None = option(
         None, "publish KV events over ZeroMQ here (e.g. tcp://*:5557)",
         checks.text(none="not published"), metavar="URL")
@@ -174,6 +177,8 @@ class LLMConfig:
                 value = values[name]
             elif opt.env and envs.get(opt.env) is not None:
                 name, value = opt.env, envs.get(opt.env)
+                if opt.parse is not None and isinstance(value, str):
+                    value = opt.parse(value)  # as the CLI spells it (JSON, @file, ...)
             else:
                 continue
             checked[spec.name] = opt.check(name, value)

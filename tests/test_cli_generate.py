@@ -82,6 +82,25 @@ def test_generate_takes_every_llm_option_as_a_flag_and_shows_the_resolved_config
                                     "kv_connector") in bad.stderr
 
 
+def test_the_connector_options_have_hwplug_variables(tmp_path):
+    store = tmp_path / "store"
+    config = tmp_path / "connector.json"
+    config.write_text(json.dumps({"path": str(store)}))
+    out = run("generate", "The capital of France is", "--max-tokens", "2", "--verbose",
+              HWPLUG_KV_CONNECTOR="shared_storage", HWPLUG_KV_CONNECTOR_CONFIG=f"@{config}",
+              HWPLUG_KV_LOAD_FAILURE_POLICY="recompute")
+    assert out.returncode == 0, out.stderr
+    for setting in ("option kv_connector", "shared_storage", "recompute"):
+        assert setting in out.stderr
+    assert any(store.rglob("*")), "the connector saved no block"
+    bad = run("generate", "Hello", HWPLUG_KV_CONNECTOR="shared_storage",
+              HWPLUG_KV_CONNECTOR_CONFIG="{not json")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+    bad = run("generate", "Hello", HWPLUG_KV_LOAD_FAILURE_POLICY="sometimes")
+    assert bad.returncode == 2
+    assert "HWPLUG_KV_LOAD_FAILURE_POLICY='sometimes' is not valid" in bad.stderr
+
+
 def test_generate_a_batch_from_a_prompts_file(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hello, my name is\n\nThe sky is\n")
