@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from fake_hw import write
+from gguf import GGUFReader
 from tiny_checkpoints import (
     edit_config,
     edit_tensors,
@@ -204,3 +206,31 @@ def test_architectures_must_name_classes(tiny: Path):
     with pytest.raises(ModelError, match="config.architectures is 3, not a list of model "
                                          "class names"):
         load_checkpoint(tiny)
+
+
+def _retarget(source: Path, target: Path, tensor: str, offset_of: str, shift: int = 0) -> Path:
+    """Copy GGUF ``source`` to ``target`` with ``tensor``'s data offset set to that of
+    ``offset_of`` plus ``shift`` bytes (its table entry edited in place)."""
+    shutil.copyfile(source, target)
+    reader = GGUFReader(target, "r+")
+    tensors = {t.name: t for t in reader.tensors}
+    relative = int(tensors[offset_of].data_offset) - reader.data_offset + shift
+    tensors[tensor].field.parts[-1][0] = relative  # the entry's last part: its offset
+    reader.data.flush()
+    del reader
+    return target
+
+
+@pytest.mark.parametrize("shift, message", [
+    (0, "tensors blk.0.attn_k.weight and blk.0.attn_q.weight overlap"),
+    (4, "tensor blk.0.attn_q.weight's data at .* is not aligned to 32 bytes"),
+    (10**9, "not a readable GGUF file .*truncated tensor data"),  # GGUFReader's own check
+])
+def test_a_gguf_whose_tensor_table_points_at_bad_data_is_refused(
+        small_gguf: Path, tmp_path: Path, shift, message):
+    edited = _retarget(small_gguf, tmp_path / "aliased.gguf", "blk.0.attn_q.weight",
+                       "blk.0.attn_k.weight", shift)
+    with pytest.raises(ModelError, match=message) as error:
+        load_checkpoint(edited)
+    assert str(edited) in str(error.value)
+    assert not entry_dir(edited, "gguf").exists()  # nothing converted
