@@ -36,11 +36,15 @@ ggml_linear = kernels.define_op(
     tolerances={"float32": (6e-2, 1e-2), "float16": (6e-2, 1.2e-2), "bfloat16": (6e-2, 2e-2)},
     doc="""
 ggml_linear(x [..., K] float, qweight uint8 [N, row_bytes], ggml_type: int,
-            bias [N] | None = None) -> [..., N] = x @ dequantize(qweight, ggml_type).T + bias
+            bias [N] | None = None, out [..., N] | None = None)
+    -> [..., N] = x @ dequantize(qweight, ggml_type).T + bias
     qweight: each row the GGUF blocks of one output row, as stored in the file
     (K / block_size blocks). Computed in fp32, returned in x.dtype. A variant may quantize
     x to int8 (or finer) per block of 32 (see the tolerances). Weights are read-only
-    between calls.
+    between calls. out: a tensor of x's dtype and the result's shape, e.g. a column slice
+    of a wider output (any row stride), which receives the result and is returned: a layer
+    whose rows come in runs of several types writes each run's columns of one output
+    without concatenating.
 """)
 
 ggml_embedding = kernels.define_op(

@@ -1,6 +1,6 @@
 """The C ``ggml_linear`` / ``ggml_embedding`` variants of the cpu platform against the
 pure-torch references: every type, 1 to 33 activation rows, both builds, which build a CPU
-gets, and the conformance kit."""
+gets, outputs written into a wider tensor, and the conformance kit."""
 
 from __future__ import annotations
 
@@ -255,3 +255,31 @@ def test_a_user_tuning_table_chooses_int8_activations(fresh_discovery, tmp_path,
     user_table(tmp_path, monkeypatch, {"activations": {"Q6_K": "int4"}})
     with pytest.raises(ConfigError, match="activations 'int4' for Q6_K is not one of int8, int16"):
         linear.impl(x, qweight, Q.Q6_K)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_runs_of_several_types_write_their_columns_of_one_output(fresh_discovery, name):
+    """A fused layer's runs (Q5_0 then Q8_0 rows, as SmolLM2 Q4_K_M's q/k/v; Q4_K then Q6_K)
+    each write their columns of one wider output through ``out``: in place (the same
+    tensor, the other columns untouched), equal to the call without it, bias included."""
+    linear = variant("ggml_linear", name)
+    generator = torch.Generator().manual_seed(9)
+    for first, second, cols in ((Q.Q5_0, Q.Q8_0, 96), (Q.Q4_K, Q.Q6_K, 512)):
+        w1 = ggml_weight(generator, first, 12, cols)
+        w2 = ggml_weight(generator, second, 7, cols)
+        bias = torch.randn(19, generator=generator)
+        for rows in (1, 3):
+            x = torch.randn(rows, cols, generator=generator)
+            out = torch.full((rows, 21), 7.0)  # two spare columns after the runs
+            for kind, weight, (start, stop) in ((first, w1, (0, 12)), (second, w2, (12, 19))):
+                part = out[:, start:stop]
+                assert linear.supports(x, weight, kind, bias[start:stop], out=part) is None
+                got = linear.impl(x, weight, kind, bias[start:stop], out=part)
+                assert got.data_ptr() == part.data_ptr()
+                assert torch.equal(got, linear.impl(x, weight, kind, bias[start:stop]))
+            assert torch.equal(out[:, 19:], torch.full((rows, 2), 7.0))
+            want = torch.cat([ops_ggml.ggml_linear.reference(x, w1, first, bias[:12]),
+                              ops_ggml.ggml_linear.reference(x, w2, second, bias[12:])], -1)
+            assert_within_tolerance(out[:, :19], want)
+    assert "out torch.float32 [1, 5] is not torch.float32 [1, 7]" in linear.supports(
+        x[:1], w2, second, out=out[:1, :5])

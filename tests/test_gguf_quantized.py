@@ -87,3 +87,34 @@ def test_dequantize_applies_to_gguf_files_only(tmp_path: Path):
     with pytest.raises(ConfigError, match="dequantize applies to GGUF files"):
         load_checkpoint(directory, dequantize=True)
 
+
+#: SmolLM2-135M Q4_K_M's types where its v rows are Q8_0: q/k/v runs of two types in one
+#: layer, the MLP's down a K-quant (its other dimensions are not multiples of 256).
+Q4_K_M = {"attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "ffn_gate": Q.Q5_0,
+          "ffn_up": Q.Q5_0, "ffn_down": Q.Q6_K, "attn_output": Q.Q5_0}
+
+
+def test_a_q4_k_m_models_decode_steps_replay_as_step_graphs(tmp_path: Path):
+    """Each run of a fused layer writes its columns of the layer's output (no torch.cat), so
+    on the CPU every op of a decode step is a C call and the step replays as a step graph,
+    with the eager steps' tokens."""
+    import hwplug
+
+    path = shrink_gguf(resolve_model(None), tmp_path / "q4_k_m.gguf", layers=2, vocab=1536,
+                       retype={k: int(v) for k, v in Q4_K_M.items()})
+    params = hwplug.SamplingParams(max_tokens=4, ignore_eos=True)
+    prompt = list(range(3, 20))
+    tokens = []
+    for graphs in (True, False):
+        llm = hwplug.LLM(str(path), max_num_seqs=1, step_graphs=graphs)
+        try:
+            tokens.append(llm.generate(prompt, params)[0].outputs[0].token_ids)
+            qkv = llm.runner.model.model.layers[0].self_attn.qkv_proj
+            assert [kind for kind, _ in qkv.gguf_runs] == [Q.Q5_0, Q.Q8_0]
+            if graphs:
+                replayed = llm.runner.graphs
+                assert replayed.recorded == [1] and not replayed.refused, replayed.describe()
+                assert replayed.replays == 3  # the decode steps after the prefill's token
+        finally:
+            llm.close()
+    assert tokens[0] == tokens[1]

@@ -146,14 +146,16 @@ def dequantize(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
 
 
 def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The ``ggml_linear`` op: ``F.linear`` in fp32 on the dequantized weight, in ``x.dtype``."""
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """The ``ggml_linear`` op: ``F.linear`` in fp32 on the dequantized weight, in ``x.dtype``
+    (copied into ``out`` when given)."""
     weight = dequantize(qweight, ggml_type)
     if weight.shape[-1] != x.shape[-1] or qweight.dim() != 2:
         raise UnsupportedError(f"x [..., {x.shape[-1]}] does not fit a weight of "
                                f"{list(weight.shape)} values ({type_name(ggml_type)})")
-    out = F.linear(x.float(), weight.to(x.device), None if bias is None else bias.float())
-    return out.to(x.dtype)
+    result = F.linear(x.float(), weight.to(x.device), None if bias is None else bias.float())
+    return result.to(x.dtype) if out is None else out.copy_(result)
 
 
 def ggml_embedding(ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:

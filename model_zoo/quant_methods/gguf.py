@@ -6,7 +6,8 @@ layout of the registry's ``ggml_linear`` and ``ggml_embedding`` ops (see
 :mod:`hwplug.kernel_registry.ops_ggml`); the GGUF loader writes checkpoints in that form.
 Rows are independent, so a fused layer (q/k/v, gate/up) concatenates the rows of its
 shards; shards stored in different types (a Q4_K_M file keeps ``attn_v`` in Q6_K) become
-runs of equal type, one ``ggml_linear`` each. The embedding and LM head tables are stored
+runs of equal type, one ``ggml_linear`` each, which writes its columns of the layer's one
+output (the op's ``out``), so a step of C kernels stays native calls only (a step graph). The embedding and LM head tables are stored
 the same way (:attr:`quantizes_vocab`): the embedding dequantizes only the rows it reads.
 
 After loading, a layer's ``qweight`` holds every run's bytes back to back (one flat
@@ -129,8 +130,14 @@ class GgufMethod(QuantMethod):
         runs = layer.gguf_runs
         if len(runs) == 1:
             return layer.gemm_kernel(x, runs[0][1], runs[0][0], layer.bias)
-        out = torch.cat([layer.gemm_kernel(x, rows, kind) for kind, rows in runs], dim=-1)
-        return out if layer.bias is None else out + layer.bias.to(out.dtype)
+        bias, start = layer.bias, 0
+        out = x.new_empty(*x.shape[:-1], layer.gguf_shape[0])
+        for kind, rows in runs:
+            stop = start + rows.shape[0]
+            layer.gemm_kernel(x, rows, kind, None if bias is None else bias[start:stop],
+                              out=out[..., start:stop])
+            start = stop
+        return out
 
     def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         (kind, rows), = layer.gguf_runs  # one checkpoint tensor: one type

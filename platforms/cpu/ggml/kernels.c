@@ -1,6 +1,7 @@
 /* GGUF (ggml) quantized blocks, computed on the CPU without dequantizing the weight.
  *
- * hwplug_ggml_linear: out[M, N] = x[M, K] @ dequantize(w[N, row_bytes]).T (+ bias), fp32.
+ * hwplug_ggml_linear: out[M, N] = x[M, K] @ dequantize(w[N, row_bytes]).T (+ bias), fp32,
+ *   written with a row stride of ldo floats (a column slice of a wider output).
  *   The activations are quantized per block of 32 to int16 (scale = max|x| / 32767) or,
  *   as llama.cpp does, to int8 (scale = max|x| / 127), rounding to nearest even, and each
  *   weight block is dotted with them in integer arithmetic (exact: the int32 bounds are
@@ -323,12 +324,12 @@ static int linear_type(int type) {
            type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
 }
 
-/* out[M, N] = x[M, K] @ W.T (+ bias), the activations quantized to act_bits (8 or 16) bits;
- * 0 on success, -1 for a type or act_bits it does not serve, -2 when out of memory. K is a
- * multiple of the type's block (the caller checks). */
+/* out[m * ldo + n] = (x[M, K] @ W.T)[m, n] (+ bias[n]) for n < N, the activations quantized
+ * to act_bits (8 or 16) bits; 0 on success, -1 for a type or act_bits it does not serve, -2
+ * when out of memory. K is a multiple of the type's block and ldo >= N (the caller checks). */
 int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
-                       const float *x, int64_t M, float *out, const float *bias, int act_bits,
-                       int nthreads) {
+                       const float *x, int64_t M, float *out, int64_t ldo, const float *bias,
+                       int act_bits, int nthreads) {
     if (!linear_type(type) || (act_bits != 8 && act_bits != 16)) return -1;
     const int64_t nb = K / QK, width = act_bits / 8;
     act_t act = {malloc((size_t)(M * K * width)), malloc(sizeof(float) * (size_t)(M * nb)),
@@ -355,7 +356,7 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                         float res[MT_WIDE];
                         tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
                         for (int m = 0; m < MT_WIDE; ++m)
-                            out[(m0 + m) * N + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
+                            out[(m0 + m) * ldo + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
                     }
                     m0 += MT_WIDE;
                     continue;
@@ -369,7 +370,7 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                          width == 2);
                     for (int r = 0; r < nr; ++r)
                         for (int m = 0; m < mt; ++m)
-                            out[(m0 + m) * N + n0 + r0 + r] =
+                            out[(m0 + m) * ldo + n0 + r0 + r] =
                                 res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
                     r0 += nr;
                 }

@@ -14,7 +14,9 @@ Q4_0, Q4_1 and Q8_0) with the activations quantized per block of 32 to int16 or 
 through :func:`~hwplug.platforms.cpu.tiles.linear_by_tiles` (the fp32 ``linear`` op). Both
 choices are data, from the ``ggml_linear`` tuning table (``tuning.json``, measured as
 :data:`TUNING` says): :func:`tiled_from`, the rows
-from which the tiles serve, and :func:`activations_of`, the activations' integer type.
+from which the tiles serve, and :func:`activations_of`, the activations' integer type. ``out`` (a
+column slice of a wider fp32 output, as a layer whose rows come in runs of several types
+passes) is written in place by the C kernel, so such a layer makes native calls only.
 """
 
 from __future__ import annotations
@@ -112,40 +114,51 @@ class GgmlKernels(build.Library):
     signatures (built by :meth:`~.build.Library.ensure_built` first)."""
 
     signatures = {
-        "hwplug_ggml_linear": [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr,
-                               ctypes.c_int, ctypes.c_int],
+        "hwplug_ggml_linear": [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64,
+                               _ptr, ctypes.c_int, ctypes.c_int],
         "hwplug_ggml_dequantize": [ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr,
                                    ctypes.c_int],
     }
 
     def linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """The ``ggml_linear`` op on calls :func:`linear_supported` accepts: the integer dots
-        below :func:`tiled_from`'s rows, the dequantized tiles from there; in ``x``'s
-        dtype."""
+        below :func:`tiled_from`'s rows, the dequantized tiles from there; in ``x``'s dtype,
+        written to ``out`` when given (in place by the C kernel for a 2-D ``x`` and an fp32
+        ``out`` of unit column stride, else copied there)."""
         # a decode step calls this ~120 times: the 2-D fp32 case skips reshape, to and view
         flat = x.dim() == 2
         rows, threads = x if flat else x.reshape(-1, x.shape[-1]), torch.get_num_threads()
         if rows.shape[0] >= tiled_from(threads)[ggml_type]:
-            out = self.linear_tiled(rows, qweight, ggml_type, bias)
+            result = self.linear_tiled(rows, qweight, ggml_type, bias)
         else:
-            out = self.linear_blocks(rows, qweight, ggml_type, bias,
-                                     activations_of(threads)[ggml_type])
-        if out.dtype != x.dtype:
-            out = out.to(x.dtype)
-        return out if flat else out.view(*x.shape[:-1], qweight.shape[0])
+            direct = (out is not None and flat and out.dtype == torch.float32
+                      and out.stride(-1) == 1)
+            result = self.linear_blocks(rows, qweight, ggml_type, bias,
+                                        activations_of(threads)[ggml_type],
+                                        out if direct else None)
+            if result is out:
+                return out
+        if result.dtype != x.dtype:
+            result = result.to(x.dtype)
+        result = result if flat else result.view(*x.shape[:-1], qweight.shape[0])
+        return result if out is None else out.copy_(result)
 
     def linear_blocks(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-                      bias: torch.Tensor | None = None, activations: str = "int16"
-                      ) -> torch.Tensor:
+                      bias: torch.Tensor | None = None, activations: str = "int16",
+                      out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 ``x [M, K] @ W.T + bias`` by the C kernel's integer dots on the blocks, ``x``
-        quantized per block of 32 to ``activations`` (a key of :data:`ACTIVATIONS`)."""
+        quantized per block of 32 to ``activations`` (a key of :data:`ACTIVATIONS`),
+        written to ``out`` (fp32 ``[M, N]`` of unit column stride, any row stride: a column
+        slice of a wider output) when given."""
         rows, fp32_bias = _fp32(x), _fp32(bias)
         (m, k), (n, row_bytes) = rows.shape, qweight.shape
-        out = torch.empty(m, n, dtype=torch.float32)
+        if out is None:
+            out = torch.empty(m, n, dtype=torch.float32)
         if m:
             native_call(self.library.hwplug_ggml_linear, ggml_type, qweight.data_ptr(),
-                        row_bytes, n, k, rows.data_ptr(), m, out.data_ptr(),
+                        row_bytes, n, k, rows.data_ptr(), m, out.data_ptr(), out.stride(0),
                         _pointer(fp32_bias), ACTIVATIONS[activations], torch.get_num_threads(),
                         check=self._check)
         return out
@@ -213,11 +226,16 @@ def _weight_problem(qweight: torch.Tensor, ggml_type: int, k: int) -> str | None
 
 
 def linear_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-                     bias: torch.Tensor | None = None) -> str | None:
+                     bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                     ) -> str | None:
     """Why the C ``ggml_linear`` declines a call, or None."""
     problem = _weight_problem(qweight, ggml_type, x.shape[-1])
     if problem is None and bias is not None and tuple(bias.shape) != (qweight.shape[0],):
         return f"bias of shape {list(bias.shape)} is not [{qweight.shape[0]}]"
+    want = (*x.shape[:-1], qweight.shape[0])
+    if problem is None and out is not None and (tuple(out.shape) != want
+                                                or out.dtype != x.dtype):
+        return (f"out {out.dtype} {list(out.shape)} is not {x.dtype} {list(want)}")
     return problem
 
 

@@ -3,7 +3,7 @@
 Contract (the ``ggml_linear`` op, :mod:`hwplug.kernel_registry.ops_ggml`): ``x [..., K]``
 fp32 / bf16 / fp16, ``qweight uint8 [N, row_bytes]`` (each row the GGUF blocks of one
 output row, as the file stores them) of ``ggml_type``, ``bias [N]`` or None; returns
-``[..., N]`` in ``x.dtype``, accumulated in fp32. No dequantized weight is ever stored:
+``[..., N]`` in ``x.dtype``, accumulated in fp32 (copied into ``out`` when given). No dequantized weight is ever stored:
 each program dequantizes ``[BLOCK_K, BLOCK_N]`` tiles of W in registers
 (:func:`~hwplug_triton.kernels.ggml_blocks.dequantize_tile`), casts them to x's dtype and
 multiplies them with x's tiles by ``tl.dot`` (exact fp32 products for fp32 x; the
@@ -33,7 +33,7 @@ from hwplug_triton.tuning import launch_config
 
 
 def supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-              bias: torch.Tensor | None = None) -> str | None:
+              bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> str | None:
     """Why this kernel cannot serve the call, or None."""
     if x.dtype not in COMPUTE_DTYPES:
         return f"x dtype {x.dtype} not in fp32, bf16, fp16"
@@ -45,8 +45,15 @@ def supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
 
 @checked(supported)
 def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """The ``ggml_linear`` op (see the module docstring)."""
+    result = _linear(x, qweight, ggml_type, bias)
+    return result if out is None else out.copy_(result)
+
+
+def _linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+            bias: torch.Tensor | None) -> torch.Tensor:
     k, n = x.shape[-1], qweight.shape[0]
     rows = x.reshape(-1, k)
     m = rows.shape[0]
