@@ -1,38 +1,50 @@
-"""``ggml_linear`` on GGUF blocks vs fp32 GEMMs and the op's reference, side by side.
+"""``ggml_linear`` on GGUF blocks vs an earlier revision's C kernel, fp32 GEMMs and the op's
+reference, side by side.
 
-SmolLM2-135M's four GEMMs per decoder layer (fused q/k/v 576 -> 960, o 576 -> 576, fused
-gate/up 576 -> 3072, down 1536 -> 576) and its tied LM head (576 -> 49152, Q8_0 in the
-shipped GGUF), at 1, 8 and 32 tokens, for each GGUF type (K-quants need inputs in
-multiples of 256, so of SmolLM2's shapes only 1536 -> 576 takes them). Like a decode
-step, each call reads the next of ``--layers`` copies of the weight (30: SmolLM2's
-layers), so the weights come from memory, not from a cache that holds one layer.
+Shapes: SmolLM2-135M's four GEMMs per decoder layer (fused q/k/v 576 -> 960, o 576 -> 576,
+fused gate/up 576 -> 3072, down 1536 -> 576) and its tied LM head (576 -> 49152, Q8_0 in
+the shipped GGUF), or ``--shapes`` as ``NxK`` (output rows x inputs: ``1536x1536,
+8960x1536,1536x8960,256x1536`` are Qwen2.5-1.5B's o, gate/up, down and k/v;
+``3072x8192,14336x4096`` Llama-3.2-3B's down and Llama-3.1-8B's gate/up), for each GGUF
+type, at ``--tokens`` rows (K-quants need inputs in multiples of 256: other shapes show
+n/a). Like a decode step, each call reads the next of several copies of the weight (at
+least ``--layers``, and enough to fill ``--cycle-mb`` MiB), so the weights come from
+memory, not from a cache that holds one layer.
 
 Columns, microseconds per call: ``ggml`` (the op as dispatched here: the cpu platform's
-C variant, which takes the integer kernel below the tuned number of rows and dequantized
-tiles from there on), ``int16`` and ``int8`` (the integer kernel with each activation
-type) and ``tiles`` (each path alone), ``portable`` (the
-build for CPUs without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as
-dispatched here, on AVX2 CPUs ``gemv_avx2`` at one row and ``gemm_avx2`` from two, else
-oneDNN: the baseline) and
-plain ``F.linear``, and the op's ``reference`` (dequantize,
-then ``F.linear``). Ratios: the baseline's time over ``ggml``'s (above 1: ggml is
-faster) and the reference's over ``ggml``'s. The CPU is named as the probe reads it
-(lscpu's ``Model name``).
+best C variant, which takes the integer kernel below the tuned number of rows and
+dequantized tiles from there on), ``GB/s`` (the weight bytes ``ggml`` read per second),
+``base`` (``--baseline``'s C kernel, by default the revision ``main`` names, built from its
+``kernels.c`` with its AVX2 flags and called with its tuned activations and switch, the
+tiles past it; n/a where it does not serve the type) and ``base GB/s``, ``avx2`` (this
+AVX2 build's op on a CPU with VNNI too), ``int16`` and ``int8`` (the integer kernel with
+each activation type) and ``tiles`` (each path alone), ``portable`` (the build for CPUs
+without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as dispatched here)
+and plain ``F.linear``, and the op's ``reference`` (dequantize, then ``F.linear``).
+Ratios: the baseline's time over ``ggml``'s (above 1: ggml is faster), then fp32's and
+the reference's. The CPU is named as the probe reads it (lscpu's ``Model name``).
 
     python benchmarks/ggml_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,32]
-                                     [--layers 30] [--repeat 5] [--threads N]
-                                     [--columns ggml,int16,int8,tiles,fp32]
+                                     [--shapes 1536x1536,8960x1536] [--layers 30]
+                                     [--cycle-mb 256] [--repeat 5] [--threads N]
+                                     [--baseline main] [--no-lm-head]
+                                     [--columns ggml,GB/s,base,base GB/s,fp32]
 
-``--columns`` times only those (the ratios need ``ggml``, ``fp32`` and ``reference``:
-a ratio whose columns are left out shows as n/a).
+``--columns`` times only those (a ratio whose columns are left out shows as n/a).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
+import math
 import platform as host
+import subprocess
+import tempfile
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 
 import hwplug
 
@@ -46,21 +58,26 @@ from hwplug import kernels, ops  # noqa: E402
 from hwplug.kernel_registry.ops_ggml import ggml_linear  # noqa: E402
 from hwplug.kernel_registry.reference.ggml import dequantize  # noqa: E402
 from hwplug.kernel_registry.reference.ggml_weights import ggml_block, ggml_weight  # noqa: E402
+from hwplug.platforms.cpu.ggml import build as c_build  # noqa: E402
 from hwplug.platforms.cpu.ggml import ops as c_kernels  # noqa: E402
 
 #: (name, input, output) of SmolLM2-135M's GEMMs per decoder layer.
 SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 #: Its tied LM head: one copy, as the GGUF stores it.
 HEAD = ("lm_head", 576, 49152)
-COLUMNS = ("ggml", "int16", "int8", "tiles", "portable", "fp32", "F.linear", "reference")
+COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "tiles", "portable",
+           "fp32", "F.linear", "reference")
+#: The columns computed from another's time rather than timed.
+RATES = {"GB/s": "ggml", "base GB/s": "base"}
 #: Seconds of calls each timing aims at (at least one call).
 BUDGET_S = 0.05
 
 
-def interleaved_us(columns: dict[str, Callable[[], object]], calls_per_run: int,
+def interleaved_us(columns: dict[str, Callable[[], object]], calls_per_run: dict[str, int],
                    repeat: int) -> dict[str, float]:
-    """Each column's best time of one of the ``calls_per_run`` calls its function makes,
-    the columns timed in turn in each of ``repeat`` rounds (so all see the same machine)."""
+    """Each column's best time of one of the ``calls_per_run[column]`` calls its function
+    makes, the columns timed in turn in each of ``repeat`` rounds (so all see the same
+    machine)."""
     numbers = {}
     for column, fn in columns.items():
         start = timeit.default_timer()
@@ -70,37 +87,101 @@ def interleaved_us(columns: dict[str, Callable[[], object]], calls_per_run: int,
     for _ in range(repeat):
         for column, fn in columns.items():
             seconds = timeit.timeit(fn, number=numbers[column]) / numbers[column]
-            best[column] = min(best[column], seconds / calls_per_run * 1e6)
+            best[column] = min(best[column], seconds / calls_per_run[column] * 1e6)
     return best
 
 
+class Baseline:
+    """An earlier revision's ``kernels.c`` (and ``simd.h``), built with that revision's AVX2
+    flags, and its tuning table: its integer kernel below its tuned rows, this revision's
+    tiles (the same code) from there."""
+
+    def __init__(self, rev: str) -> None:
+        root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
+                                   capture_output=True, text=True).stdout.strip())
+        safe = "".join(c if c.isalnum() else "-" for c in rev)
+        folder = Path(tempfile.gettempdir()) / f"hwplug-ggml-{safe}" / "ggml_baseline"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("kernels.c", "simd.h", "tuning.json"):
+            (folder / name).write_text(subprocess.run(
+                ["git", "show", f"{rev}:platforms/cpu/ggml/{name}"], cwd=root, check=True,
+                capture_output=True, text=True).stdout)
+        library = c_build.Library("avx2")
+        library.source = folder / "kernels.c"
+        library.ensure_built()
+        self.function = library.library.hwplug_ggml_linear
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.function.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
+                                  ctypes.c_int, ctypes.c_int]
+        table = json.loads((folder / "tuning.json").read_text())["default"]["1"]
+        self.rows = {int(GGMLQuantizationType[n]): v for n, v in table.items()
+                     if n != "activations"}
+        self.bits = {int(GGMLQuantizationType[n]): c_kernels.ACTIVATIONS[v]
+                     for n, v in table["activations"].items()}
+        self.rev = rev
+
+    def serves(self, kind: int) -> bool:
+        return kind in self.rows
+
+    def linear(self, x: torch.Tensor, qweight: torch.Tensor, kind: int) -> torch.Tensor:
+        """``x @ W.T`` as that revision's op computed it (fp32, 2-D ``x``)."""
+        if x.shape[0] >= self.rows[kind]:
+            return c_kernels.AVX2.linear_tiled(x, qweight, kind)
+        (m, k), (n, row_bytes) = x.shape, qweight.shape
+        out = torch.empty(m, n)
+        status = self.function(kind, qweight.data_ptr(), row_bytes, n, k, x.data_ptr(), m,
+                               out.data_ptr(), None, self.bits[kind], torch.get_num_threads())
+        if status:
+            raise RuntimeError(f"the baseline kernel returned {status}")
+        return out
+
+
 def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, copies: int,
-        repeat: int, timed: tuple[str, ...] = COLUMNS) -> str:
-    """One shape at one token count: every column's time and the two ratios."""
+        cycle_mb: float, repeat: int, timed: tuple[str, ...], baseline: Baseline | None
+        ) -> str:
+    """One shape at one token count: every column's time (and rate) and the ratios."""
     name, k, n = shape
-    label = f"{name:<8}{k:>5}->{n:<6}{tokens:>4}"
+    label = f"{name:<8}{k:>6}->{n:<7}{tokens:>4}"
     if k % ggml_block(kind):
         return f"{label}  n/a: {kind.name} needs inputs in multiples of {ggml_block(kind)}"
     generator = torch.Generator().manual_seed(0)
-    qweights = [ggml_weight(generator, kind, n, k) for _ in range(copies)]
-    dense = [dequantize(q, kind) for q in qweights]
+    first = ggml_weight(generator, kind, n, k)
+    copies = max(copies, math.ceil(cycle_mb * 2**20 / first.numel()))
+    qweights = [first, *(first.clone() for _ in range(copies - 1))]
+    dense = []
+    if {"fp32", "F.linear"} & set(timed):  # fp32 copies: 4 - 8 times the bytes, fewer
+        dense = [dequantize(first, kind)]
+        dense += [dense[0].clone() for _ in range(math.ceil(copies / 8) - 1)]
     x = torch.randn(tokens, k, generator=generator)
+    best = (c_kernels.VNNI if "ggml_vnni" == kernels.explain(
+        "ggml_linear", hwplug.current_platform(), "cpu", "float32").chosen.name
+        else c_kernels.AVX2)
+    wide = int(kind) in c_kernels.WIDE_TYPES
     columns: dict[str, Callable[[], object]] = {  # the order of COLUMNS
         "ggml": lambda: [ggml_linear(x, q, kind) for q in qweights],
-        "int16": lambda: [c_kernels.AVX2.linear_blocks(x, q, kind, None, "int16")
-                          for q in qweights],
-        "int8": lambda: [c_kernels.AVX2.linear_blocks(x, q, kind, None, "int8")
-                         for q in qweights],
-        "tiles": lambda: [c_kernels.AVX2.linear_tiled(x, q, kind) for q in qweights],
+        "base": lambda: [baseline.linear(x, q, kind) for q in qweights],
+        "avx2": lambda: [c_kernels.AVX2.linear(x, q, kind) for q in qweights],
+        "int16": lambda: [best.linear_blocks(x, q, kind, None, "int16") for q in qweights],
+        "int8": lambda: [best.linear_blocks(x, q, kind, None, "int8") for q in qweights],
+        "tiles": lambda: [best.linear_tiled(x, q, kind) for q in qweights],
         "portable": lambda: [c_kernels.PORTABLE.linear(x, q, kind) for q in qweights],
         "fp32": lambda: [ops.linear(x, w) for w in dense],
         "F.linear": lambda: [F.linear(x, w) for w in dense],
-        "reference": lambda: [ggml_linear.reference(x, q, kind) for q in qweights],
+        "reference": lambda: [ggml_linear.reference(x, q, kind) for q in qweights[:2]],
     }
-    times = interleaved_us({c: columns[c] for c in timed}, copies, repeat)
-    cells = "".join(f"{times[c]:>10.0f}" for c in timed)
+    served = {c for c in timed if c not in RATES
+              and (c != "base" or (baseline is not None and baseline.serves(kind)))
+              and (c != "int16" or wide)}
+    times = interleaved_us({c: columns[c] for c in COLUMNS if c in served},
+                           {c: 2 if c == "reference" else len(dense) if c in ("fp32", "F.linear")
+                            else copies for c in served}, repeat)
+    for rate, source in RATES.items():
+        if source in times:
+            times[rate] = first.numel() / times[source] / 1e3  # bytes per µs -> GB/s
+    cells = "".join(f"{times[c]:>10.{1 if c in RATES else 0}f}" if c in times
+                    else f"{'n/a':>10}" for c in timed)
     ratios = "".join(f"{times[c] / times['ggml']:>9.2f}x" if c in times and "ggml" in times
-                     else f"{'n/a':>10}" for c in ("fp32", "reference"))
+                     else f"{'n/a':>10}" for c in ("base", "fp32", "reference"))
     return f"{label}{cells}{ratios}"
 
 
@@ -108,21 +189,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q4_0,Q4_1,Q8_0,Q4_K,Q6_K")
     parser.add_argument("--tokens", default="1,8,32")
-    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--shapes", help="NxK (output rows x inputs), comma-separated; "
+                                         "default: SmolLM2-135M's")
+    parser.add_argument("--layers", type=int, default=30, help="copies of each weight, "
+                                                               "at least")
+    parser.add_argument("--cycle-mb", type=float, default=256.0,
+                        help="copies enough to fill this many MiB")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch (and kernel) threads; default: "
                                                     "torch's")
+    parser.add_argument("--baseline", default="main",
+                        help="the git revision whose C kernel is the base column")
+    parser.add_argument("--no-lm-head", action="store_true", help="skip the Q8_0 LM head")
     parser.add_argument("--columns", default=",".join(COLUMNS),
-                        help=f"the columns timed, of {','.join(COLUMNS)}")
+                        help=f"the columns shown, of {','.join(COLUMNS)}")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     platform = hwplug.current_platform()
     for build in (c_kernels.AVX2, c_kernels.PORTABLE):  # the columns call them directly
         build.ensure_built()
+    if "avx512_vnni" in platform.facts.features:
+        c_kernels.VNNI.ensure_built()
+    timed = tuple(c for c in COLUMNS if c in args.columns.split(","))
+    baseline = Baseline(args.baseline) if "base" in timed else None
     print(f"CPU: {platform.facts.device_name} ({host.machine()}, features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; weights of {args.layers} layers cycled")
+          f"{torch.get_num_threads()} threads; at least {args.layers} copies of each weight "
+          f"and {args.cycle_mb:.0f} MiB cycled")
     chosen = kernels.explain("ggml_linear", platform, "cpu", "float32").chosen.name
     switch = {GGMLQuantizationType(kind).name: rows for kind, rows in
               c_kernels.tiled_from(torch.get_num_threads()).items()}
@@ -132,16 +226,23 @@ def main() -> None:
           f"{activations}; linear fp32 here: "
           f"{kernels.explain('linear', platform, 'cpu', 'float32').chosen.name}")
     tokens = [int(t) for t in args.tokens.split(",")]
-    timed = tuple(c for c in COLUMNS if c in args.columns.split(","))
-    header = f"{'shape':<19}{'tok':>5}" + "".join(f"{c:>10}" for c in timed)
-    tables = [(kind, SHAPES, args.layers) for kind in
+    shapes = SHAPES if not args.shapes else tuple(
+        (spec, int(spec.split("x")[1]), int(spec.split("x")[0]))
+        for spec in args.shapes.split(","))
+    header = f"{'shape':<21}{'tok':>5}" + "".join(f"{c:>10}" for c in timed)
+    tables = [(kind, shapes, args.layers) for kind in
               (GGMLQuantizationType[name] for name in args.types.split(","))]
-    for kind, shapes, copies in [*tables, (GGMLQuantizationType.Q8_0, (HEAD,), 1)]:
+    if not args.no_lm_head:
+        tables.append((GGMLQuantizationType.Q8_0, (HEAD,), 1))
+    if baseline is not None:
+        print(f"base: the C kernel of {args.baseline}")
+    for kind, table_shapes, copies in tables:
         print(f"\n{kind.name}, microseconds per call{'' if copies > 1 else ' (LM head)'}:")
-        print(f"{header}{'fp32/ggml':>12}{'ref/ggml':>9}")
-        for shape in shapes:
+        print(f"{header}{'base/ggml':>10}{'fp32/ggml':>10}{'ref/ggml':>10}")
+        for shape in table_shapes:
             for count in tokens:
-                print(row(kind, shape, count, copies, args.repeat, timed), flush=True)
+                print(row(kind, shape, count, copies, args.cycle_mb, args.repeat, timed,
+                          baseline), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,18 @@ type is a per-call argument: a variant's ``supports`` declines the types it does
 quantize the activations to int8 per block of 32 values (scale max|x| / 127, rounded to
 nearest) before integer dot products, as llama.cpp does: each activation then moves by up
 to half a step, max|x| / 254, which changes an output by about 0.55% of the outputs' rms
-(the K rounding errors add up as a random walk). For the inputs the conformance kit draws
+(the K rounding errors add up as a random walk); for the super-block types per 256 values
+(llama.cpp's Q8_K: unit-normal activations' max over 256 is ~1.25 times that over 32, so
+are the errors). For the inputs the conformance kit draws
 (unit-rms activations and weights of rms ``K ** -0.5``, so outputs of unit rms) the C
 kernel's worst error over 8192 outputs per type, K from 32 to 4096, was 0.035; atol 0.06
 leaves room for heavier tails. The 1% rtol covers large outputs (whose error grows with
 them); bf16 and fp16 outputs add their own rounding (2^-9, 2^-12 relative). The cpu
-platform's C variant quantizes to int16 by default (steps of max|x| / 32767, 258 times
-finer: worst errors ~1e-4 at K = 4096; SmolLM2-135M Q4_1's greedy 32 tokens then equal the
-dequantized fp32 model's on 20 of 20 prompts, 7 of 20 with int8), to int8 for Q5_K and
-where its tuning table says so; the tolerances stay int8's.
+platform's C variant quantizes the 32-value types' activations to int16 by default (steps
+of max|x| / 32767, 258 times finer: worst errors ~1e-4 at K = 4096; SmolLM2-135M Q4_1's
+greedy 32 tokens then equal the dequantized fp32 model's on 20 of 20 prompts, 7 of 20 with
+int8), to int8 where its tuning table says so, and the super-block types' to int8 per 256
+as llama.cpp does; the tolerances stay int8's.
 ``ggml_embedding`` dispatches on the ids; dequantizing is exact arithmetic on the stored
 scales, so a variant may differ from the reference only by fp32 rounding order.
 """
@@ -40,11 +43,11 @@ ggml_linear(x [..., K] float, qweight uint8 [N, row_bytes], ggml_type: int,
     -> [..., N] = x @ dequantize(qweight, ggml_type).T + bias
     qweight: each row the GGUF blocks of one output row, as stored in the file
     (K / block_size blocks). Computed in fp32, returned in x.dtype. A variant may quantize
-    x to int8 (or finer) per block of 32 (see the tolerances). Weights are read-only
-    between calls. out: a tensor of x's dtype and the result's shape, e.g. a column slice
-    of a wider output (any row stride), which receives the result and is returned: a layer
-    whose rows come in runs of several types writes each run's columns of one output
-    without concatenating.
+    x to int8 (or finer) per block of 32, per 256 for the super-block types (see the
+    tolerances). Weights are read-only between calls. out: a tensor of x's dtype and the
+    result's shape, e.g. a column slice of a wider output (any row stride), which receives
+    the result and is returned: a layer whose rows come in runs of several types writes
+    each run's columns of one output without concatenating.
 """)
 
 ggml_embedding = kernels.define_op(

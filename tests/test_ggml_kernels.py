@@ -1,6 +1,7 @@
 """The C ``ggml_linear`` / ``ggml_embedding`` variants of the cpu platform against the
-pure-torch references: every type, 1 to 33 activation rows, both builds, which build a CPU
-gets, outputs written into a wider tensor, and the conformance kit."""
+pure-torch references: every type, 1 to 33 activation rows, every build this CPU runs,
+which build a CPU gets, the integer dots against the activations' rounding done in torch,
+outputs written into a wider tensor, and the conformance kit."""
 
 from __future__ import annotations
 
@@ -15,27 +16,52 @@ from hwplug import current_platform, kernels
 from hwplug.conformance import check_variant
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry import ops, ops_ggml
+from hwplug.kernel_registry.reference import ggml
 from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.kernel_registry.tuning import read_layer
 from hwplug.platforms.cpu.ggml import ops as c_ops
 
-VARIANTS = ("ggml_avx2", "ggml_c")
-BUILDS = {"ggml_avx2": c_ops.AVX2, "ggml_c": c_ops.PORTABLE}
+VARIANTS = ("ggml_vnni", "ggml_avx2", "ggml_c")
+BUILDS = {"ggml_vnni": c_ops.VNNI, "ggml_avx2": c_ops.AVX2, "ggml_c": c_ops.PORTABLE}
+#: What the builds need of the CPU they run on.
+NEEDS = {"ggml_vnni": {"avx2", "fma", "f16c", "avx512bw", "avx512vl", "avx512_vnni"},
+         "ggml_avx2": {"avx2", "fma", "f16c"}, "ggml_c": set()}
 Q = GGMLQuantizationType
+#: The types whose C kernel takes int8 activations only (per 256 values).
+INT8_ONLY = tuple(kind for kind in GGML_TYPES if kind not in c_ops.WIDE_TYPES)
+
+
+def runnable(name: str) -> None:
+    """Skip unless this CPU runs build ``name``."""
+    missing = NEEDS[name] - current_platform().facts.features
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for {name}")
+
+
+def built(name: str) -> c_ops.GgmlKernels:
+    """Build ``name`` of the GGUF kernels, which this CPU runs (else the test skips)."""
+    runnable(name)
+    BUILDS[name].ensure_built()
+    return BUILDS[name]
 
 
 def variant(op: str, name: str):
-    """The variant ``op/name`` the cpu plugin registers, loaded and its library built."""
+    """The variant ``op/name`` the cpu plugin registers, loaded and its library built (the
+    test skips where this CPU does not run it)."""
     current_platform()  # discovery loads the plugins
+    runnable(name)
     found = kernels.get(f"{op}/{name}")
     found.load()
     found.native.ensure_built()
     return found
 
 
-def weight_for(kind: int, rows: int, seed: int) -> tuple[torch.Tensor, int]:
-    """Random GGUF rows of ``kind`` and their number of inputs (two or three blocks)."""
-    cols = 3 * ggml_block(kind) if ggml_block(kind) == 32 else 2 * ggml_block(kind)
+def weight_for(kind: int, rows: int, seed: int, blocks: int | None = None
+               ) -> tuple[torch.Tensor, int]:
+    """Random GGUF rows of ``kind`` and their number of inputs (``blocks`` blocks; default
+    two or three)."""
+    blocks = blocks or (3 if ggml_block(kind) == 32 else 2)
+    cols = blocks * ggml_block(kind)
     return ggml_weight(torch.Generator().manual_seed(seed), kind, rows, cols), cols
 
 
@@ -74,17 +100,50 @@ def test_linear_keeps_leading_dimensions_and_the_activation_dtype(fresh_discover
     assert linear.impl(x[:0], qweight, Q.Q4_1).shape == (0, 5, 24)
 
 
-def test_the_result_does_not_depend_on_the_thread_count(fresh_discovery):
-    linear, threads = variant("ggml_linear", "ggml_avx2"), torch.get_num_threads()
-    qweight, cols = weight_for(Q.Q4_K, 256, seed=4)  # large enough to run in parallel
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda t: Q(t).name)
+def test_the_result_does_not_depend_on_the_thread_count(fresh_discovery, name, kind):
+    linear, threads = variant("ggml_linear", name), torch.get_num_threads()
+    qweight, cols = weight_for(kind, 256, seed=4)  # large enough to run in parallel
     x = torch.randn(5, cols, generator=torch.Generator().manual_seed(2))
     try:
         torch.set_num_threads(1)
-        one = linear.impl(x, qweight, Q.Q4_K)
+        one = linear.impl(x, qweight, kind)
         torch.set_num_threads(max(2, threads))
-        assert torch.equal(linear.impl(x, qweight, Q.Q4_K), one)  # each row: one thread
+        assert torch.equal(linear.impl(x, qweight, kind), one)  # each row: one thread
     finally:
         torch.set_num_threads(threads)
+
+
+def rounded_like_the_kernel(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``x`` with each ``block`` values rounded to int8 steps of their max|x| / 127, half to
+    even, as the C kernel rounds the activations before its integer dots."""
+    blocks = x.reshape(x.shape[0], -1, block)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    steps = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * steps) * (amax / 127.0)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", INT8_ONLY, ids=lambda t: Q(t).name)
+def test_int8_dots_equal_the_rounded_activations_times_the_weight(fresh_discovery, name, kind):
+    """The super-block kernels (integer sub-block scales, mins and centres against the
+    activations' 16-value sums, one fp32 scale per 256) compute exactly
+    ``rounded(x) @ W.T``: only fp32 rounding separates them, ~1e-6 of the outputs' rms, far
+    below the int8 rounding itself (~5e-3)."""
+    build = built(name)
+    qweight, cols = weight_for(kind, 37, seed=kind + 5, blocks=3 if ggml_block(kind) == 256
+                               else 24)
+    weight = ggml.dequantize(qweight, kind).double()
+    generator = torch.Generator().manual_seed(6)
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, cols, generator=generator)
+        x[0, :ggml_block(kind)] = 0.0  # an all-zero block: scale 0
+        got = build.linear_blocks(x, qweight, kind, None, "int8")
+        want = (rounded_like_the_kernel(x, 256 if ggml_block(kind) == 256 else 32).double()
+                @ weight.T)
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+        assert (got.double() - x.double() @ weight.T).abs().max() > 1e-3  # it did round
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -131,14 +190,20 @@ def test_calls_the_c_kernels_do_not_serve_are_declined_with_the_reason(fresh_dis
     assert torch.equal(ops_ggml.ggml_linear(x, f16, Q.F16), torch.zeros(2, 8))
 
 
-def test_an_avx2_cpu_gets_the_avx2_build(tmp_path, monkeypatch, fresh_discovery):
+@pytest.mark.parametrize("flags, chain", [
+    ("avx2 fma f16c", ["ggml_avx2", "ggml_c", "reference"]),
+    ("avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni",
+     ["ggml_vnni", "ggml_avx2", "ggml_c", "reference"]),
+], ids=["avx2", "avx512-vnni"])
+def test_an_x86_cpu_gets_the_best_build_it_runs(tmp_path, monkeypatch, fresh_discovery, flags,
+                                                chain):
     from fake_hw import x86_cpuinfo
 
-    x86_cpuinfo(tmp_path, "fpu sse sse2 avx avx2 fma f16c")
+    x86_cpuinfo(tmp_path, f"fpu sse sse2 avx {flags}")
     platform = discovered(monkeypatch, tmp_path, "cpu")
     for op in ("ggml_linear", "ggml_embedding"):
         why = kernels.explain(op, platform, "cpu", "float32" if op == "ggml_linear" else "int64")
-        assert [v.name for v in why.chain] == ["ggml_avx2", "ggml_c", "reference"]
+        assert [v.name for v in why.chain] == chain
 
 
 @pytest.mark.parametrize("cpu", ["x86 without avx2", "arm"])
@@ -169,12 +234,11 @@ def test_the_conformance_kit_checks_the_variants(fresh_discovery, key):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-@pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
+@pytest.mark.parametrize("kind", sorted(c_ops.WIDE_TYPES), ids=lambda t: Q(t).name)
 def test_int16_activations_keep_the_outputs_far_closer_than_int8(fresh_discovery, name, kind):
     """int16 steps are 258 times finer than int8's: measured worst errors over these calls
     (every type, both builds) 9.7e-5 for int16, 6e-3 to 2.8e-2 per type for int8."""
-    build = BUILDS[name]
-    build.ensure_built()
+    build = built(name)
     qweight, cols = weight_for(kind, 40, seed=kind + 2)
     generator = torch.Generator().manual_seed(4)
     bias = torch.randn(40, generator=generator)
@@ -189,11 +253,11 @@ def test_int16_activations_keep_the_outputs_far_closer_than_int8(fresh_discovery
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_int16_dots_hold_the_largest_weights_and_activations_exactly(fresh_discovery, name):
-    """The int32 lanes' worst cases: Q8_0 quants of -128 and Q6_K's (0 - 32) * -128 = 4096
-    against activations that all round to 32767; every output is exact in fp32."""
-    build = BUILDS[name]
-    build.ensure_built()
+def test_integer_dots_hold_the_largest_weights_and_activations_exactly(fresh_discovery, name):
+    """The int32 lanes' worst cases: Q8_0 quants of -128 (against int16 and int8
+    activations) and Q6_K's (0 - 32) * -128 = 4096 (int8 per 256) against activations that
+    all round to the largest step; every output is exact in fp32."""
+    build = built(name)
     one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
     q8 = torch.cat([one, torch.full((32,), 0x80, dtype=torch.uint8)]).repeat(2, 16)
     q6 = torch.cat([torch.zeros(192, dtype=torch.uint8), torch.full((16,), 0x80, dtype=torch.uint8),
@@ -202,9 +266,9 @@ def test_int16_dots_hold_the_largest_weights_and_activations_exactly(fresh_disco
     for qweight, kind, value in ((q8, Q.Q8_0, -128.0), (q6, Q.Q6_K, 4096.0)):
         want = ops_ggml.ggml_linear.reference(x, qweight, kind)
         assert torch.equal(want, torch.full((1, 2), 512 * value))
-        for activations in c_ops.ACTIVATIONS:
+        for activations in c_ops.ACTIVATIONS if kind in c_ops.WIDE_TYPES else ("int8",):
             assert torch.equal(build.linear_blocks(x, qweight, kind, None, activations), want)
-        assert torch.equal(build.linear_blocks(-x, qweight, kind, None, "int16"), -want)
+            assert torch.equal(build.linear_blocks(-x, qweight, kind, None, activations), -want)
 
 
 def user_table(tmp_path, monkeypatch, entry: dict) -> None:
@@ -243,18 +307,22 @@ def test_a_user_tuning_table_moves_the_switch_to_the_tiles(fresh_discovery, tmp_
 def test_a_user_tuning_table_chooses_int8_activations(fresh_discovery, tmp_path, monkeypatch,
                                                       shipped_tables):
     linear, build = variant("ggml_linear", "ggml_avx2"), c_ops.AVX2
-    qweight, cols = weight_for(Q.Q6_K, 64, seed=8)
+    qweight, cols = weight_for(Q.Q4_1, 64, seed=8)
     x = torch.randn(2, cols, generator=torch.Generator().manual_seed(5))
     shipped, rows = c_ops.activations_of(shipped_tables), c_ops.tiled_from(shipped_tables)
-    assert shipped == {**dict.fromkeys(GGML_TYPES, "int16"), int(Q.Q5_K): "int8"}
-    user_table(tmp_path, monkeypatch, {"activations": {"Q6_K": "int8"}})
-    assert c_ops.activations_of(shipped_tables) == {**shipped, int(Q.Q6_K): "int8"}
+    assert set(shipped) == set(GGML_TYPES) and shipped[int(Q.Q4_1)] == "int16"
+    assert {shipped[kind] for kind in INT8_ONLY} == {"int8"}
+    user_table(tmp_path, monkeypatch, {"activations": {"Q4_1": "int8"}})
+    assert c_ops.activations_of(shipped_tables) == {**shipped, int(Q.Q4_1): "int8"}
     assert c_ops.tiled_from(shipped_tables) == rows
-    assert torch.equal(linear.impl(x, qweight, Q.Q6_K),
-                       build.linear_blocks(x, qweight, Q.Q6_K, None, "int8"))
-    user_table(tmp_path, monkeypatch, {"activations": {"Q6_K": "int4"}})
-    with pytest.raises(ConfigError, match="activations 'int4' for Q6_K is not one of int8, int16"):
-        linear.impl(x, qweight, Q.Q6_K)
+    assert torch.equal(linear.impl(x, qweight, Q.Q4_1),
+                       build.linear_blocks(x, qweight, Q.Q4_1, None, "int8"))
+    user_table(tmp_path, monkeypatch, {"activations": {"Q4_1": "int4"}})
+    with pytest.raises(ConfigError, match="activations 'int4' for Q4_1 is not one of int8, int16"):
+        linear.impl(x, qweight, Q.Q4_1)
+    user_table(tmp_path, monkeypatch, {"activations": {"Q6_K": "int16"}})
+    with pytest.raises(ConfigError, match="Q6_K takes int8 activations only"):
+        linear.impl(x, qweight, Q.Q4_1)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -65,7 +65,8 @@ def builds_run(log: Path) -> dict[tuple[str, str], int]:
     counts: dict[tuple[str, str], int] = {}
     for line in runs(log):
         folder = "ggml" if "/ggml/kernels.c" in line else "fused"
-        build = (folder, "avx2" if "-DHWPLUG_GGML_AVX2" in line else "portable")
+        build = (folder, "vnni" if "-DHWPLUG_GGML_VNNI" in line
+                 else "avx2" if "-DHWPLUG_GGML_AVX2" in line else "portable")
         counts[build] = counts.get(build, 0) + 1
     return counts
 

@@ -24,7 +24,9 @@ _ONEDNN = "oneDNN matmul on a weight reordered once into its blocked layout"
 _GGML = "hwplug.platforms.cpu.ggml.ops:"
 #: The C kernel over GGUF blocks (its library, each variant's ``native``, built when first
 #: bound or by ``hwplug build``): name -> (build, features, priority).
-_GGML_BUILDS = {"ggml_avx2": ("AVX2", ("x86_64", "avx2", "fma", "f16c"), 10),
+_GGML_BUILDS = {"ggml_vnni": ("VNNI", ("x86_64", "avx2", "fma", "f16c", "avx512bw",
+                                       "avx512vl", "avx512_vnni"), 15),
+                "ggml_avx2": ("AVX2", ("x86_64", "avx2", "fma", "f16c"), 10),
                 "ggml_c": ("PORTABLE", (), 5)}
 _FUSED = "hwplug.platforms.cpu.fused.ops:"
 #: The fused C kernels of a decode step's small ops (built like the GGUF kernel): name ->
@@ -89,9 +91,10 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     *(dict(op="ggml_linear", name=name, impl=f"{_GGML}{build}.linear", features=features,
            supports=_GGML + "linear_supported", native=_GGML + build, dtypes=FLOAT_DTYPES,
            priority=priority,
-           description=f"C ({build.lower()}): int16 (tuned: int8) dot products on the GGUF "
-                       "blocks; past a tuned row count, fp32 tiles of the weight through "
-                       "torch's GEMM")
+           description=f"C ({build.lower()}): integer dot products on the GGUF blocks "
+                       "(activations int8 per 256 for the K-quants, int16 or int8 "
+                       "per 32 for the rest, as tuned); past a tuned row count, fp32 tiles of "
+                       "the weight through torch's GEMM")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
     *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding", features=features,
            supports=_GGML + "embedding_supported", native=_GGML + build, priority=priority,

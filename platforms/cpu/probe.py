@@ -24,8 +24,8 @@ from hwplug.platforms.sighting import DeviceKind, Sighting, activator
 KIND = DeviceKind(name="cpu", vendor="generic", plugin_extra=None)
 PLATFORM_CLASS = "hwplug.platforms.cpu.platform:CpuPlatform"
 #: x86 flags (as /proc/cpuinfo spells them) that kernel variants may require.
-X86_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                "amx_tile", "amx_bf16", "amx_int8")
+X86_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 #: x86 flags that give bf16 arithmetic in hardware.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 

@@ -4,8 +4,10 @@ for calls, and ``hwplug build`` ahead of time); :meth:`Library.status` says wher
 stands without running anything.
 
 The source is ``kernels.c`` of this package (:data:`SOURCE`) unless a caller names another
-(the fused CPU kernels pass theirs). Two builds come from one source (:data:`BUILDS`):
-``avx2`` (``-DHWPLUG_GGML_AVX2``, AVX2 + FMA + F16C, for x86-64 CPUs with them) and
+(the fused CPU kernels pass theirs). The builds of one source (:data:`BUILDS`):
+``avx2`` (``-DHWPLUG_GGML_AVX2``, AVX2 + FMA + F16C, for x86-64 CPUs with them),
+``vnni`` (the GGUF kernels' ``avx2`` build whose int8 dot products use AVX-512 VNNI on
+256-bit vectors, ``-DHWPLUG_GGML_VNNI``, for CPUs with AVX512-VNNI and AVX512-VL) and
 ``portable`` (plain C the compiler vectorizes, for every other CPU). The compiler is
 ``$CC``, else the one Python was built with (``sysconfig``'s ``CC``), else ``cc``. Flags:
 ``-O3`` and the build's own, plus ``-march=native`` and ``-fopenmp``
@@ -54,6 +56,8 @@ SOURCE = Path(__file__).with_name("kernels.c")
 #: build name -> the flags that make it.
 BUILDS: dict[str, tuple[str, ...]] = {
     "avx2": ("-DHWPLUG_GGML_AVX2", "-mavx2", "-mfma", "-mf16c"),
+    "vnni": ("-DHWPLUG_GGML_AVX2", "-DHWPLUG_GGML_VNNI", "-mavx2", "-mfma", "-mf16c",
+             "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
     "portable": (),
 }
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared")

@@ -1,21 +1,28 @@
 /* GGUF (ggml) quantized blocks, computed on the CPU without dequantizing the weight.
  *
  * hwplug_ggml_linear: out[M, N] = x[M, K] @ dequantize(w[N, row_bytes]).T (+ bias), fp32,
- *   written with a row stride of ldo floats (a column slice of a wider output).
- *   The activations are quantized per block of 32 to int16 (scale = max|x| / 32767) or,
- *   as llama.cpp does, to int8 (scale = max|x| / 127), rounding to nearest even, and each
- *   weight block is dotted with them in integer arithmetic (exact: the int32 bounds are
- *   stated at the dot products), then scaled in fp32. Output rows are split over OpenMP
- *   threads.
+ *   written with a row stride of ldo floats (a column slice of a wider output). The
+ *   activations are quantized as llama.cpp does, each row once per call, rounding to nearest
+ *   even:
+ *   - for the types of 32-value blocks: per block of 32 to int16 (scale max|x| / 32767) or
+ *     int8 (max|x| / 127); each weight block is dotted with them in integer arithmetic (exact:
+ *     the int32 bounds are stated at the dot products), then scaled in fp32;
+ *   - for the super-block types (Q4_K, Q5_K, Q6_K): per super-block of 256 to int8 (one
+ *     scale, max|x| / 127) with the sums of each 16 quants (Q8_K, see q8k_t); the weight's
+ *     integer sub-block scales multiply the int16 pair sums of the 8-bit products (madd, or
+ *     VNNI's vpdpwssd), the sub-blocks' mins or centres meet the activations' 16-value sums
+ *     in integer arithmetic too, and a super-block costs one fp32 FMA per pair of rows.
+ *   Output rows are split over OpenMP threads; each output is one thread's, so the result
+ *   does not depend on the thread count.
  * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile).
  *
  * Types (gguf.GGMLQuantizationType values): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32);
- * Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts are those of ggml-common.h.
- * Built twice from this file and its SIMD layer (simd.h): with HWPLUG_GGML_AVX2 (AVX2 +
- * FMA + F16C intrinsics) and without (portable: GNU C vector extensions, which GCC and
- * clang lower to each CPU's SIMD). Both compute the same integer dots; they group a
- * block's products into their 8 lanes differently, so their fp32 results may differ in
- * the last bits.
+ * Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts are those of ggml-common.h. Built three times from this file and its SIMD layer (simd.h): with
+ * HWPLUG_GGML_AVX2 (AVX2 + FMA + F16C intrinsics), with HWPLUG_GGML_AVX2 and
+ * HWPLUG_GGML_VNNI (the int8 dots by AVX-512 VNNI on 256-bit vectors) and without (portable:
+ * GNU C vector extensions, which GCC and clang lower to each CPU's SIMD). All compute the
+ * same integer dots; the portable build groups a block's products into its 8 lanes
+ * differently, so its fp32 results may differ in the last bits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,15 +42,27 @@ enum { QK = 32, QK_K = 256, MT_MAX = 4 };
  * a tile's rows are short streams that the hardware prefetchers do not ramp up on in time,
  * and in a decode step the weights come from memory, not cache. */
 #define PREFETCH_NEXT_GROUP(blk, ld) __builtin_prefetch((blk) + 2 * MT_MAX * (ld), 0, 0)
+/* the same for every cache line of a super-block of `bytes` bytes */
+#define PREFETCH_NEXT_GROUP_BLOCK(blk, ld, bytes)                     \
+    for (int pf = 0; pf < (bytes); pf += 64) PREFETCH_NEXT_GROUP((blk) + pf, ld)
 
-/* The quantized activations (int8 or int16, the `wide` flag the kernels pass along),
- * block-major so that a block's rows lie side by side: for block b of row m, i = b * rows + m
- * indexes the quants q[32 i ..], the scale d[i] and d[i] * sum(q) as sd[i]. */
+/* The quantized activations, block-major so that a block's rows lie side by side: for block
+ * b of row m, i = b * rows + m indexes
+ * - for the 32-value types (int8 or int16, the `wide` flag the kernels pass along): the
+ *   quants q[32 i ..], the scale d[i] and d[i] * sum(q) as sd[i];
+ * - for the super-block types: the q8k_t ((q8k_t *)q)[i] (d and sd unused). */
 typedef struct {
     void *q;
     float *d, *sd;
-    int64_t nb, rows; /* blocks of 32 per row; rows */
+    int64_t nb, rows; /* blocks (of 32, or super-blocks of 256) per row; rows */
 } act_t;
+/* a super-block of activations (Q8_K): the scale, the sums of each 16 quants, the quants */
+typedef struct {
+    float d;
+    int16_t bsums[QK_K / 16];
+    int8_t q[QK_K];
+} q8k_t;
+#define K8(a, i) ((const q8k_t *)(a)->q + (i))
 
 #include "simd.h"
 
@@ -51,11 +70,6 @@ typedef struct {
 /* the quants of block i of the activations, and their dot products with a weight block */
 #define Q8(a, i) ((const int8_t *)(a)->q + QK * (i))
 #define Q16(a, i) ((const int16_t *)(a)->q + QK * (i))
-INLINE isum_t act_dot_centered_scaled(u8x32 u, int center, const act_t *a, int64_t i, int wide,
-                                      int sc0, int sc1) {
-    return wide ? dot16_centered_scaled(u, center, Q16(a, i), sc0, sc1)
-                : dot_centered_scaled(u, center, Q8(a, i), sc0, sc1);
-}
 /* the quants of a legacy block: 16 bytes of nibbles at qs, and with five the fifth bits at
  * hbits; as u for int8 activations, as uw (widened once) for wide ones */
 INLINE void legacy_quants(const uint8_t *qs, const uint8_t *hbits, int five, int wide, u8x32 *u,
@@ -72,11 +86,8 @@ INLINE isum_t act_dot_quants(const u8x32 *u, const wide_t *uw, const act_t *a, i
                              int wide) {
     return wide ? dot16_wide(uw, Q16(a, i)) : dot_u8(*u, Q8(a, i));
 }
-INLINE isum_t act_dot_s8(const int8_t *w, const act_t *a, int64_t i, int wide) {
-    return wide ? dot16_s8(w, Q16(a, i)) : dot_s8(w, Q8(a, i));
-}
 
-/* row x of the activations into a (block-major, see act_t), m its index */
+/* row x of the activations into a (block-major, see act_t), m its index: 32-value types */
 INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int wide) {
     const float qmax = wide ? 32767.0f : 127.0f;
     for (int64_t b = 0; b < a->nb; ++b, x += QK) {
@@ -93,6 +104,29 @@ INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int
         }
         a->d[i] = amax / qmax;
         a->sd[i] = a->d[i] * (float)sum;
+    }
+}
+
+/* the same for the super-block types: Q8_K super-blocks of int8 (see q8k_t) */
+INLINE void quantize_row_k(const float *restrict x, const act_t *a, int64_t m) {
+    for (int64_t sb = 0; sb < a->nb; ++sb, x += QK_K) {
+        q8k_t *y = (q8k_t *)a->q + sb * a->rows + m;
+        float amax = 0.0f;
+        for (int b = 0; b < QK_K / QK; ++b) {
+            const float v = block_amax(x + QK * b);
+            amax = v > amax ? v : amax;
+        }
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int g = 0; g < QK_K / 16; ++g) {
+            int sum = 0;
+            for (int l = 16 * g; l < 16 * g + 16; ++l) { /* + 1.5 * 2^23 rounds half to even */
+                const int v = (int)((x[l] * id + 0x1.8p23f) - 0x1.8p23f);
+                y->q[l] = (int8_t)v;
+                sum += v;
+            }
+            y->bsums[g] = (int16_t)sum;
+        }
+        y->d = amax / 127.0f;
     }
 }
 
@@ -168,84 +202,110 @@ INLINE void tile_q4_1_q5_1(const uint8_t *w, int64_t ld, int nr, const act_t *a,
 INLINE void tile_q8_0(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
                       float *res, int wide) {
     TILE_BEGIN
+    const int bytes = 34;
     for (int64_t b = 0; b < a->nb; ++b) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
-            const uint8_t *blk = w + r * ld + b * 34;
+            const uint8_t *blk = w + r * ld + b * bytes;
             PREFETCH_NEXT_GROUP(blk, ld);
             const fscale dws = scale_of(fp16_to_fp32(blk));
-            FOR_M acc[t] = acc_add(acc[t], act_dot_s8((const int8_t *)(blk + 2), a, I(b), wide),
-                                   dws, a->d + I(b));
-        }
-    }
-    TILE_END
-}
-
-/* the 6-bit scales and mins of Q4_K / Q5_K's eight sub-blocks */
-INLINE void k_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; ++j) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-        sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
-        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
-}
-
-/* Q4_K (d, dmin, scales[12], qs[128]); Q5_K adds qh[32] before qs: w = d sc q - dmin mn */
-INLINE void tile_q4_k_q5_k(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                           float *res, int wide, int five) {
-    TILE_BEGIN
-    const int bytes = five ? 176 : 144;
-    for (int64_t sb = 0; sb < a->nb / 8; ++sb) {
-        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
-            const uint8_t *blk = w + r * ld + sb * bytes, *qs = blk + (five ? 48 : 16);
-            PREFETCH_NEXT_GROUP(blk, ld);
-            const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
-            uint8_t sc[8], mn[8];
-            float dsc[8], dmn[8];
-            k_scales(blk + 4, sc, mn);
-            for (int j = 0; j < 8; ++j) { dsc[j] = d * (float)sc[j]; dmn[j] = dmin * (float)mn[j]; }
-            for (int j = 0; j < 8; ++j) {
-                u8x32 u;
-                wide_t uw;
-                if (wide && !five) {
-                    uw = nibbles32_wide(qs + 32 * (j >> 1), j & 1);
-                } else {
-                    u = (j & 1) ? hi4(qs + 32 * (j >> 1)) : lo4(qs + 32 * (j >> 1));
-                    if (five) u = or_bits(u, blk + 16, j, 1);
-                    if (wide) uw = widen(u);
-                }
-                const float ms = dmn[j];
-                const fscale ds = scale_of(dsc[j]);
-                FOR_M {
-                    const int64_t i = I(8 * sb + j);
-                    acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), ds, a->d + i);
-                    off[t] += ms * a->sd[i];
-                }
+            const u8x32 q = load_u8(blk + 2);
+            FOR_M {
+                const isum_t s = wide ? dot16_s8((const int8_t *)(blk + 2), Q16(a, I(b)))
+                                      : dot_s8(q, Q8(a, I(b)));
+                acc[t] = acc_add(acc[t], s, dws, a->d + I(b));
             }
         }
     }
     TILE_END
 }
 
-/* Q6_K (ql[128], qh[64], int8 scales[16], d): w = d sc (q - 32), a scale per 16 */
-INLINE void tile_q6_k(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                      float *res, int wide) {
+/* the 6-bit scales and mins of Q4_K / Q5_K's eight sub-blocks, four bytes at a time:
+ * sc[j] = q[j] & 63, mn[j] = q[j + 4] & 63, and for j + 4 the low (sc) or high (mn) nibble of
+ * q[j + 8] with the top two bits of q[j] (sc) or q[j + 4] (mn) above it */
+INLINE void k_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    uint32_t a, b, c;
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
+    const uint32_t s0 = a & low6, m0 = b & low6, s1 = (c & low4) | (((a >> 6) & top2) << 4),
+                   m1 = ((c >> 4) & low4) | (((b >> 6) & top2) << 4);
+    memcpy(sc, &s0, 4);
+    memcpy(sc + 4, &s1, 4);
+    memcpy(mn, &m0, 4);
+    memcpy(mn + 4, &m1, 4);
+}
+
+/* ---- the super-block types against Q8_K activations ----
+ * A super-block's header as integers: w = d sc[k] (q - center) - dmin mn[k] for value q of
+ * the k-th 16 values (the k-th 32 for the types of 32-value sub-blocks, k_per32: sc and mn
+ * then hold 8), q the unsigned quants k_chunk decodes. */
+typedef struct {
+    float d, dmin;
+    int8_t sc[16];
+    uint8_t mn[16]; /* Q4_K, Q5_K only */
+} khead_t;
+INLINE int k_bytes(int type) { return type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210; }
+INLINE int k_center(int type) { return type == T_Q6_K ? 32 : 0; }
+INLINE int k_has_mins(int type) { return type == T_Q4_K || type == T_Q5_K; }
+INLINE int k_per32(int type) { return type == T_Q4_K || type == T_Q5_K; }
+/* the index in sc and mn of the scale of values 16 k .. 16 k + 15 */
+INLINE int k_index(int type, int k) { return k_per32(type) ? k >> 1 : k; }
+/* Q4_K / Q5_K (d, dmin, 12 bytes of eight 6-bit scales and mins, Q5_K: qh[32], qs[128]);
+ * Q6_K (ql[128], qh[64], int8 scales[16], d) */
+INLINE void k_header(int type, const uint8_t *blk, khead_t *h) {
+    if (type == T_Q6_K) {
+        h->d = fp16_to_fp32(blk + 208);
+        for (int k = 0; k < 16; ++k) h->sc[k] = (int8_t)blk[192 + k];
+    } else {
+        h->d = fp16_to_fp32(blk);
+        h->dmin = fp16_to_fp32(blk + 2);
+        k_scales(blk + 4, (uint8_t *)h->sc, h->mn);
+    }
+}
+/* the unsigned quants of values 32 j .. 32 j + 31 of a super-block */
+INLINE u8x32 k_chunk(int type, const uint8_t *blk, int j) {
+    if (type == T_Q6_K) {
+        const int h = j >> 2, s = j & 3;
+        const uint8_t *ql = blk + 64 * h + 32 * (s & 1);
+        return or_bits((s & 2) ? hi4(ql) : lo4(ql), blk + 128 + 32 * h, 2 * s, 3, 4);
+    }
+    const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16) + 32 * (j >> 1);
+    const u8x32 u = (j & 1) ? hi4(qs) : lo4(qs);
+    return type == T_Q5_K ? or_bits(u, blk + 16, j, 1, 4) : u;
+}
+/* The super-block types: a super-block's dots, scaled and summed in int32 lanes, then one
+ * fp32 FMA per pair of rows; the mins (or the centre) against the activations' 16-value
+ * sums. Largest lane (Q6_K): 8 sub-blocks * 2 * (2 * 63 * 127) * 128 < 2^26. */
+INLINE void tile_k(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                   float *res) {
     TILE_BEGIN
-    for (int64_t sb = 0; sb < a->nb / 8; ++sb) {
+    const int bytes = k_bytes(type), center = k_center(type);
+    for (int64_t sb = 0; sb < a->nb; ++sb) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
-            const uint8_t *blk = w + r * ld + sb * 210;
-            PREFETCH_NEXT_GROUP(blk, ld);
-            const fscale ds = scale_of(fp16_to_fp32(blk + 208));
-            const int8_t *scales = (const int8_t *)(blk + 192);
-            for (int j = 0; j < 8; ++j) {
-                const int h = j >> 2, s = j & 3, sc0 = scales[2 * j], sc1 = scales[2 * j + 1];
-                const uint8_t *ql = blk + 64 * h + 32 * (s & 1);
-                u8x32 u = or_bits((s & 2) ? hi4(ql) : lo4(ql), blk + 128 + 32 * h, 2 * s, 3);
-                FOR_M {
-                    const int64_t i = I(8 * sb + j);
-                    acc[t] = acc_add(acc[t], act_dot_centered_scaled(u, 32, a, i, wide, sc0, sc1),
-                                     ds, a->d + i);
+            const uint8_t *blk = w + r * ld + sb * bytes;
+            PREFETCH_NEXT_GROUP_BLOCK(blk, ld, bytes);
+            khead_t h;
+            k_header(type, blk, &h);
+            const kscales_t scales = kscales_load(h.sc);
+            isum_t s[MT_MAX];
+            _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m) s[m] = isum_zero();
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j) {
+                const u8x32 u = k_chunk(type, blk, j);
+                const scl_t sc =
+                    kscale(&scales, k_index(type, 2 * j), k_index(type, 2 * j + 1));
+                _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m) {
+                    const int8_t *x = K8(a, I(sb))->q + 32 * j;
+                    s[m] = dot_acc_u8(s[m], u, x, sc);
                 }
+            }
+            FOR_M {
+                const q8k_t *x = K8(a, I(sb));
+                acc[t] = acc_add(acc[t], s[m], scale_of(h.d), &x->d);
+                if (k_has_mins(type))
+                    off[t] += h.dmin * x->d * (float)dot8_u8_pairs(h.mn, x->bsums);
+                else
+                    off[t] += h.d * x->d * (float)(center * dot16_i8(h.sc, x->bsums));
             }
         }
     }
@@ -261,9 +321,9 @@ INLINE void tile_of_type(int type, const uint8_t *w, int64_t ld, int nr, const a
     case T_Q4_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 0); break;
     case T_Q5_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 1); break;
     case T_Q8_0: tile_q8_0(w, ld, nr, a, mt, res, wide); break;
-    case T_Q4_K: tile_q4_k_q5_k(w, ld, nr, a, mt, res, wide, 0); break;
-    case T_Q5_K: tile_q4_k_q5_k(w, ld, nr, a, mt, res, wide, 1); break;
-    case T_Q6_K: tile_q6_k(w, ld, nr, a, mt, res, wide); break;
+#define K_TILE(T) case T: if (!wide) tile_k(T, w, ld, nr, a, mt, res); break;
+    K_TILE(T_Q4_K) K_TILE(T_Q5_K) K_TILE(T_Q6_K)
+#undef K_TILE
     }
 }
 
@@ -319,26 +379,37 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
     _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
 }
 #endif
-static int linear_type(int type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 ||
-           type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+/* the super-block types (Q8_K activations) */
+static int super_type(int type) {
+    return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
 }
+/* the types with int16 activations */
+static int wide_type(int type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0;
+}
+static int linear_type(int type) { return wide_type(type) || super_type(type); }
 
 /* out[m * ldo + n] = (x[M, K] @ W.T)[m, n] (+ bias[n]) for n < N, the activations quantized
- * to act_bits (8 or 16) bits; 0 on success, -1 for a type or act_bits it does not serve, -2
- * when out of memory. K is a multiple of the type's block and ldo >= N (the caller checks). */
+ * to act_bits (8 or 16; the super-block types take 8 only) bits; 0 on success, -1
+ * for a type or act_bits it does not serve, -2 when out of memory. K is a multiple of the
+ * type's block and ldo >= N (the caller checks). */
 int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
                        const float *x, int64_t M, float *out, int64_t ldo, const float *bias,
                        int act_bits, int nthreads) {
-    if (!linear_type(type) || (act_bits != 8 && act_bits != 16)) return -1;
-    const int64_t nb = K / QK, width = act_bits / 8;
-    act_t act = {malloc((size_t)(M * K * width)), malloc(sizeof(float) * (size_t)(M * nb)),
-                 malloc(sizeof(float) * (size_t)(M * nb)), nb, M};
-    int status = (act.q && act.d && act.sd) ? 0 : -2;
+    if (!linear_type(type) || (act_bits != 8 && (act_bits != 16 || !wide_type(type)))) return -1;
+    const int super = super_type(type);
+    const int64_t nb = super ? K / QK_K : K / QK, width = act_bits / 8;
+    const size_t block_bytes = super ? sizeof(q8k_t) : (size_t)(QK * width);
+    act_t act = {malloc(block_bytes * (size_t)(M * nb)),
+                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)),
+                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)), nb, M};
+    int status = (act.q && (super || (act.d && act.sd))) ? 0 : -2;
     if (status == 0) {
 #pragma omp parallel for num_threads(nthreads) if (M >= 8)
         for (int64_t m = 0; m < M; ++m) {
-            if (width == 2)
+            if (super)
+                quantize_row_k(x + m * K, &act, m);
+            else if (width == 2)
                 quantize_row(x + m * K, &act, m, 1);
             else
                 quantize_row(x + m * K, &act, m, 0);
@@ -348,8 +419,8 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
         for (int64_t n0 = 0; n0 < N; n0 += MT_MAX) {
             const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
             for (int64_t m0 = 0; m0 < M;) {
-                const act_t part = {(char *)act.q + QK * m0 * width, act.d + m0, act.sd + m0,
-                                    nb, M};
+                const act_t part = {(char *)act.q + block_bytes * (size_t)m0,
+                                    super ? NULL : act.d + m0, super ? NULL : act.sd + m0, nb, M};
 #ifdef HWPLUG_GGML_AVX2
                 if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
                     for (int r = 0; r < rows; ++r) {
@@ -395,37 +466,25 @@ static void dequantize_row(int type, const uint8_t *w, int64_t K, float *o) {
         for (int64_t b = 0; b < K / QK; ++b, w += bytes, o += QK) {
             u8x32 u = nibbles16(w + bytes - 16);
             if (five) { uint32_t h; memcpy(&h, w + 2 + 2 * min, 4); u = or_bits32(u, h); }
-            const float d = fp16_to_fp32(w);
-            store_f32(u, d, d, min ? 0 : (five ? 16 : 8), min ? fp16_to_fp32(w + 2) : 0.0f, o);
+            const float d = fp16_to_fp32(w), m = min ? fp16_to_fp32(w + 2) : 0.0f;
+            store_f32(u, d, d, min ? 0 : (five ? 16 : 8), m, m, o);
         }
     } else if (type == T_Q8_0) {
         for (int64_t b = 0; b < K / QK; ++b, w += 34) {
             const float d = fp16_to_fp32(w);
             for (int l = 0; l < QK; ++l) *o++ = d * (float)((const int8_t *)(w + 2))[l];
         }
-    } else if (type == T_Q4_K || type == T_Q5_K) {
-        const int five = type == T_Q5_K;
-        for (int64_t sb = 0; sb < K / QK_K; ++sb, w += five ? 176 : 144) {
-            const float d = fp16_to_fp32(w), dmin = fp16_to_fp32(w + 2);
-            const uint8_t *qs = w + (five ? 48 : 16);
-            uint8_t sc[8], mn[8];
-            k_scales(w + 4, sc, mn);
+    } else if (super_type(type)) {
+        const int bytes = k_bytes(type), center = k_center(type);
+        for (int64_t sb = 0; sb < K / QK_K; ++sb, w += bytes) {
+            khead_t h;
+            k_header(type, w, &h);
             for (int j = 0; j < 8; ++j, o += QK) {
-                u8x32 u = (j & 1) ? hi4(qs + 32 * (j >> 1)) : lo4(qs + 32 * (j >> 1));
-                if (five) u = or_bits(u, w + 16, j, 1);
-                const float ds = d * (float)sc[j];
-                store_f32(u, ds, ds, 0, -(dmin * (float)mn[j]), o);
-            }
-        }
-    } else if (type == T_Q6_K) {
-        for (int64_t sb = 0; sb < K / QK_K; ++sb, w += 210) {
-            const float d = fp16_to_fp32(w + 208);
-            const int8_t *scales = (const int8_t *)(w + 192);
-            for (int j = 0; j < 8; ++j, o += QK) {
-                const int h = j >> 2, s = j & 3;
-                const uint8_t *ql = w + 64 * h + 32 * (s & 1);
-                u8x32 u = or_bits((s & 2) ? hi4(ql) : lo4(ql), w + 128 + 32 * h, 2 * s, 3);
-                store_f32(u, d * (float)scales[2 * j], d * (float)scales[2 * j + 1], 32, 0.0f, o);
+                const int k0 = k_index(type, 2 * j), k1 = k_index(type, 2 * j + 1);
+                const float m0 = k_has_mins(type) ? -(h.dmin * (float)h.mn[k0]) : 0.0f,
+                            m1 = k_has_mins(type) ? -(h.dmin * (float)h.mn[k1]) : 0.0f;
+                store_f32(k_chunk(type, w, j), h.d * (float)h.sc[k0], h.d * (float)h.sc[k1],
+                          center, m0, m1, o);
             }
         }
     }

@@ -1,20 +1,21 @@
 """The ``ggml_linear`` and ``ggml_embedding`` variants that call ``kernels.c`` through ctypes.
 
-:data:`AVX2` and :data:`PORTABLE` are the two builds (see :mod:`.build`), each a native
-library that the variants name (``native``): the registry builds one when it binds a
+:data:`AVX2`, :data:`VNNI` and :data:`PORTABLE` are the builds (see :mod:`.build`), each a
+native library that the variants name (``native``): the registry builds one when it binds a
 variant for calls (``ensure_built``), or ``hwplug build`` ahead of time; importing or
 reading an op builds nothing, and calling one before its library is built raises
 :class:`~hwplug.errors.UnsupportedError`.
 
 ``linear`` computes ``x @ W.T`` two ways, chosen by the number of activation rows ``M``:
 :meth:`GgmlKernels.linear_blocks`, the C kernel's integer dot products straight from the
-GGUF blocks (the weight read once for every 4 activation rows; 8 in the AVX2 build for
-Q4_0, Q4_1 and Q8_0) with the activations quantized per block of 32 to int16 or int8, and
-:meth:`GgmlKernels.linear_tiled`, the weight dequantized by the C kernel a tile at a time
-through :func:`~hwplug.platforms.cpu.tiles.linear_by_tiles` (the fp32 ``linear`` op). Both
-choices are data, from the ``ggml_linear`` tuning table (``tuning.json``, measured as
-:data:`TUNING` says): :func:`tiled_from`, the rows
-from which the tiles serve, and :func:`activations_of`, the activations' integer type. ``out`` (a
+GGUF blocks (the weight read once for every 4 activation rows; 8 in the AVX2 builds for
+Q4_0, Q4_1 and Q8_0 with int16 activations) with the activations quantized as llama.cpp
+does (int8 per super-block of 256 for the super-block types; int16 or int8 per block of 32
+for the others), and :meth:`GgmlKernels.linear_tiled`, the weight dequantized by the C
+kernel a tile at a time through :func:`~hwplug.platforms.cpu.tiles.linear_by_tiles` (the
+fp32 ``linear`` op). Both choices are data, from the ``ggml_linear`` tuning table
+(``tuning.json``, measured as :data:`TUNING` says): :func:`tiled_from`, the rows from which
+the tiles serve, and :func:`activations_of`, the activations' integer type. ``out`` (a
 column slice of a wider fp32 output, as a layer whose rows come in runs of several types
 passes) is written in place by the C kernel, so such a layer makes native calls only.
 """
@@ -47,16 +48,22 @@ from hwplug.platforms.device_names import canonical_device_name
 #: eight-row tiles (Q4_0, Q4_1, Q8_0) the integer kernel took 79 ms of a batch-32 step,
 #: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, so the tiles serve from
 #: 128; before those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0
-#: and Q5_1, which lack them. The K-quants' switch at about 10 rows is from
-#: benchmarks/ggml_linear.py only (Q5_K takes Q4_K's value, not measured apart). The
-#: activations are int16 (max|x| / 32767 steps: errors ~1e-4 of the outputs' rms, and
-#: SmolLM2 Q4_1's greedy tokens those of fp32) where that costs at most ~15% over int8 at
-#: one row (measured: 0-5% for the 32-value types and Q6_K, 15-19% for Q4_K); int8
-#: (llama.cpp's, max|x| / 127 steps, ~2% errors) for Q5_K, where int16 cost 30-60%, and
-#: wherever a user's table trades precision for speed.
+#: and Q5_1, which lack them. The activations of the 32-value types are int16 (max|x| /
+#: 32767 steps: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of
+#: fp32) where that costs at most ~15% over int8 at one row (measured: 0-5%); Q8_0 keeps
+#: int16: its int8 dots (VNNI) measured level with int16 (a 2-vCPU AMD EPYC Zen 5, one
+#: thread, Qwen2.5-1.5B's shapes: 92-810 against 98-743 µs, memory-bound at ~25 GB/s).
+#: The K-quants (Q4_K, Q5_K, Q6_K) take int8 only, as llama.cpp does (Q8_K activations).
+#: Their switch to the tiles, from benchmarks/ggml_linear.py on that Zen 5 (one thread,
+#: 1536x1536 and 8960x1536, other loads on the machine): their integer kernel beat the
+#: tiles by 1.2-2.3x at 16-64 rows and was about level at 128 (Q4_K 6299 / 8787 µs, Q6_K
+#: 5972 / 7780 and 50687 / 37338), hence 128.
 TUNING = Path(__file__).with_name("tuning.json")
 #: The activations' integer types and their bits, as the C kernel takes them.
 ACTIVATIONS = {"int8": 8, "int16": 16}
+#: The GGUF types whose C kernel also takes int16 activations.
+WIDE_TYPES = frozenset(int(GGMLQuantizationType[name])
+                       for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
 _SERVED = ", ".join(type_name(t) for t in QUANTIZED_TYPES)
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 #: The GGUF type of fp32 rows, which the C dequantization copies.
@@ -96,12 +103,16 @@ def tiled_from(threads: int) -> dict[int, int]:
 def activations_of(threads: int) -> dict[int, str]:
     """GGUF type -> the activations' integer type (``"int16"`` or ``"int8"``) with which
     ``linear`` computes below :func:`tiled_from`'s rows (the tuning table, see
-    :func:`_config`). Raises :class:`ConfigError` for another value."""
+    :func:`_config`). Raises :class:`ConfigError` for another value, or ``"int16"`` for a
+    type outside :data:`WIDE_TYPES`."""
     chosen = _config(threads)["activations"]
     for name, value in chosen.items():
         if value not in ACTIVATIONS:
             raise ConfigError(f"ggml_linear tuning table: activations {value!r} for {name} is "
                               f"not one of {', '.join(ACTIVATIONS)}")
+        if value == "int16" and int(GGMLQuantizationType[name]) not in WIDE_TYPES:
+            raise ConfigError(f"ggml_linear tuning table: {name} takes int8 activations only "
+                              f"(int16: {', '.join(type_name(t) for t in sorted(WIDE_TYPES))})")
     return {int(GGMLQuantizationType[name]): value for name, value in chosen.items()}
 
 
@@ -146,12 +157,12 @@ class GgmlKernels(build.Library):
         return result if out is None else out.copy_(result)
 
     def linear_blocks(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
-                      bias: torch.Tensor | None = None, activations: str = "int16",
+                      bias: torch.Tensor | None = None, activations: str = "int8",
                       out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 ``x [M, K] @ W.T + bias`` by the C kernel's integer dots on the blocks, ``x``
-        quantized per block of 32 to ``activations`` (a key of :data:`ACTIVATIONS`),
-        written to ``out`` (fp32 ``[M, N]`` of unit column stride, any row stride: a column
-        slice of a wider output) when given."""
+        quantized to ``activations`` (a key of :data:`ACTIVATIONS`; int16 for
+        :data:`WIDE_TYPES` only), written to ``out`` (fp32 ``[M, N]`` of unit column
+        stride, any row stride: a column slice of a wider output) when given."""
         rows, fp32_bias = _fp32(x), _fp32(bias)
         (m, k), (n, row_bytes) = rows.shape, qweight.shape
         if out is None:
@@ -269,5 +280,7 @@ def lookup_supported(ids: torch.Tensor, weight: torch.Tensor) -> str | None:
 
 #: The build for x86-64 CPUs with AVX2, FMA and F16C.
 AVX2 = GgmlKernels("avx2")
+#: The AVX2 build with AVX-512 VNNI int8 dot products (CPUs with AVX512-VNNI and -VL).
+VNNI = GgmlKernels("vnni")
 #: The build of plain C for every other CPU.
 PORTABLE = GgmlKernels("portable")

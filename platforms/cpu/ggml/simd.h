@@ -1,7 +1,11 @@
 /* The SIMD layer of kernels.c (included by it, after its types): 32 weight quants (unsigned
- * bytes, or signed for Q8_0), their integer dots with 32 int8 or int16 activations as 8 int32
- * lane sums, fp32 accumulation, dequantized stores. Two implementations: AVX2 intrinsics
- * (HWPLUG_GGML_AVX2) and GNU C vector extensions with the same 8 lanes. */
+ * bytes, or signed for Q8_0), their integer dots with 32 int8 or int16
+ * activations as 8 int32 lane sums (for the super-block types: scaled by the sub-blocks'
+ * integer scales and accumulated over a super-block), fp32 accumulation, dequantized stores.
+ * Two implementations: AVX2 intrinsics (HWPLUG_GGML_AVX2; with HWPLUG_GGML_VNNI the int8
+ * dots use AVX-512 VNNI's vpdpbusd / vpdpwssd on 256-bit vectors) and GNU C vector
+ * extensions with the same 8 lanes. Every int8 dot sums the same products into the same
+ * lanes in each, so the integer results are equal. */
 #ifndef HWPLUG_GGML_SIMD_H
 #define HWPLUG_GGML_SIMD_H
 
@@ -36,6 +40,7 @@ typedef __m256i isum_t; /* 8 int32 partial sums */
 typedef __m256 facc;    /* 8 fp32 partial sums */
 
 INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INLINE u8x32 load_u8(const void *p) { return load32(p); }
 /* 16 bytes -> their 16 low nibbles, then their 16 high nibbles (legacy block order) */
 INLINE u8x32 nibbles16(const uint8_t *p) {
     __m128i t = _mm_loadu_si128((const __m128i *)p);
@@ -45,10 +50,13 @@ INLINE u8x32 lo4(const uint8_t *p) { return _mm256_and_si256(load32(p), _mm256_s
 INLINE u8x32 hi4(const uint8_t *p) {
     return _mm256_and_si256(_mm256_srli_epi16(load32(p), 4), _mm256_set1_epi8(0x0F));
 }
-/* v | (((p[l] >> shift) & mask) << 4) for l < 32 */
-INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask) {
-    __m256i h = _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), _mm256_set1_epi8(mask));
-    return _mm256_or_si256(v, _mm256_slli_epi16(h, 4));
+/* (p[l] >> shift) & mask for l < 32 */
+INLINE u8x32 field(const uint8_t *p, int shift, int mask) {
+    return _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), _mm256_set1_epi8((char)mask));
+}
+/* v | (((p[l] >> shift) & mask) << at) for l < 32 (the field fits the byte at `at`) */
+INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask, int at) {
+    return _mm256_or_si256(v, _mm256_slli_epi16(field(p, shift, mask), at));
 }
 /* v | (bit l of bits) << 4 for l < 32 */
 INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
@@ -59,24 +67,71 @@ INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
     __m256i set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
     return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
 }
-INLINE isum_t dot_u8(u8x32 u, const int8_t *x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x)), _mm256_set1_epi16(1));
+/* u . x for unsigned bytes u and int8 x, |x| <= 127 (the products of a pair fit int16: u <=
+ * 128): lane k sums products 4k..4k+3 */
+INLINE isum_t dot_u8v(u8x32 u, __m256i x) {
+#ifdef HWPLUG_GGML_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
 }
-/* w = u - center: sc0 * (w . x over elements 0..15) + sc1 * (w . x over 16..31) */
-INLINE isum_t dot_centered_scaled(u8x32 u, int center, const int8_t *x, int sc0, int sc1) {
-    __m256i w = _mm256_sub_epi8(u, _mm256_set1_epi8((char)center));
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load32(x), w));
-    __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short)sc1), _mm_set1_epi16((short)sc0));
-    return _mm256_madd_epi16(p, scales);
+INLINE isum_t dot_u8(u8x32 u, const int8_t *x) { return dot_u8v(u, load32(x)); }
+/* w . x for int8 w (as bytes, >= -128): |w| against x with w's sign */
+INLINE isum_t dot_s8(u8x32 w, const int8_t *x) {
+    return dot_u8v(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load32(x), w));
 }
-INLINE isum_t dot_s8(const int8_t *w, const int8_t *x) {
-    __m256i a = load32(w), b = load32(x);
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+/* ---- the super-block types: sub-block scales in integer arithmetic ---- */
+typedef __m256i scl_t; /* 16 int16: the scale of values 0..15, then of 16..31 */
+/* a super-block's 16 int8 scales as int16, scales 0..7 (lo) and 8..15 (hi) in both 128-bit
+ * lanes, from which each 32 values' scales are one byte shuffle */
+typedef struct { __m256i lo, hi; } kscales_t;
+INLINE kscales_t kscales_load(const int8_t *sc) {
+    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    return (kscales_t){_mm256_permute2x128_si256(v, v, 0x00),
+                       _mm256_permute2x128_si256(v, v, 0x11)};
 }
-/* int16 activations: the weights widened to int16, _mm256_madd_epi16 pairs, 8 int32 lanes
- * of 4 products each. Largest lane: Q6_K, |(q - 32) sc| <= 32 * 128 = 4096 folded into the
- * weight, 4 * 4096 * 32767 < 2^29; Q8_0: 4 * 128 * 32767; 5-bit quants: 4 * 31 * 32767. */
+/* scale k0 for values 0..15 and k1 for 16..31 (k0 / 8 == k1 / 8; constants after inlining) */
+INLINE scl_t kscale(const kscales_t *s, int k0, int k1) {
+    const char a = (char)(2 * (k0 & 7)), b = (char)(2 * (k1 & 7));
+    const __m256i pick = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                                          a + 1, a, a + 1, a, a + 1, b, b + 1, b, b + 1, b,
+                                          b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1);
+    return _mm256_shuffle_epi8(k0 < 8 ? s->lo : s->hi, pick);
+}
+INLINE isum_t isum_zero(void) { return _mm256_setzero_si256(); }
+/* s + the pairs' sums of int16 products p, each times its scale */
+INLINE isum_t scaled_acc(isum_t s, __m256i p, scl_t sc) {
+#ifdef HWPLUG_GGML_VNNI
+    return _mm256_dpwssd_epi32(s, p, sc);
+#else
+    return _mm256_add_epi32(s, _mm256_madd_epi16(p, sc));
+#endif
+}
+/* s + sc * (u . x) per half, u unsigned (<= 63: maddubs' pairs never saturate) */
+INLINE isum_t dot_acc_u8(isum_t s, u8x32 u, const int8_t *x, scl_t sc) {
+    return scaled_acc(s, _mm256_maddubs_epi16(u, load32(x)), sc);
+}
+INLINE int hsum4(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1)));
+}
+INLINE int hsum8_i32(__m256i p) {
+    return hsum4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+}
+/* sum_k a[k] b[k] for k < 16 */
+INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
+    return hsum8_i32(_mm256_madd_epi16(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a)), load32(b)));
+}
+/* sum_j a[j] (b[2j] + b[2j + 1]) for j < 8 (|b[2j] + b[2j + 1]| < 2^15) */
+INLINE int dot8_u8_pairs(const uint8_t *a, const int16_t *b) {
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b),
+                                         _mm_loadu_si128((const __m128i *)(b + 8)));
+    return hsum4(_mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)a)), pairs));
+}
+/* int16 activations (the 32-value types): the weights widened to int16, _mm256_madd_epi16
+ * pairs, 8 int32 lanes of 4 products each. Largest lane: Q8_0, 4 * 128 * 32767 < 2^24. */
 INLINE __m256i widen_lo(u8x32 u) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)); }
 INLINE __m256i widen_hi(u8x32 u) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)); }
 /* lo . x[0..15] + hi . x[16..31] */
@@ -91,21 +146,7 @@ INLINE wide_t nibbles16_wide(const uint8_t *p) {
     const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
     return (wide_t){_mm256_and_si256(b, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16(b, 4)};
 }
-/* lo4 (high: hi4), widened: the 32 bytes widened, then their low (high) nibbles */
-INLINE wide_t nibbles32_wide(const uint8_t *p, int high) {
-    const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)),
-                  b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
-    if (high) return (wide_t){_mm256_srli_epi16(a, 4), _mm256_srli_epi16(b, 4)};
-    const __m256i m = _mm256_set1_epi16(0x0F);
-    return (wide_t){_mm256_and_si256(a, m), _mm256_and_si256(b, m)};
-}
 INLINE isum_t dot16_wide(const wide_t *w, const int16_t *x) { return dot16_pair(w->lo, w->hi, x); }
-INLINE isum_t dot16_centered_scaled(u8x32 u, int center, const int16_t *x, int sc0, int sc1) {
-    const __m256i c = _mm256_set1_epi16((short)center);
-    return dot16_pair(
-        _mm256_mullo_epi16(_mm256_sub_epi16(widen_lo(u), c), _mm256_set1_epi16((short)sc0)),
-        _mm256_mullo_epi16(_mm256_sub_epi16(widen_hi(u), c), _mm256_set1_epi16((short)sc1)), x);
-}
 /* 32 int8 weight quants, widened */
 INLINE wide_t s8_wide(const int8_t *w) {
     return (wide_t){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)),
@@ -138,13 +179,13 @@ INLINE float acc_total(facc a) {
     v = _mm_add_ss(v, _mm_movehdup_ps(v));
     return _mm_cvtss_f32(v);
 }
-/* o[l] = d * (u[l] - offset) + add, with d = d0 for l < 16 and d1 after */
-INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add, float *o) {
-    const __m256 va = _mm256_set1_ps(add);
+/* o[l] = d * (u[l] - offset) + add, with d, add = d0, add0 for l < 16 and d1, add1 after */
+INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add0, float add1,
+                      float *o) {
     const __m256i off = _mm256_set1_epi32(offset);
     __m128i halves[2] = {_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)};
     for (int h = 0; h < 2; ++h) {
-        const __m256 vd = _mm256_set1_ps(h ? d1 : d0);
+        const __m256 vd = _mm256_set1_ps(h ? d1 : d0), va = _mm256_set1_ps(h ? add1 : add0);
         __m256i lo = _mm256_sub_epi32(_mm256_cvtepu8_epi32(halves[h]), off);
         __m256i hi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(halves[h], 8)), off);
         _mm256_storeu_ps(o + 16 * h, _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(lo), va));
@@ -193,8 +234,11 @@ INLINE u8x32 nibbles16(const uint8_t *p) {
 }
 INLINE u8x32 lo4(const uint8_t *p) { return load_u8(p) & 15; }
 INLINE u8x32 hi4(const uint8_t *p) { return load_u8(p) >> 4; }
-INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask) {
-    return v | (((load_u8(p) >> shift) & (uint8_t)mask) << 4);
+INLINE u8x32 field(const uint8_t *p, int shift, int mask) {
+    return (load_u8(p) >> shift) & (uint8_t)mask;
+}
+INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask, int at) {
+    return v | (field(p, shift, mask) << at);
 }
 INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
     for (int l = 0; l < 32; ++l) v[l] |= (uint8_t)(((bits >> l) & 1) << 4);
@@ -215,19 +259,36 @@ INLINE isum_t dot_u8(u8x32 u, const int8_t *x) {
     const i16x32 p = __builtin_convertvector(u, i16x32) * __builtin_convertvector(xs, i16x32);
     return sum_products(&p, 1, 1);
 }
-INLINE isum_t dot_centered_scaled(u8x32 u, int center, const int8_t *x, int sc0, int sc1) {
+/* the products of int8 w (as bytes) and x */
+INLINE i16x32 products_s8(u8x32 w, const int8_t *x) {
     i8x32 xs;
     memcpy(&xs, x, 32);
-    const i16x32 p = (__builtin_convertvector(u, i16x32) - (int16_t)center) *
-                     __builtin_convertvector(xs, i16x32);
-    return sum_products(&p, sc0, sc1);
+    return __builtin_convertvector((i8x32)w, i16x32) * __builtin_convertvector(xs, i16x32);
 }
-INLINE isum_t dot_s8(const int8_t *w, const int8_t *x) {
-    i8x32 ws, xs;
-    memcpy(&ws, w, 32);
-    memcpy(&xs, x, 32);
-    const i16x32 p = __builtin_convertvector(ws, i16x32) * __builtin_convertvector(xs, i16x32);
+INLINE isum_t dot_s8(u8x32 w, const int8_t *x) {
+    const i16x32 p = products_s8(w, x);
     return sum_products(&p, 1, 1);
+}
+typedef struct { int lo, hi; } scl_t;
+typedef struct { const int8_t *sc; } kscales_t;
+INLINE kscales_t kscales_load(const int8_t *sc) { return (kscales_t){sc}; }
+INLINE scl_t kscale(const kscales_t *s, int k0, int k1) { return (scl_t){s->sc[k0], s->sc[k1]}; }
+INLINE isum_t isum_zero(void) { return (isum_t){0}; }
+INLINE isum_t dot_acc_u8(isum_t s, u8x32 u, const int8_t *x, scl_t sc) {
+    i8x32 xs;
+    memcpy(&xs, x, 32);
+    const i16x32 p = __builtin_convertvector(u, i16x32) * __builtin_convertvector(xs, i16x32);
+    return s + sum_products(&p, sc.lo, sc.hi);
+}
+INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
+    int s = 0;
+    for (int k = 0; k < 16; ++k) s += a[k] * b[k];
+    return s;
+}
+INLINE int dot8_u8_pairs(const uint8_t *a, const int16_t *b) {
+    int s = 0;
+    for (int j = 0; j < 8; ++j) s += a[j] * (b[2 * j] + b[2 * j + 1]);
+    return s;
 }
 /* int16 activations: w . x as 8 sums of 4 (lane k: products k, 8 + k, 16 + k, 24 + k; the
  * int32 bounds of the AVX2 layer hold) */
@@ -244,17 +305,7 @@ INLINE isum_t dot16(const i16x32 *w, const int16_t *x) {
 typedef i16x32 wide_t;
 INLINE wide_t widen(u8x32 u) { return __builtin_convertvector(u, i16x32); }
 INLINE wide_t nibbles16_wide(const uint8_t *p) { return widen(nibbles16(p)); }
-INLINE wide_t nibbles32_wide(const uint8_t *p, int high) { return widen(high ? hi4(p) : lo4(p)); }
 INLINE isum_t dot16_wide(const wide_t *w, const int16_t *x) { return dot16(w, x); }
-INLINE isum_t dot16_centered_scaled(u8x32 u, int center, const int16_t *x, int sc0, int sc1) {
-    i16x32 w = __builtin_convertvector(u, i16x32) - (int16_t)center;
-    HALVES(i16x16, w, lo, hi);
-    lo *= (int16_t)sc0;
-    hi *= (int16_t)sc1;
-    memcpy(&w, &lo, sizeof lo);
-    memcpy((char *)&w + sizeof lo, &hi, sizeof hi);
-    return dot16(&w, x);
-}
 INLINE isum_t dot16_s8(const int8_t *w, const int16_t *x) {
     i8x32 ws;
     memcpy(&ws, w, 32);
@@ -274,10 +325,11 @@ INLINE float block_amax(const float *x) {
     for (int l = 0; l < 32; ++l) amax = fabsf(x[l]) > amax ? fabsf(x[l]) : amax;
     return amax;
 }
-INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add, float *o) {
+INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add0, float add1,
+                      float *o) {
     HALVES(u8x16, u, lo, hi);
-    f32x16 a = (__builtin_convertvector(lo, f32x16) - (float)offset) * d0 + add,
-           b = (__builtin_convertvector(hi, f32x16) - (float)offset) * d1 + add;
+    f32x16 a = (__builtin_convertvector(lo, f32x16) - (float)offset) * d0 + add0,
+           b = (__builtin_convertvector(hi, f32x16) - (float)offset) * d1 + add1;
     memcpy(o, &a, sizeof a);
     memcpy(o + 16, &b, sizeof b);
 }
