@@ -3,7 +3,8 @@
 The weight is ``qweight``, ``uint8 [N, row_bytes]``: each row the tensor's GGUF blocks of
 type ``ggml_type`` (a ``gguf.GGMLQuantizationType`` value) exactly as stored in the file;
 :mod:`hwplug.kernel_registry.reference.ggml` documents the layouts and dequantizes them
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and F32 / F16 / BF16 as they are). The
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, and F32 / F16 /
+BF16 as they are). The
 type is a per-call argument: a variant's ``supports`` declines the types it does not serve.
 
 ``ggml_linear`` dispatches on the activation ``x``. Its tolerances allow a variant to

@@ -27,7 +27,7 @@ BUILDS = {"ggml_vnni": c_ops.VNNI, "ggml_avx2": c_ops.AVX2, "ggml_c": c_ops.PORT
 NEEDS = {"ggml_vnni": {"avx2", "fma", "f16c", "avx512bw", "avx512vl", "avx512_vnni"},
          "ggml_avx2": {"avx2", "fma", "f16c"}, "ggml_c": set()}
 Q = GGMLQuantizationType
-#: The types whose C kernel takes int8 activations only (per 256 values).
+#: The types whose C kernel takes int8 activations only (per 256 values, or IQ4_NL's 32).
 INT8_ONLY = tuple(kind for kind in GGML_TYPES if kind not in c_ops.WIDE_TYPES)
 
 
@@ -128,7 +128,7 @@ def rounded_like_the_kernel(x: torch.Tensor, block: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", INT8_ONLY, ids=lambda t: Q(t).name)
 def test_int8_dots_equal_the_rounded_activations_times_the_weight(fresh_discovery, name, kind):
     """The super-block kernels (integer sub-block scales, mins and centres against the
-    activations' 16-value sums, one fp32 scale per 256) compute exactly
+    activations' 16-value sums, one fp32 scale per 256) and IQ4_NL's compute exactly
     ``rounded(x) @ W.T``: only fp32 rounding separates them, ~1e-6 of the outputs' rms, far
     below the int8 rounding itself (~5e-3)."""
     build = built(name)

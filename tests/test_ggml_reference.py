@@ -58,8 +58,9 @@ def test_dequantize_keeps_leading_dimensions_and_reads_strided_rows():
 
 
 def test_bad_weights_raise_typed_errors_naming_the_choices():
-    with pytest.raises(UnsupportedError, match=r"type Q2_K has no dequantizer; supported: .*Q4_0"):
-        ggml.dequantize(torch.zeros(2, 84, dtype=torch.uint8), GGMLQuantizationType.Q2_K)
+    with pytest.raises(UnsupportedError,
+                       match=r"type IQ2_XXS has no dequantizer; supported: .*Q4_0"):
+        ggml.dequantize(torch.zeros(2, 66, dtype=torch.uint8), GGMLQuantizationType.IQ2_XXS)
     with pytest.raises(UnsupportedError, match="type 99 has no dequantizer"):
         ggml.dequantize(torch.zeros(2, 18, dtype=torch.uint8), 99)
     with pytest.raises(UnsupportedError, match="not a whole number of 18-byte blocks"):
@@ -125,3 +126,25 @@ def test_dequantize_matches_gguf_on_the_smollm2_q4_1_file():
         values = ggml.dequantize(data, tensor.tensor_type)
         assert values.shape[-1] == tensor.shape[0], tensor.name  # GGUF lists K first
         assert_same_values(values, gguf_values(data, tensor.tensor_type))
+
+
+#: llama.cpp quantizations of SmolLM2-135M-Instruct that hold the K-quants and IQ4 types
+#: (read where a machine has them; llama.cpp's Q2_K mix keeps no Q2_K tensor at these
+#: widths).
+LLAMA_CPP_FILES = Path("/work/models")
+
+
+@pytest.mark.parametrize("name, kinds", [
+    ("Q2_K", {"Q3_K"}), ("Q4_K_M", {"Q4_K", "Q6_K"}), ("IQ4_XS", {"IQ4_XS", "IQ4_NL", "Q5_K"})])
+def test_dequantize_matches_gguf_on_llama_cpp_quantized_tensors(name, kinds):
+    path = LLAMA_CPP_FILES / f"SmolLM2-135M-Instruct-{name}.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} is not on this machine")
+    seen = set()
+    for tensor in gguf.GGUFReader(path).tensors:
+        if tensor.tensor_type.name in kinds - seen:
+            seen.add(tensor.tensor_type.name)
+            data = torch.from_numpy(np.array(tensor.data[:64]))
+            assert_same_values(ggml.dequantize(data, tensor.tensor_type),
+                               gguf_values(data, tensor.tensor_type))
+    assert seen == kinds

@@ -13,6 +13,14 @@ computes in the order ``gguf.quants`` does, so the results are equal bit for bit
 - Q4_K / Q5_K: super-blocks of 256: fp16 d and dmin, eight 6-bit (scale, min) pairs packed in
   12 bytes, 4-bit q (Q5_K: plus a fifth bit): (d scale_j) q - (dmin min_j) per 32 values
 - Q6_K: 6-bit q (4 low bits, 2 high bits), 16 int8 scales, fp16 d: (d scale_j) (q - 32) per 16
+- Q2_K: super-blocks of 256: 16 bytes of (4-bit scale, 4-bit min), 2-bit q, fp16 d and dmin:
+  (d scale_j) q - (dmin min_j) per 16 values
+- Q3_K: super-blocks of 256: a third bit per value (hmask), 2-bit q, sixteen 6-bit scales
+  packed in 12 bytes, fp16 d: (d (scale_j - 32)) (q - 4) per 16, q's third bit included
+- IQ4_NL: fp16 d, 16 bytes of 4-bit indices into 16 fixed values (:data:`IQ4_VALUES`, -127 to
+  113; low nibbles are values 0-15): d value
+- IQ4_XS: super-blocks of 256: fp16 d, eight 6-bit scales (high bits in 16 bits, low nibbles
+  in 4 bytes), IQ4_NL's indices: (d (scale_j - 32)) value per 32
 - F32, F16, BF16: the values themselves
 """
 
@@ -81,6 +89,48 @@ def _q4_k_q5_k(blocks: torch.Tensor, fifth_bit: bool) -> torch.Tensor:
     return (d * q.float() - dm).reshape(n, 256)
 
 
+def _q2_k(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    scales = blocks[:, :16]
+    # value l of 16-value group 2j (2j + 1), j = 4 half + s: bits 2s of qs[32 half + l] (+ 16)
+    q = _bits(blocks[:, 16:80].reshape(n, 2, 32), 2).reshape(n, 16, 16)
+    dl = (_half(blocks, 80) * (scales & 0x0F).float()).unsqueeze(-1)
+    ml = (_half(blocks, 82) * (scales >> 4).float()).unsqueeze(-1)
+    return (dl * q.float() - ml).reshape(n, 256)
+
+
+def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    packed = blocks[:, 96:108]
+    low = torch.cat((packed[:, :8] & 0x0F, packed[:, :8] >> 4), dim=-1)
+    high = _bits(packed[:, 8:12], 2).reshape(n, 16)  # scale k: bits 2 (k // 4) of byte k % 4
+    scales = ((low | (high << 4)).to(torch.int8) - 32).float()
+    q = _bits(blocks[:, 32:96].reshape(n, 2, 32), 2).reshape(n, 8, 32)
+    third = _bits(blocks[:, :32])  # bit j of hmask[l]: value l of group j of 32
+    values = (q.to(torch.int8) - ((third ^ 1) << 2).to(torch.int8)).float()
+    dl = (_half(blocks, 108) * scales).unsqueeze(-1)
+    return (dl * values.reshape(n, 16, 16)).reshape(n, 256)
+
+
+#: IQ4_NL's and IQ4_XS's 16 values, indexed by their 4-bit quants.
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                           113], dtype=torch.float32)
+
+
+def _iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
+    return _half(blocks, 0) * IQ4_VALUES[_nibbles(blocks[:, 2:]).long()]
+
+
+def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    high = blocks[:, 2:4].contiguous().view(torch.int16).int()  # 2 bits per scale
+    shifts = torch.arange(0, 16, 2, dtype=torch.int32)
+    low = _bits(blocks[:, 4:8], 4).transpose(1, 2).reshape(n, 8)  # scale j: nibble j % 2 of j // 2
+    scales = ((low.int() | (((high >> shifts) & 3) << 4)) - 32).float()
+    values = IQ4_VALUES[_nibbles(blocks[:, 8:].reshape(n, 8, 16)).long()]
+    return ((_half(blocks, 0) * scales).unsqueeze(-1) * values).reshape(n, 256)
+
+
 def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     # each half of 128 values: 64 bytes of low nibbles then high nibbles, 32 bytes of 2-bit pairs
@@ -101,6 +151,10 @@ DEQUANTIZERS = {
     Q.Q4_K: lambda b: _q4_k_q5_k(b, fifth_bit=False),
     Q.Q5_K: lambda b: _q4_k_q5_k(b, fifth_bit=True),
     Q.Q6_K: _q6_k,
+    Q.Q2_K: _q2_k,
+    Q.Q3_K: _q3_k,
+    Q.IQ4_NL: _iq4_nl,
+    Q.IQ4_XS: _iq4_xs,
     Q.F32: lambda b: b.view(torch.float32),
     Q.F16: lambda b: b.view(torch.float16).float(),
     Q.BF16: lambda b: b.view(torch.bfloat16).float(),

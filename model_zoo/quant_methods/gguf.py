@@ -50,9 +50,9 @@ logger = logging.getLogger(__name__)
 
 
 class GgufMethod(QuantMethod):
-    """GGUF blocks as stored (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F32, F16 and
-    BF16 matrices too), multiplied by the ``ggml_linear`` op (looked up by
-    ``ggml_embedding``)."""
+    """GGUF blocks as stored (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+    IQ4_NL, IQ4_XS; F32, F16 and BF16 matrices too), multiplied by the ``ggml_linear`` op
+    (looked up by ``ggml_embedding``)."""
 
     gemm_op: ClassVar[str] = "ggml_linear"
     embed_op: ClassVar[str] = "ggml_embedding"

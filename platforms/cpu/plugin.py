@@ -92,7 +92,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
            supports=_GGML + "linear_supported", native=_GGML + build, dtypes=FLOAT_DTYPES,
            priority=priority,
            description=f"C ({build.lower()}): integer dot products on the GGUF blocks "
-                       "(activations int8 per 256 for the K-quants, int16 or int8 "
+                       "(activations int8 per 256 for the K-quants and IQ4_XS, int16 or int8 "
                        "per 32 for the rest, as tuned); past a tuned row count, fp32 tiles of "
                        "the weight through torch's GEMM")
       for name, (build, features, priority) in _GGML_BUILDS.items()),

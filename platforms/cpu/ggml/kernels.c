@@ -7,7 +7,7 @@
  *   - for the types of 32-value blocks: per block of 32 to int16 (scale max|x| / 32767) or
  *     int8 (max|x| / 127); each weight block is dotted with them in integer arithmetic (exact:
  *     the int32 bounds are stated at the dot products), then scaled in fp32;
- *   - for the super-block types (Q4_K, Q5_K, Q6_K): per super-block of 256 to int8 (one
+ *   - for the super-block types (Q2_K .. Q6_K, IQ4_XS): per super-block of 256 to int8 (one
  *     scale, max|x| / 127) with the sums of each 16 quants (Q8_K, see q8k_t); the weight's
  *     integer sub-block scales multiply the int16 pair sums of the 8-bit products (madd, or
  *     VNNI's vpdpwssd), the sub-blocks' mins or centres meet the activations' 16-value sums
@@ -16,8 +16,9 @@
  *   does not depend on the thread count.
  * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile).
  *
- * Types (gguf.GGMLQuantizationType values): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32);
- * Q4_K, Q5_K, Q6_K (super-blocks of 256). Block layouts are those of ggml-common.h. Built three times from this file and its SIMD layer (simd.h): with
+ * Types (gguf.GGMLQuantizationType values): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (blocks of
+ * 32); Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256). Block layouts are those of
+ * ggml-common.h. Built three times from this file and its SIMD layer (simd.h): with
  * HWPLUG_GGML_AVX2 (AVX2 + FMA + F16C intrinsics), with HWPLUG_GGML_AVX2 and
  * HWPLUG_GGML_VNNI (the int8 dots by AVX-512 VNNI on 256-bit vectors) and without (portable:
  * GNU C vector extensions, which GCC and clang lower to each CPU's SIMD). All compute the
@@ -34,7 +35,8 @@
 #endif
 
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+       T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20,
+       T_IQ4_XS = 23 };
 enum { QK = 32, QK_K = 256, MT_MAX = 4 };
 
 #define INLINE static inline __attribute__((always_inline))
@@ -86,6 +88,10 @@ INLINE isum_t act_dot_quants(const u8x32 *u, const wide_t *uw, const act_t *a, i
                              int wide) {
     return wide ? dot16_wide(uw, Q16(a, i)) : dot_u8(*u, Q8(a, i));
 }
+
+/* IQ4_NL's and IQ4_XS's 16 values (-127 .. 113), plus 128 (unsigned bytes) */
+static const uint8_t IQ4_VALUES[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                       129, 141, 153, 166, 181, 197, 217, 241};
 
 /* row x of the activations into a (block-major, see act_t), m its index: 32-value types */
 INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int wide) {
@@ -198,17 +204,19 @@ INLINE void tile_q4_1_q5_1(const uint8_t *w, int64_t ld, int nr, const act_t *a,
     TILE_END
 }
 
-/* Q8_0 (d, 32 int8): w = d q */
-INLINE void tile_q8_0(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                      float *res, int wide) {
+/* Q8_0 (d, 32 int8): w = d q; IQ4_NL (d, 16 bytes of nibbles, which index IQ4_VALUES):
+ * w = d value (int8 activations only) */
+INLINE void tile_q8_0_iq4_nl(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
+                             float *res, int wide, int nl) {
     TILE_BEGIN
-    const int bytes = 34;
+    const int bytes = nl ? 18 : 34;
     for (int64_t b = 0; b < a->nb; ++b) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + b * bytes;
             PREFETCH_NEXT_GROUP(blk, ld);
             const fscale dws = scale_of(fp16_to_fp32(blk));
-            const u8x32 q = load_u8(blk + 2);
+            const u8x32 q = nl ? minus128(lookup16(nibbles16(blk + 2), IQ4_VALUES))
+                               : load_u8(blk + 2);
             FOR_M {
                 const isum_t s = wide ? dot16_s8((const int8_t *)(blk + 2), Q16(a, I(b)))
                                       : dot_s8(q, Q8(a, I(b)));
@@ -239,40 +247,94 @@ INLINE void k_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
 /* ---- the super-block types against Q8_K activations ----
  * A super-block's header as integers: w = d sc[k] (q - center) - dmin mn[k] for value q of
  * the k-th 16 values (the k-th 32 for the types of 32-value sub-blocks, k_per32: sc and mn
- * then hold 8), q the unsigned quants k_chunk decodes. */
+ * then hold 8), q the unsigned quants k_chunk decodes (IQ4_XS: its values plus 128, center
+ * 128). */
 typedef struct {
     float d, dmin;
     int8_t sc[16];
-    uint8_t mn[16]; /* Q4_K, Q5_K only */
+    uint8_t mn[16]; /* Q2_K, Q4_K, Q5_K only */
 } khead_t;
-INLINE int k_bytes(int type) { return type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210; }
-INLINE int k_center(int type) { return type == T_Q6_K ? 32 : 0; }
-INLINE int k_has_mins(int type) { return type == T_Q4_K || type == T_Q5_K; }
-INLINE int k_per32(int type) { return type == T_Q4_K || type == T_Q5_K; }
+INLINE int k_bytes(int type) {
+    switch (type) {
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    default: return 136; /* IQ4_XS */
+    }
+}
+INLINE int k_center(int type) {
+    return type == T_Q3_K ? 4 : type == T_Q6_K ? 32 : type == T_IQ4_XS ? 128 : 0;
+}
+INLINE int k_has_mins(int type) { return type == T_Q2_K || type == T_Q4_K || type == T_Q5_K; }
+INLINE int k_per32(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_IQ4_XS; }
 /* the index in sc and mn of the scale of values 16 k .. 16 k + 15 */
 INLINE int k_index(int type, int k) { return k_per32(type) ? k >> 1 : k; }
-/* Q4_K / Q5_K (d, dmin, 12 bytes of eight 6-bit scales and mins, Q5_K: qh[32], qs[128]);
- * Q6_K (ql[128], qh[64], int8 scales[16], d) */
+/* Q2_K (scales[16]: 4-bit scale | 4-bit min << 4, qs[64] of 2-bit q, d, dmin);
+ * Q3_K (hmask[32]: the third bits, qs[64] of 2-bit q, 12 bytes of 6-bit scales + 32, d);
+ * Q4_K / Q5_K (d, dmin, 12 bytes of eight 6-bit scales and mins, Q5_K: qh[32], qs[128]);
+ * Q6_K (ql[128], qh[64], int8 scales[16], d);
+ * IQ4_XS (d, 16 bits of the scales' high bits, 4 bytes of their low nibbles, qs[128]):
+ * 6-bit scales + 32 per 32 values */
 INLINE void k_header(int type, const uint8_t *blk, khead_t *h) {
-    if (type == T_Q6_K) {
-        h->d = fp16_to_fp32(blk + 208);
-        for (int k = 0; k < 16; ++k) h->sc[k] = (int8_t)blk[192 + k];
-    } else {
+    switch (type) {
+    case T_Q2_K:
+        h->d = fp16_to_fp32(blk + 80);
+        h->dmin = fp16_to_fp32(blk + 82);
+        for (int k = 0; k < 16; ++k) { h->sc[k] = (int8_t)(blk[k] & 15); h->mn[k] = blk[k] >> 4; }
+        break;
+    case T_Q3_K: { /* scale k: the low (k < 8) or high nibble of byte k % 8, bits 2 (k / 4)
+                    * of byte 8 + k % 4 above it; four scales at a time */
+        uint32_t q[3], s[4];
+        uint8_t bytes[16];
+        memcpy(q, blk + 96, 12);
+        const uint32_t low4 = 0x0F0F0F0Fu, two = 0x03030303u;
+        s[0] = (q[0] & low4) | ((q[2] & two) << 4);
+        s[1] = (q[1] & low4) | (((q[2] >> 2) & two) << 4);
+        s[2] = ((q[0] >> 4) & low4) | (((q[2] >> 4) & two) << 4);
+        s[3] = ((q[1] >> 4) & low4) | (((q[2] >> 6) & two) << 4);
+        memcpy(bytes, s, 16);
+        h->d = fp16_to_fp32(blk + 108);
+        for (int k = 0; k < 16; ++k) h->sc[k] = (int8_t)(bytes[k] - 32);
+        break;
+    }
+    case T_Q4_K: case T_Q5_K:
         h->d = fp16_to_fp32(blk);
         h->dmin = fp16_to_fp32(blk + 2);
         k_scales(blk + 4, (uint8_t *)h->sc, h->mn);
+        break;
+    case T_Q6_K:
+        h->d = fp16_to_fp32(blk + 208);
+        for (int k = 0; k < 16; ++k) h->sc[k] = (int8_t)blk[192 + k];
+        break;
+    default: { /* IQ4_XS */
+        uint16_t high;
+        memcpy(&high, blk + 2, 2);
+        h->d = fp16_to_fp32(blk);
+        for (int b = 0; b < 8; ++b)
+            h->sc[b] = (int8_t)((((blk[4 + b / 2] >> (4 * (b % 2))) & 15) |
+                                 (((high >> (2 * b)) & 3) << 4)) - 32);
+    }
     }
 }
 /* the unsigned quants of values 32 j .. 32 j + 31 of a super-block */
 INLINE u8x32 k_chunk(int type, const uint8_t *blk, int j) {
-    if (type == T_Q6_K) {
+    switch (type) {
+    case T_Q2_K: return field(blk + 16 + 32 * (j >> 2), 2 * (j & 3), 3);
+    case T_Q3_K: return or_bits(field(blk + 32 + 32 * (j >> 2), 2 * (j & 3), 3), blk, j, 1, 2);
+    case T_Q4_K: case T_Q5_K: {
+        const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16) + 32 * (j >> 1);
+        const u8x32 u = (j & 1) ? hi4(qs) : lo4(qs);
+        return type == T_Q5_K ? or_bits(u, blk + 16, j, 1, 4) : u;
+    }
+    case T_Q6_K: {
         const int h = j >> 2, s = j & 3;
         const uint8_t *ql = blk + 64 * h + 32 * (s & 1);
         return or_bits((s & 2) ? hi4(ql) : lo4(ql), blk + 128 + 32 * h, 2 * s, 3, 4);
     }
-    const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16) + 32 * (j >> 1);
-    const u8x32 u = (j & 1) ? hi4(qs) : lo4(qs);
-    return type == T_Q5_K ? or_bits(u, blk + 16, j, 1, 4) : u;
+    default: return lookup16(nibbles16(blk + 8 + 16 * j), IQ4_VALUES); /* IQ4_XS */
+    }
 }
 /* The super-block types: a super-block's dots, scaled and summed in int32 lanes, then one
  * fp32 FMA per pair of rows; the mins (or the centre) against the activations' 16-value
@@ -296,15 +358,18 @@ INLINE void tile_k(int type, const uint8_t *w, int64_t ld, int nr, const act_t *
                     kscale(&scales, k_index(type, 2 * j), k_index(type, 2 * j + 1));
                 _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m) {
                     const int8_t *x = K8(a, I(sb))->q + 32 * j;
-                    s[m] = dot_acc_u8(s[m], u, x, sc);
+                    s[m] = type == T_IQ4_XS ? dot_acc_s8(s[m], minus128(u), x, sc)
+                                            : dot_acc_u8(s[m], u, x, sc);
                 }
             }
             FOR_M {
                 const q8k_t *x = K8(a, I(sb));
                 acc[t] = acc_add(acc[t], s[m], scale_of(h.d), &x->d);
                 if (k_has_mins(type))
-                    off[t] += h.dmin * x->d * (float)dot8_u8_pairs(h.mn, x->bsums);
-                else
+                    off[t] += h.dmin * x->d *
+                              (float)(k_per32(type) ? dot8_u8_pairs(h.mn, x->bsums)
+                                                    : dot16_u8(h.mn, x->bsums));
+                else if (center && type != T_IQ4_XS)
                     off[t] += h.d * x->d * (float)(center * dot16_i8(h.sc, x->bsums));
             }
         }
@@ -320,9 +385,10 @@ INLINE void tile_of_type(int type, const uint8_t *w, int64_t ld, int nr, const a
     case T_Q5_0: tile_q4_0_q5_0(w, ld, nr, a, mt, res, wide, 1); break;
     case T_Q4_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 0); break;
     case T_Q5_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 1); break;
-    case T_Q8_0: tile_q8_0(w, ld, nr, a, mt, res, wide); break;
+    case T_Q8_0: tile_q8_0_iq4_nl(w, ld, nr, a, mt, res, wide, 0); break;
+    case T_IQ4_NL: if (!wide) tile_q8_0_iq4_nl(w, ld, nr, a, mt, res, 0, 1); break;
 #define K_TILE(T) case T: if (!wide) tile_k(T, w, ld, nr, a, mt, res); break;
-    K_TILE(T_Q4_K) K_TILE(T_Q5_K) K_TILE(T_Q6_K)
+    K_TILE(T_Q2_K) K_TILE(T_Q3_K) K_TILE(T_Q4_K) K_TILE(T_Q5_K) K_TILE(T_Q6_K) K_TILE(T_IQ4_XS)
 #undef K_TILE
     }
 }
@@ -381,16 +447,17 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
 #endif
 /* the super-block types (Q8_K activations) */
 static int super_type(int type) {
-    return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+    return type == T_Q2_K || type == T_Q3_K || type == T_Q4_K || type == T_Q5_K ||
+           type == T_Q6_K || type == T_IQ4_XS;
 }
 /* the types with int16 activations */
 static int wide_type(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0;
 }
-static int linear_type(int type) { return wide_type(type) || super_type(type); }
+static int linear_type(int type) { return wide_type(type) || type == T_IQ4_NL || super_type(type); }
 
 /* out[m * ldo + n] = (x[M, K] @ W.T)[m, n] (+ bias[n]) for n < N, the activations quantized
- * to act_bits (8 or 16; the super-block types take 8 only) bits; 0 on success, -1
+ * to act_bits (8 or 16; the super-block types and IQ4_NL take 8 only) bits; 0 on success, -1
  * for a type or act_bits it does not serve, -2 when out of memory. K is a multiple of the
  * type's block and ldo >= N (the caller checks). */
 int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
@@ -473,6 +540,11 @@ static void dequantize_row(int type, const uint8_t *w, int64_t K, float *o) {
         for (int64_t b = 0; b < K / QK; ++b, w += 34) {
             const float d = fp16_to_fp32(w);
             for (int l = 0; l < QK; ++l) *o++ = d * (float)((const int8_t *)(w + 2))[l];
+        }
+    } else if (type == T_IQ4_NL) {
+        for (int64_t b = 0; b < K / QK; ++b, w += 18, o += QK) {
+            const float d = fp16_to_fp32(w);
+            store_f32(lookup16(nibbles16(w + 2), IQ4_VALUES), d, d, 128, 0.0f, 0.0f, o);
         }
     } else if (super_type(type)) {
         const int bytes = k_bytes(type), center = k_center(type);

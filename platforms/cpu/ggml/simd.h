@@ -1,5 +1,5 @@
 /* The SIMD layer of kernels.c (included by it, after its types): 32 weight quants (unsigned
- * bytes, or signed for Q8_0), their integer dots with 32 int8 or int16
+ * bytes, or signed for Q8_0 and the IQ4 types), their integer dots with 32 int8 or int16
  * activations as 8 int32 lane sums (for the super-block types: scaled by the sub-blocks'
  * integer scales and accumulated over a super-block), fp32 accumulation, dequantized stores.
  * Two implementations: AVX2 intrinsics (HWPLUG_GGML_AVX2; with HWPLUG_GGML_VNNI the int8
@@ -58,6 +58,13 @@ INLINE u8x32 field(const uint8_t *p, int shift, int mask) {
 INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask, int at) {
     return _mm256_or_si256(v, _mm256_slli_epi16(field(p, shift, mask), at));
 }
+/* table[u[l]] for nibbles u (table: 16 bytes) */
+INLINE u8x32 lookup16(u8x32 u, const uint8_t *table) {
+    return _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table)), u);
+}
+/* bytes u - 128 as signed bytes (u ^ 0x80) */
+INLINE u8x32 minus128(u8x32 u) { return _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80)); }
 /* v | (bit l of bits) << 4 for l < 32 */
 INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
     const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
@@ -112,6 +119,11 @@ INLINE isum_t scaled_acc(isum_t s, __m256i p, scl_t sc) {
 INLINE isum_t dot_acc_u8(isum_t s, u8x32 u, const int8_t *x, scl_t sc) {
     return scaled_acc(s, _mm256_maddubs_epi16(u, load32(x)), sc);
 }
+/* the same for int8 w (|w| <= 127) */
+INLINE isum_t dot_acc_s8(isum_t s, u8x32 w, const int8_t *x, scl_t sc) {
+    return scaled_acc(s, _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                              _mm256_sign_epi8(load32(x), w)), sc);
+}
 INLINE int hsum4(__m128i v) {
     v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
     return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1)));
@@ -119,10 +131,14 @@ INLINE int hsum4(__m128i v) {
 INLINE int hsum8_i32(__m256i p) {
     return hsum4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
 }
-/* sum_k a[k] b[k] for k < 16 */
+/* sum_k a[k] b[k] for k < 16, int8 a (signed) or uint8 a */
 INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
     return hsum8_i32(_mm256_madd_epi16(
         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a)), load32(b)));
+}
+INLINE int dot16_u8(const uint8_t *a, const int16_t *b) {
+    return hsum8_i32(_mm256_madd_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)a)), load32(b)));
 }
 /* sum_j a[j] (b[2j] + b[2j + 1]) for j < 8 (|b[2j] + b[2j + 1]| < 2^15) */
 INLINE int dot8_u8_pairs(const uint8_t *a, const int16_t *b) {
@@ -240,6 +256,11 @@ INLINE u8x32 field(const uint8_t *p, int shift, int mask) {
 INLINE u8x32 or_bits(u8x32 v, const uint8_t *p, int shift, int mask, int at) {
     return v | (field(p, shift, mask) << at);
 }
+INLINE u8x32 lookup16(u8x32 u, const uint8_t *table) {
+    for (int l = 0; l < 32; ++l) u[l] = table[u[l]];
+    return u;
+}
+INLINE u8x32 minus128(u8x32 u) { return u ^ 0x80; }
 INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
     for (int l = 0; l < 32; ++l) v[l] |= (uint8_t)(((bits >> l) & 1) << 4);
     return v;
@@ -280,7 +301,16 @@ INLINE isum_t dot_acc_u8(isum_t s, u8x32 u, const int8_t *x, scl_t sc) {
     const i16x32 p = __builtin_convertvector(u, i16x32) * __builtin_convertvector(xs, i16x32);
     return s + sum_products(&p, sc.lo, sc.hi);
 }
+INLINE isum_t dot_acc_s8(isum_t s, u8x32 w, const int8_t *x, scl_t sc) {
+    const i16x32 p = products_s8(w, x);
+    return s + sum_products(&p, sc.lo, sc.hi);
+}
 INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
+    int s = 0;
+    for (int k = 0; k < 16; ++k) s += a[k] * b[k];
+    return s;
+}
+INLINE int dot16_u8(const uint8_t *a, const int16_t *b) {
     int s = 0;
     for (int k = 0; k < 16; ++k) s += a[k] * b[k];
     return s;

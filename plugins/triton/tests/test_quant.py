@@ -19,10 +19,13 @@ from hwplug.dtypes import dtype_name
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import kernels, reference
 from hwplug.kernel_registry.reference import ggml
-from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
+from hwplug.kernel_registry.reference.ggml_weights import ggml_block, ggml_weight
 from hwplug_triton import FP8_OPS, register
 from hwplug_triton.kernels import ggml_embedding, ggml_linear, scaled_mm
+from hwplug_triton.kernels.ggml_blocks import SERVED_TYPES
 
+#: The GGUF types the Triton kernels serve (of those hwplug's references dequantize).
+GGML_TYPES = tuple(int(kind) for kind in SERVED_TYPES)
 NAMES = {kind: ggml.type_name(kind) for kind in GGML_TYPES}
 #: activation rows: the decode bucket (split K), the middle one and the GEMM tiles.
 ROWS = (3, 40, 300) if ON_GPU else (3, 40, 100)
