@@ -229,7 +229,8 @@ INLINE void tile_q8_0_iq4_nl(const uint8_t *w, int64_t ld, int nr, const act_t *
 
 /* the 6-bit scales and mins of Q4_K / Q5_K's eight sub-blocks, four bytes at a time:
  * sc[j] = q[j] & 63, mn[j] = q[j + 4] & 63, and for j + 4 the low (sc) or high (mn) nibble of
- * q[j + 8] with the top two bits of q[j] (sc) or q[j + 4] (mn) above it */
+ * q[j + 8] with the top two bits of q[j] (sc) or q[j + 4] (mn) above it; each stored as one
+ * 8-byte word (the kernels read each with one 8-byte load: store forwarding) */
 INLINE void k_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     uint32_t a, b, c;
     memcpy(&a, q, 4);
@@ -238,17 +239,17 @@ INLINE void k_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
     const uint32_t s0 = a & low6, m0 = b & low6, s1 = (c & low4) | (((a >> 6) & top2) << 4),
                    m1 = ((c >> 4) & low4) | (((b >> 6) & top2) << 4);
-    memcpy(sc, &s0, 4);
-    memcpy(sc + 4, &s1, 4);
-    memcpy(mn, &m0, 4);
-    memcpy(mn + 4, &m1, 4);
+    const uint64_t scales = s0 | (uint64_t)s1 << 32, mins = m0 | (uint64_t)m1 << 32;
+    memcpy(sc, &scales, 8);
+    memcpy(mn, &mins, 8);
 }
 
 /* ---- the super-block types against Q8_K activations ----
  * A super-block's header as integers: w = d sc[k] (q - center) - dmin mn[k] for value q of
  * the k-th 16 values (the k-th 32 for the types of 32-value sub-blocks, k_per32: sc and mn
  * then hold 8), q the unsigned quants k_chunk decodes (IQ4_XS: its values plus 128, center
- * 128). */
+ * 128). k_header writes sc and mn as whole 8-byte words, which the kernels read back with
+ * 8-byte loads (load8 in simd.h: store forwarding). */
 typedef struct {
     float d, dmin;
     int8_t sc[16];
@@ -279,24 +280,36 @@ INLINE int k_index(int type, int k) { return k_per32(type) ? k >> 1 : k; }
  * 6-bit scales + 32 per 32 values */
 INLINE void k_header(int type, const uint8_t *blk, khead_t *h) {
     switch (type) {
-    case T_Q2_K:
+    case T_Q2_K: { /* eight scales (mins) at a time */
+        uint64_t q[2], sc[2], mn[2];
+        memcpy(q, blk, 16);
+        for (int i = 0; i < 2; ++i) {
+            sc[i] = q[i] & 0x0F0F0F0F0F0F0F0Fu;
+            mn[i] = (q[i] >> 4) & 0x0F0F0F0F0F0F0F0Fu;
+        }
+        memcpy(h->sc, &sc[0], 8);
+        memcpy(h->sc + 8, &sc[1], 8);
+        memcpy(h->mn, &mn[0], 8);
+        memcpy(h->mn + 8, &mn[1], 8);
         h->d = fp16_to_fp32(blk + 80);
         h->dmin = fp16_to_fp32(blk + 82);
-        for (int k = 0; k < 16; ++k) { h->sc[k] = (int8_t)(blk[k] & 15); h->mn[k] = blk[k] >> 4; }
         break;
+    }
     case T_Q3_K: { /* scale k: the low (k < 8) or high nibble of byte k % 8, bits 2 (k / 4)
-                    * of byte 8 + k % 4 above it; four scales at a time */
+                    * of byte 8 + k % 4 above it, minus 32; four scales at a time */
         uint32_t q[3], s[4];
-        uint8_t bytes[16];
         memcpy(q, blk + 96, 12);
-        const uint32_t low4 = 0x0F0F0F0Fu, two = 0x03030303u;
+        const uint32_t low4 = 0x0F0F0F0Fu, two = 0x03030303u, top = 0x80808080u;
         s[0] = (q[0] & low4) | ((q[2] & two) << 4);
         s[1] = (q[1] & low4) | (((q[2] >> 2) & two) << 4);
         s[2] = ((q[0] >> 4) & low4) | (((q[2] >> 4) & two) << 4);
         s[3] = ((q[1] >> 4) & low4) | (((q[2] >> 6) & two) << 4);
-        memcpy(bytes, s, 16);
+        for (int i = 0; i < 4; ++i) /* each byte (< 64) minus 32, no borrow between bytes */
+            s[i] = ((s[i] | top) - 0x20202020u) ^ top;
+        const uint64_t lo = s[0] | (uint64_t)s[1] << 32, hi = s[2] | (uint64_t)s[3] << 32;
+        memcpy(h->sc, &lo, 8);
+        memcpy(h->sc + 8, &hi, 8);
         h->d = fp16_to_fp32(blk + 108);
-        for (int k = 0; k < 16; ++k) h->sc[k] = (int8_t)(bytes[k] - 32);
         break;
     }
     case T_Q4_K: case T_Q5_K:
@@ -306,15 +319,17 @@ INLINE void k_header(int type, const uint8_t *blk, khead_t *h) {
         break;
     case T_Q6_K:
         h->d = fp16_to_fp32(blk + 208);
-        for (int k = 0; k < 16; ++k) h->sc[k] = (int8_t)blk[192 + k];
+        memcpy(h->sc, blk + 192, 16);
         break;
     default: { /* IQ4_XS */
         uint16_t high;
         memcpy(&high, blk + 2, 2);
         h->d = fp16_to_fp32(blk);
+        uint64_t packed = 0;
         for (int b = 0; b < 8; ++b)
-            h->sc[b] = (int8_t)((((blk[4 + b / 2] >> (4 * (b % 2))) & 15) |
-                                 (((high >> (2 * b)) & 3) << 4)) - 32);
+            packed |= (uint64_t)(uint8_t)((((blk[4 + b / 2] >> (4 * (b % 2))) & 15) |
+                                           (((high >> (2 * b)) & 3) << 4)) - 32) << (8 * b);
+        memcpy(h->sc, &packed, 8);
     }
     }
 }
@@ -349,7 +364,7 @@ INLINE void tile_k(int type, const uint8_t *w, int64_t ld, int nr, const act_t *
             PREFETCH_NEXT_GROUP_BLOCK(blk, ld, bytes);
             khead_t h;
             k_header(type, blk, &h);
-            const kscales_t scales = kscales_load(h.sc);
+            const kscales_t scales = kscales_load(h.sc, k_per32(type) ? 8 : 16);
             isum_t s[MT_MAX];
             _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m) s[m] = isum_zero();
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j) {

@@ -90,13 +90,21 @@ INLINE isum_t dot_s8(u8x32 w, const int8_t *x) {
 }
 /* ---- the super-block types: sub-block scales in integer arithmetic ---- */
 typedef __m256i scl_t; /* 16 int16: the scale of values 0..15, then of 16..31 */
-/* a super-block's 16 int8 scales as int16, scales 0..7 (lo) and 8..15 (hi) in both 128-bit
- * lanes, from which each 32 values' scales are one byte shuffle */
+/* 8 bytes at p, as one 8-byte load: the header's fields are written as 8-byte words just
+ * before, and a load wider than the store that wrote it cannot take its value from the
+ * store buffer (a stall of ~15 cycles per super-block and row) */
+INLINE __m128i load8(const void *p) { return _mm_loadl_epi64((const __m128i *)p); }
+INLINE __m128i load8x2(const void *p) {
+    return _mm_unpacklo_epi64(load8(p), load8((const char *)p + 8));
+}
+/* a super-block's 16 (eight: n == 8) int8 scales as int16, scales 0..7 (lo) and 8..15 (hi)
+ * in both 128-bit lanes, from which each 32 values' scales are one byte shuffle */
 typedef struct { __m256i lo, hi; } kscales_t;
-INLINE kscales_t kscales_load(const int8_t *sc) {
-    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-    return (kscales_t){_mm256_permute2x128_si256(v, v, 0x00),
-                       _mm256_permute2x128_si256(v, v, 0x11)};
+INLINE kscales_t kscales_load(const int8_t *sc, int n) {
+    const __m128i lo = _mm_cvtepi8_epi16(load8(sc));
+    return (kscales_t){_mm256_broadcastsi128_si256(lo),
+                       n == 8 ? _mm256_setzero_si256() : _mm256_broadcastsi128_si256(
+                                                _mm_cvtepi8_epi16(load8(sc + 8)))};
 }
 /* scale k0 for values 0..15 and k1 for 16..31 (k0 / 8 == k1 / 8; constants after inlining) */
 INLINE scl_t kscale(const kscales_t *s, int k0, int k1) {
@@ -133,18 +141,16 @@ INLINE int hsum8_i32(__m256i p) {
 }
 /* sum_k a[k] b[k] for k < 16, int8 a (signed) or uint8 a */
 INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
-    return hsum8_i32(_mm256_madd_epi16(
-        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a)), load32(b)));
+    return hsum8_i32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(load8x2(a)), load32(b)));
 }
 INLINE int dot16_u8(const uint8_t *a, const int16_t *b) {
-    return hsum8_i32(_mm256_madd_epi16(
-        _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)a)), load32(b)));
+    return hsum8_i32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(load8x2(a)), load32(b)));
 }
 /* sum_j a[j] (b[2j] + b[2j + 1]) for j < 8 (|b[2j] + b[2j + 1]| < 2^15) */
 INLINE int dot8_u8_pairs(const uint8_t *a, const int16_t *b) {
     const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b),
                                          _mm_loadu_si128((const __m128i *)(b + 8)));
-    return hsum4(_mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)a)), pairs));
+    return hsum4(_mm_madd_epi16(_mm_cvtepu8_epi16(load8(a)), pairs));
 }
 /* int16 activations (the 32-value types): the weights widened to int16, _mm256_madd_epi16
  * pairs, 8 int32 lanes of 4 products each. Largest lane: Q8_0, 4 * 128 * 32767 < 2^24. */
@@ -292,7 +298,7 @@ INLINE isum_t dot_s8(u8x32 w, const int8_t *x) {
 }
 typedef struct { int lo, hi; } scl_t;
 typedef struct { const int8_t *sc; } kscales_t;
-INLINE kscales_t kscales_load(const int8_t *sc) { return (kscales_t){sc}; }
+INLINE kscales_t kscales_load(const int8_t *sc, int n) { (void)n; return (kscales_t){sc}; }
 INLINE scl_t kscale(const kscales_t *s, int k0, int k1) { return (scl_t){s->sc[k0], s->sc[k1]}; }
 INLINE isum_t isum_zero(void) { return (isum_t){0}; }
 INLINE isum_t dot_acc_u8(isum_t s, u8x32 u, const int8_t *x, scl_t sc) {
