@@ -130,13 +130,8 @@ class GgufMethod(QuantMethod):
         runs = layer.gguf_runs
         if len(runs) == 1:
             return layer.gemm_kernel(x, runs[0][1], runs[0][0], layer.bias)
-        bias, start = layer.bias, 0
         out = x.new_empty(*x.shape[:-1], layer.gguf_shape[0])
-        for kind, rows in runs:
-            stop = start + rows.shape[0]
-            layer.gemm_kernel(x, rows, kind, None if bias is None else bias[start:stop],
-                              out=out[..., start:stop])
-            start = stop
+        _write_runs(layer, x, out, 0, layer.bias)
         return out
 
     def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -202,13 +197,21 @@ def _gathered_apply(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     place in a zero output of every row (the bias, on rank 0 only, added whole), for the
     layer's all-reduce to sum."""
     whole = layer.tp.all_gather(x, dim=-1)
-    start, rows = layer.gguf_rows
     out = whole.new_zeros(*x.shape[:-1], layer.output_size)
-    at = start
-    for kind, weight in layer.gguf_runs:
-        out[..., at:at + weight.shape[0]] = layer.gemm_kernel(whole, weight, kind)
-        at += weight.shape[0]
+    _write_runs(layer, whole, out, layer.gguf_rows[0], None)
     return out if layer.bias is None else out + layer.bias.to(out.dtype)
+
+
+def _write_runs(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, first: int,
+                bias: torch.Tensor | None) -> None:
+    """Each of ``layer``'s runs multiplies ``x`` into its columns of ``out``, the first
+    run's at column ``first`` (no ``torch.cat``: on the CPU the step stays native calls),
+    adding its slice of ``bias``."""
+    for kind, rows in layer.gguf_runs:
+        stop = first + rows.shape[0]
+        layer.gemm_kernel(x, rows, kind, None if bias is None else bias[first:stop],
+                          out=out[..., first:stop])
+        first = stop
 
 
 def _keep_part(parts: Parts, name: str, param: nn.Parameter, tensor: torch.Tensor,
