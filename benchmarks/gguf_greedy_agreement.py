@@ -8,9 +8,11 @@ count of agreeing prompts and, for the others, the first position that differs; 
 largest difference between the two models' log-probabilities of the first generated
 token's 5 most likely tokens (the logits' difference, less their log-sum-exp's).
 ``--int8`` runs the GGUF model with int8 activations for every type (llama.cpp's
-precision) through a user tuning table, instead of hwplug's tuned int16.
+precision) through a user tuning table, instead of hwplug's tuned choice. ``--models``
+checks other GGUF files instead, one after the other (e.g. SmolLM2 re-quantised to each
+type by ``benchmarks/make_gguf.py --smollm2``), a summary line each.
 
-    python benchmarks/gguf_greedy_agreement.py [--tokens 32] [--int8]
+    python benchmarks/gguf_greedy_agreement.py [--tokens 32] [--int8] [--models A.gguf ...]
 """
 
 from __future__ import annotations
@@ -67,23 +69,32 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--int8", action="store_true",
                         help="int8 activations for every GGUF type (llama.cpp's precision)")
+    parser.add_argument("--models", nargs="+", default=[None],
+                        help="GGUF files to check (default: the packaged SmolLM2 Q4_1)")
     args = parser.parse_args()
+    platform = hwplug.current_platform()
+    print(f"CPU: {platform.facts.device_name}; {len(PROMPTS)} prompts x {args.tokens} greedy "
+          f"tokens; GGUF activations: {'int8 (user table)' if args.int8 else 'hwplug tuned'}")
     with tempfile.TemporaryDirectory() as scratch:
         if args.int8:
             int8_table(Path(scratch))
             os.environ["HWPLUG_TUNING_DIR"] = scratch
-        kept = hwplug.LLM()
-        quantized, kept_logprobs = completions(kept, args.tokens)
-        kept.close()
-    dense = hwplug.LLM(dequantize=True, dtype="float32")
-    reference, dense_logprobs = completions(dense, args.tokens)
+        for model in args.models:
+            compare(model, args.tokens)
+
+
+def compare(model: str | None, tokens: int) -> None:
+    """Print how ``model`` (None: the default) kept quantised agrees with it dequantised."""
+    kept = hwplug.LLM(model)
+    quantized, kept_logprobs = completions(kept, tokens)
+    kept.close()
+    dense = hwplug.LLM(model, dequantize=True, dtype="float32")
+    reference, dense_logprobs = completions(dense, tokens)
     dense.close()
     gap = max(abs(got[t] - want[t]) for got, want in zip(kept_logprobs, dense_logprobs,
                                                           strict=True)
               for t in got.keys() & want.keys())
-    platform = hwplug.current_platform()
-    print(f"CPU: {platform.facts.device_name}; {len(PROMPTS)} prompts x {args.tokens} greedy "
-          f"tokens; GGUF activations: {'int8 (user table)' if args.int8 else 'hwplug tuned'}")
+    print(f"{Path(model).name if model else 'default model'}:")
     differ = []
     for prompt, got, want in zip(PROMPTS, quantized, reference, strict=True):
         if got != want:
