@@ -314,3 +314,25 @@ def test_detokenizer_cuts_the_stop_string_and_never_streams_it():
     stopped, streamed = feed(detokenizer, "one EN two END three")
     assert stopped and detokenizer.text == "one EN two "
     assert "".join(streamed) == "one EN two "
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preemption_under_kv_pressure_always_progresses(prefix_caching):
+    # 104 requests, KV for about 4 of them at their full length: the oldest running
+    # sequence is never the one preempted, so each step advances it; the run ends within
+    # the steps the requests would take one after the other (each prompt in chunks of the
+    # step budget, then one step per output token)
+    block_size, max_tokens, budget = 4, 12, 16
+    prompts = [4 + (7 * i) % 17 for i in range(104)]
+    longest = -(-(max(prompts) + max_tokens) // block_size)
+    scheduler = make_scheduler(num_blocks=4 * longest, block_size=block_size,
+                               max_num_seqs=8, max_num_batched_tokens=budget,
+                               prefix_caching=prefix_caching)
+    seqs = [request(n, max_tokens=max_tokens) for n in prompts]
+    for seq in seqs:
+        scheduler.add(seq)
+    bound = sum(-(-n // budget) + max_tokens for n in prompts)
+    steps = run_to_completion(scheduler, max_steps=bound)
+    assert all(seq.num_output_tokens == max_tokens for seq in seqs)
+    assert scheduler.num_preemptions > 0  # the pressure was real
+    assert len(steps) <= bound
