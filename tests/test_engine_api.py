@@ -234,3 +234,24 @@ def test_stop_reason_names_the_stop_token_or_string(llm):
     by_text = llm.generate([PROMPT], hwplug.SamplingParams(max_tokens=6, stop=[word]))[0]
     assert by_text.outputs[0].stop_reason == word
     assert free.outputs[0].stop_reason is None and free.finish_reason == "length"
+
+
+def test_many_prompts_against_a_cache_for_four_finish_with_their_solo_tokens(model_dir: Path):
+    # 104 prompts, KV blocks for 4 at a time: preemptions, recomputes, prefix-cache hits
+    # and decode batches of every size (step graphs replaying smaller steps after larger
+    # ones: a larger step's rows once stayed in the graph and wrote their KV again, into
+    # blocks freed and reused meanwhile), and every prompt gets its solo tokens
+    from tiny_llama import random_prompts
+
+    prompts = random_prompts(11, 104)
+    params = hwplug.SamplingParams(max_tokens=8, ignore_eos=True)
+    tight = hwplug.LLM(model_dir, num_kv_blocks=12, block_size=16, max_num_seqs=16,
+                       dtype="float32")  # 37 tokens at most: 3 blocks each, 4 sequences
+    together = [out.token_ids for out in tight.generate(prompts, params)]
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.runner.graphs.replays > 0
+    tight.close()
+    roomy = hwplug.LLM(model_dir, num_kv_blocks=64, block_size=16, dtype="float32")
+    solo = [roomy.generate([prompt], params)[0].token_ids for prompt in prompts]
+    roomy.close()
+    assert together == solo

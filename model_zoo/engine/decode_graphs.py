@@ -113,6 +113,7 @@ class DecodeGraphs:
         if entry is None:
             return None
         graph, inputs = entry
+        inputs.pad(n)  # rows a larger step left: they would replay (and write KV) again
         inputs.input_ids[:n] = torch.tensor(token_ids, dtype=torch.int64)
         inputs.positions[:n] = torch.tensor(positions, dtype=torch.int64)
         inputs.metadata.slot_mapping[:n] = torch.tensor(slots, dtype=torch.int64)
@@ -120,10 +121,7 @@ class DecodeGraphs:
         inputs.metadata.block_tables[:n, :width] = torch.tensor(
             [list(table) + [0] * (width - len(table)) for table in block_tables],
             dtype=torch.int32)
-        try:
-            logits = graph.replay()
-        finally:
-            inputs.pad(n)
+        logits = graph.replay()
         self.replays += 1
         return logits[:n]
 
