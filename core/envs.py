@@ -104,9 +104,9 @@ _DECLARED = [
            "Turn a plugin that fails to load or raises in a hook into an error.", _flag,
            _FLAG_CHOICES),
     EnvVar("HWPLUG_PROBE_TIMEOUT", "number of seconds", 10.0,
-           "A platform probe that has not answered within this time is reported failed. A "
-           "plugin import, probe or hook still running after half of it is logged, with how "
-           "to skip it (HWPLUG_PLUGINS).", _seconds),
+           "A platform probe or a plugin's import that has not finished within this time "
+           "is abandoned and reported failed. A plugin import, probe or hook still running "
+           "after half of it is logged, with how to skip it (HWPLUG_PLUGINS).", _seconds),
     EnvVar("HWPLUG_DISABLED_KERNELS", "comma-separated variant names", (),
            "Kernel variants never to select (see `hwplug kernels`).", _names),
     EnvVar("HWPLUG_PREFERRED_KERNELS", "op=variant[|variant],...", {},

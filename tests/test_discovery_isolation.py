@@ -154,16 +154,16 @@ def test_a_probe_timeout_is_an_error_in_strict_mode(site, fresh_discovery, block
 
 def test_a_slow_import_and_a_slow_hook_are_named_while_they_run(site, fresh_discovery,
                                                                monkeypatch, caplog):
-    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "0.4")
-    add_platform(site, "slowimport", accel=False, plugin_src="import time\ntime.sleep(0.5)\n")
+    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "1.2")  # half of it: 0.6 s
+    add_platform(site, "slowimport", accel=False, plugin_src="import time\ntime.sleep(0.9)\n")
     add_platform(site, "slowhook", accel=False, plugin_src=(
         "import time\nfrom hwplug import hookimpl\n\n@hookimpl\n"
-        "def hwplug_register_kernels(registry):\n    time.sleep(0.5)\n"))
+        "def hwplug_register_kernels(registry):\n    time.sleep(0.9)\n"))
     with caplog.at_level(logging.WARNING, logger="hwplug.discovery"):
         fresh_discovery.current_platform()
-    assert "importing plugin slowimport is still running after 0.2 s; to skip it, allow " \
+    assert "importing plugin slowimport is still running after 0.6 s; to skip it, allow " \
            "only the other plugins: HWPLUG_PLUGINS=" in caplog.text
-    assert "hwplug_register_kernels of plugin slowhook is still running after 0.2 s" \
+    assert "hwplug_register_kernels of plugin slowhook is still running after 0.6 s" \
         in caplog.text
     records = _records(fresh_discovery)
     assert records["slowimport"].status == records["slowhook"].status == "loaded"
@@ -268,3 +268,51 @@ def test_a_blocked_cpu_probe_leaves_the_cpu_platform_without_its_sighting(
     cpu = next(c for c in resolution.candidates[1:] if c.name == "cpu")
     assert cpu.status == "failed"
     assert cpu.reason.startswith("the probe of platform cpu did not answer within 0.5 s")
+
+
+#: A plugin whose import never returns (until the test releases it).
+HANGING_IMPORT = """
+import threading
+RELEASE = threading.Event()
+RELEASE.wait()
+"""
+
+
+def test_a_plugin_import_that_never_returns_is_abandoned(site, fresh_discovery, monkeypatch):
+    monkeypatch.setenv("HWPLUG_PROBE_TIMEOUT", "0.6")
+    module = site.module("hanging")
+    site.add("acme-hanging", {"hwplug.plugins": {"hanging": module}}, {module: HANGING_IMPORT})
+    add_platform(site, "fine", accel=False)
+    try:
+        resolution = _discover_within(5, fresh_discovery)
+        records = {r.name: r for r in resolution.plugins}
+        assert records["hanging"].status == "failed"
+        assert records["hanging"].reason.startswith(
+            "import abandoned: importing plugin hanging did not answer within 0.6 s")
+        assert all(r.status != "failed" for name, r in records.items() if name != "hanging")
+        assert resolution.platform.name == "fine"  # discovery carried on without it
+    finally:  # the abandoned import holds its module's lock until it returns
+        import_thread = [t for t in _probe_threads() if "importing plugin hanging" in t.name]
+        for name, mod in list(sys.modules.items()):
+            if name == module and hasattr(mod, "RELEASE"):
+                mod.RELEASE.set()
+        for thread in import_thread:
+            thread.join(0)
+
+
+def test_hwplug_info_answers_when_a_plugin_import_never_returns(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hangs_forever.py").write_text("import time\ntime.sleep(3600)\n")
+    info = site / "acme_hangs-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-hangs\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[hwplug.plugins]\nhangs = hangs_forever\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HWPLUG_PLATFORM", "HWPLUG_PLUGINS", "HWPLUG_STRICT_PLUGINS")}
+    env.update(HWPLUG_PROBE_TIMEOUT="2", PYTHONPATH=str(site), COLUMNS="500")
+    out = subprocess.run([sys.executable, "-m", "hwplug", "info"], capture_output=True,
+                         text=True, env=env, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert any("hangs" in line and "import abandoned" in line
+               for line in out.stdout.splitlines()), out.stdout

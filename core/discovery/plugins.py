@@ -7,7 +7,8 @@ registered is dropped and its traceback kept. Each hook implementation receives 
 the arguments it names, as pluggy does. Plugins of other platforms' distributions are not
 imported while ``HWPLUG_PLATFORM`` forces a platform; hwplug's own always are. An import
 or hook still running after half of ``HWPLUG_PROBE_TIMEOUT`` is logged with how to skip the
-plugin (:mod:`.watchdog`); what one changes of torch's process-global state (default
+plugin (:mod:`.watchdog`), and a third party's import still running at the full limit is
+abandoned (the plugin is reported failed); what one changes of torch's process-global state (default
 dtype, device, grad mode, threads) is put back, with a warning (:mod:`.torch_state`).
 """
 
@@ -36,7 +37,7 @@ from hwplug.discovery.entry_points import (
     is_own,
     isolated,
 )
-from hwplug.discovery.watchdog import watchdog
+from hwplug.discovery.watchdog import ProbeTimeout, watchdog, within_time_limit
 from hwplug.errors import PluginError
 from hwplug.registry import current_source
 
@@ -101,9 +102,10 @@ def import_plugins(platform_name: str, other_platform_dists: Iterable[str],
             record.reason = f"not imported: HWPLUG_PLATFORM forces {platform_name!r}"
             continue
         try:
-            with watchdog(f"importing plugin {ep.name}", ep.name), \
-                    torch_state.kept(ep.name, "import"):
-                module = ep.load()
+            module = _import(ep)
+        except ProbeTimeout as exc:
+            fail(record, f"import abandoned: {exc}", None)
+            continue
         except BaseException as exc:
             if not isolated(exc):
                 raise
@@ -114,6 +116,21 @@ def import_plugins(platform_name: str, other_platform_dists: Iterable[str],
         if _check_api(record, module):
             loaded.append((record, module))
     return loaded
+
+
+def _import(ep: importlib_metadata.EntryPoint) -> Any:
+    """Import ``ep``'s module, torch's global state kept (:mod:`.torch_state`). A third
+    party's import runs under the time limit: still running at ``HWPLUG_PROBE_TIMEOUT``,
+    it is abandoned in its thread (:class:`ProbeTimeout`); hwplug's own run in this thread
+    under the watchdog (they cannot be skipped)."""
+    def load() -> Any:
+        with torch_state.kept(ep.name, "import"):
+            return ep.load()
+
+    if not is_own(ep):
+        return within_time_limit(load, f"importing plugin {ep.name}", ep.name)
+    with watchdog(f"importing plugin {ep.name}", ep.name):
+        return load()
 
 
 def plugin_order(loaded: list[Loaded]) -> list[Loaded]:

@@ -4,13 +4,15 @@ Probes are cheap by contract, but one may still hang (a device node whose ``open
 blocks, a driver query that never returns), and so may a plugin's import or hook. None of
 them may hang hwplug silently:
 
-- :func:`within_time_limit` runs a probe in a daemon thread and waits at most
-  ``HWPLUG_PROBE_TIMEOUT`` seconds; a probe still running then is reported failed with
-  that reason (:class:`ProbeTimeout`), and discovery carries on without it.
-- :func:`watchdog` guards a plugin import or hook call, which runs in the calling thread
-  (imports must: a module's import lock would otherwise be held by an abandoned thread);
-  when it is still running after half the time limit, a warning names it and says how to
-  skip it (:func:`skip_hint`).
+- :func:`within_time_limit` runs a probe, or a third-party plugin's import, in a daemon
+  thread and waits at most ``HWPLUG_PROBE_TIMEOUT`` seconds; one still running then is
+  reported failed with that reason (:class:`ProbeTimeout`), and discovery carries on
+  without it (an abandoned import keeps its module's import lock: nothing imports that
+  plugin again in this process).
+- :func:`watchdog` guards a hook call, or an import of hwplug's own plugins, which run in
+  the calling thread (a hook's registrations cannot be half undone from outside); when
+  it is still running after half the time limit, a warning names it and says how to skip
+  it (:func:`skip_hint`).
 
 Threads, not processes: a probe's answer is a small object naming a class to import in
 this process, and a process per probe would cost an interpreter start (tens of
