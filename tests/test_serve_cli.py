@@ -1,8 +1,9 @@
 """``hwplug serve`` as a command: bad flags, a port in use, and SIGTERM's graceful shutdown.
 
-The shutdown test starts ``python -m hwplug serve`` on a free port, begins a streamed
-request, sends SIGTERM, and checks that the request still gets all its tokens, that the
-server refuses new work meanwhile, and that the process exits with status 0.
+The shutdown test starts ``python -m hwplug serve`` on a free port, begins 8 streamed
+requests, sends SIGTERM once each has its first token, and checks that every stream still
+gets all its tokens, that a new request on a fresh connection is refused meanwhile
+(connection refused, or 503), and that the process exits with status 0.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -45,12 +48,44 @@ def test_a_port_in_use_fails_before_the_model_loads(capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in err
 
 
+#: Streams running when SIGTERM arrives in the shutdown test, and the tokens each asks for.
+STREAMS = 8
+STREAM_TOKENS = 24
+
+
+def _stream_all(httpx, url: str, started: threading.Barrier) -> list[str]:
+    """One streamed completion of ``STREAM_TOKENS`` tokens on its own connection: waits at
+    ``started`` once its first event has arrived, then returns every event line."""
+    with httpx.Client(timeout=120) as client, client.stream(
+            "POST", url + "/v1/completions", json={
+                "prompt": "Once upon a time", "max_tokens": STREAM_TOKENS, "ignore_eos": True,
+                "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}) as stream:
+        events = stream.iter_lines()
+        lines = [next(line for line in events if line)]
+        started.wait(timeout=120)
+        lines += [line for line in events if line]
+    return lines
+
+
+def _refused(httpx, url: str) -> bool:
+    """Whether a new request on a fresh connection is refused: no connection, 503, or a
+    connection closed unanswered (accepted into the backlog as the listener closed)."""
+    try:
+        with httpx.Client(timeout=30) as client:
+            return client.post(url + "/v1/completions", json={
+                "prompt": "Hi", "max_tokens": 1}).status_code == 503
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+        return True
+
+
 @pytest.mark.slow  # loads the real model in a server process
-def test_sigterm_finishes_the_running_request_then_exits_0():
+def test_sigterm_finishes_the_running_streams_then_exits_0():
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("uvicorn", reason="needs the serve extra")
     server = subprocess.Popen(
-        [*HWPLUG, "serve", "--port", "0", "--dequantize", "--shutdown-timeout", "60"],
+        [*HWPLUG, "serve", "--port", "0", "--dequantize", "--shutdown-timeout", "60",
+         "--max-num-seqs", str(STREAMS)],
         stderr=subprocess.PIPE, text=True)
     try:
         url = None
@@ -60,18 +95,24 @@ def test_sigterm_finishes_the_running_request_then_exits_0():
                 url = found.group(1)
                 break
         assert url, "the server printed no address"
-        with httpx.Client(timeout=120) as client, client.stream(
-                "POST", url + "/v1/completions", json={
-                    "prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
-                    "temperature": 0, "stream": True,
-                    "stream_options": {"include_usage": True}}) as stream:
-            events = stream.iter_lines()
-            first = next(line for line in events if line)
+        started = threading.Barrier(STREAMS + 1)
+        with ThreadPoolExecutor(STREAMS) as pool:
+            streams = [pool.submit(_stream_all, httpx, url, started) for _ in range(STREAMS)]
+            started.wait(timeout=120)  # every stream has its first event
             server.send_signal(signal.SIGTERM)
-            rest = [line for line in events if line]
-        data = [json.loads(line[6:]) for line in [first, *rest] if line != "data: [DONE]"]
-        assert rest[-1] == "data: [DONE]"
-        assert data[-1]["usage"]["completion_tokens"] == 40
+            refused = _refused(httpx, url)
+            while not refused and not all(stream.done() for stream in streams):
+                refused = _refused(httpx, url)
+            results = [stream.result() for stream in streams]
+        assert refused, "a new request was served while the server shut down"
+        texts = []
+        for lines in results:
+            assert lines[-1] == "data: [DONE]"
+            data = [json.loads(line[6:]) for line in lines[:-1]]
+            assert data[-1]["usage"]["completion_tokens"] == STREAM_TOKENS
+            texts.append("".join(event["choices"][0]["text"] for event in data
+                                 if event["choices"]))
+        assert len(set(texts)) == 1  # greedy, the same prompt: the same text in every stream
         assert server.wait(timeout=60) == 0
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health")
