@@ -3,13 +3,15 @@ object, a regex or a grammar (llguidance), from ``LLM.generate`` and from ``hwpl
 
 Sampled (temperature 1, seeded) so that without the mask the model would wander off: every
 completion must still parse, validate against its schema with ``jsonschema`` and end on
-its own (finish reason ``stop``, well before ``max_tokens``).
+its own (finish reason ``stop``, well before ``max_tokens``); 20 different prompts go
+through the server's chat API (the ``openai`` client, ``response_format`` json_schema).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from serve_harness import MODEL
@@ -28,6 +30,16 @@ PERSON = {"type": "object", "properties": {
     "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3}},
     "required": ["name", "age", "pets"], "additionalProperties": False}
 PROMPT = "Describe a person as JSON:"
+#: A short schema for the many-prompts test (about 15 tokens of JSON).
+PET = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 10},
+    "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+    "required": ["name", "legs"], "additionalProperties": False}
+#: 20 different prompts, each sent once through the server with :data:`PET` as its schema.
+PET_PROMPTS = [f"Describe {animal} as JSON." for animal in (
+    "a cat", "a dog", "a spider", "a snake", "a parrot", "a horse", "an ant", "a fish",
+    "a cow", "an octopus", "a bird", "a lizard", "a frog", "a crab", "a bee", "a mouse",
+    "a goat", "a whale", "a duck", "a beetle")]
 
 
 def sampled(structured: StructuredOutput, n: int = 2) -> hwplug.SamplingParams:
@@ -82,3 +94,24 @@ def test_the_server_answers_response_format(served):
     with pytest.raises(openai.BadRequestError, match="json_schema"):
         client.chat.completions.create(model=MODEL, messages=messages,
                                        response_format={"type": "json_schema"})
+
+
+def test_twenty_prompts_through_the_server_each_validate(served):
+    """20 distinct chat prompts, 4 at a time, each with ``response_format`` json_schema:
+    every answer parses, validates against the schema and ends on its own."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=served.api, api_key="unused", max_retries=0)
+    assert len(set(PET_PROMPTS)) == 20
+
+    def ask(prompt: str) -> tuple[str, str]:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=1.0,
+            seed=7, max_tokens=40, response_format={
+                "type": "json_schema", "json_schema": {"name": "pet", "schema": PET}})
+        return answer.choices[0].finish_reason, answer.choices[0].message.content
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, PET_PROMPTS))
+    for prompt, (finish_reason, content) in zip(PET_PROMPTS, answers, strict=True):
+        assert finish_reason == "stop", (prompt, content)
+        jsonschema.validate(json.loads(content), PET)
