@@ -5,7 +5,8 @@ other (``max_tokens`` new tokens, ``ignore_eos`` so every request makes exactly 
 greedy), and records the time to its first token and between tokens. The run is bounded
 by its request count and by ``--time-limit`` seconds (requests not started by then are
 skipped and counted). Printed as JSON: requests completed and whether each produced
-exactly ``max_tokens`` tokens (counted from the stream's usage chunk), output tokens per
+exactly ``max_tokens`` tokens (counted from the stream's usage chunk, or where a server
+sends none, e.g. llama-cpp-python's, as its chunks of one token each), output tokens per
 second over the run, and time to first token and inter-token latency p50/p99 in ms.
 
 Against a running server (``hwplug serve --port 8000``, or any other server of the same
@@ -27,9 +28,11 @@ import itertools
 import json
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -55,7 +58,7 @@ async def one_request(client: httpx.AsyncClient, args: argparse.Namespace) -> di
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    stamps, tokens = [], None
+    stamps, tokens, chunks = [], None, 0
     async with client.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -64,10 +67,13 @@ async def one_request(client: httpx.AsyncClient, args: argparse.Namespace) -> di
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                stamps.append(time.perf_counter())
+            if chunk["choices"]:
+                chunks += 1
+                if chunk["choices"][0]["text"]:
+                    stamps.append(time.perf_counter())
     return {"ttft": stamps[0] - start if stamps else None,
-            "itl": [b - a for a, b in itertools.pairwise(stamps)], "tokens": tokens}
+            "itl": [b - a for a, b in itertools.pairwise(stamps)],
+            "tokens": chunks if tokens is None else tokens}
 
 
 async def run(args: argparse.Namespace, url: str) -> dict:
@@ -108,15 +114,28 @@ def _ms(values: list[float], q: float) -> float | None:
 
 
 def start_server(extra: str) -> tuple[subprocess.Popen, str]:
-    """``hwplug serve --port 0`` and its URL, once it listens."""
+    """``hwplug serve --port 0`` and its URL, once it listens; the rest of its stderr is
+    passed on to ours by a thread, so that a chatty server never blocks on the pipe."""
     server = subprocess.Popen([sys.executable, "-m", "hwplug", "serve", "--port", "0",
                                *shlex.split(extra)], stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
         found = re.search(r"at (http://\S+)/v1", line)
         if found:
+            threading.Thread(target=shutil.copyfileobj, args=(server.stderr, sys.stderr),
+                             daemon=True).start()
             return server, found.group(1)
     server.wait()
     raise SystemExit(f"hwplug serve exited with status {server.returncode}")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM, up to 120 s for the graceful shutdown, then SIGKILL."""
+    server.terminate()
+    try:
+        server.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 def main() -> None:
@@ -129,8 +148,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(run(args, url)), indent=2))
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(timeout=120)
+            stop_server(server)
 
 
 if __name__ == "__main__":
