@@ -6,7 +6,8 @@ greedy), and records the time to its first token and between tokens. The run is 
 by its request count and by ``--time-limit`` seconds (requests not started by then are
 skipped and counted). Printed as JSON: requests completed and whether each produced
 exactly ``max_tokens`` tokens (counted from the stream's usage chunk, or where a server
-sends none, e.g. llama-cpp-python's, as its chunks of one token each), output tokens per
+sends none, e.g. llama-cpp-python's, as its chunks of one token each, not counting a
+last one that only gives the finish reason), output tokens per
 second over the run, and time to first token and inter-token latency p50/p99 in ms.
 
 Against a running server (``hwplug serve --port 8000``, or any other server of the same
@@ -53,10 +54,11 @@ def parse_args() -> argparse.Namespace:
 
 
 async def one_request(client: httpx.AsyncClient, args: argparse.Namespace) -> dict:
-    """One streamed completion: its first-token time, gaps between tokens, token count."""
+    """One streamed completion: its first-token time, gaps between tokens, token count
+    (``args.extra_body``, where set, is merged into the request)."""
     body = {"model": args.model, "prompt": args.prompt, "max_tokens": args.max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **getattr(args, "extra_body", {})}
     start = time.perf_counter()
     stamps, tokens, chunks = [], None, 0
     async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -68,8 +70,9 @@ async def one_request(client: httpx.AsyncClient, args: argparse.Namespace) -> di
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk["choices"]:
-                chunks += 1
-                if chunk["choices"][0]["text"]:
+                choice = chunk["choices"][0]
+                chunks += bool(choice["text"] or choice.get("finish_reason") is None)
+                if choice["text"]:
                     stamps.append(time.perf_counter())
     return {"ttft": stamps[0] - start if stamps else None,
             "itl": [b - a for a, b in itertools.pairwise(stamps)],

