@@ -57,6 +57,10 @@ class SamplingParams:
     (0 = all) and to the smallest set whose probability reaches ``top_p``.
     ``repetition_penalty`` > 1 makes tokens already in the prompt or output less likely
     (Hugging Face semantics: positive logits divided, negative ones multiplied).
+    ``frequency_penalty`` and ``presence_penalty`` (in ``[-2, 2]``, 0 = off; OpenAI's
+    semantics) subtract from each token's logit ``frequency_penalty`` times the number of
+    times it is already in the output, plus ``presence_penalty`` if it is there at all
+    (the prompt does not count).
     Generation stops after ``max_tokens`` tokens, at an end-of-sequence token (unless
     ``ignore_eos``), at one of ``stop_token_ids``, or when the text ends with one of the
     ``stop`` strings (which is trimmed from the output). ``seed`` (an integer in
@@ -82,6 +86,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -117,6 +123,12 @@ class SamplingParams:
             (_is_real(self.repetition_penalty) and self.repetition_penalty > 0,
              f"repetition_penalty must be a finite number > 0 (1 = off), got "
              f"{self.repetition_penalty!r}"),
+            (_is_real(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
+             f"frequency_penalty must be a number in [-2, 2] (0 = off), got "
+             f"{self.frequency_penalty!r}"),
+            (_is_real(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
+             f"presence_penalty must be a number in [-2, 2] (0 = off), got "
+             f"{self.presence_penalty!r}"),
             (n_ok, f"n must be an integer >= 1, got {self.n!r}"),
             (self.seed is None or (is_integer(self.seed) and 0 <= self.seed
                                    and self.seed + (self.n if n_ok else 1) - 1 <= MAX_SEED),
@@ -174,8 +186,11 @@ class SamplingRow:
 
     params: SamplingParams
     generator: torch.Generator | None = None
-    #: Prompt and output tokens so far; read only when ``params.repetition_penalty != 1``.
+    #: Prompt and output tokens so far; read only when the params have a penalty.
     token_ids: Sequence[int] = field(default_factory=list)
+    #: How many of ``token_ids`` are the prompt's (the frequency and presence penalties
+    #: count only the output's).
+    num_prompt_tokens: int = 0
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow],
@@ -189,6 +204,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow],
     penalised = [i for i, p in enumerate(params) if p.repetition_penalty != 1]
     for i in penalised:
         _apply_repetition_penalty(logits[i], rows[i].token_ids, params[i].repetition_penalty)
+    for i, p in enumerate(params):
+        if p.frequency_penalty or p.presence_penalty:
+            _apply_output_penalties(logits[i], rows[i].token_ids[rows[i].num_prompt_tokens:], p)
     greedy = [p.greedy for p in params]
     if all(greedy):
         return logits.argmax(dim=-1)
@@ -202,6 +220,17 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow],
         mask = torch.tensor(greedy, device=logits.device)
         sampled = torch.where(mask, logits.argmax(dim=-1), sampled)
     return sampled
+
+
+def _apply_output_penalties(logits: torch.Tensor, output_ids: Sequence[int],
+                            params: SamplingParams) -> None:
+    """In place on one row ``[vocab]``: OpenAI's frequency and presence penalties over the
+    tokens generated so far."""
+    if not output_ids:
+        return
+    counts = torch.bincount(torch.tensor(output_ids, device=logits.device),
+                            minlength=logits.shape[-1])[:logits.shape[-1]].to(logits.dtype)
+    logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, token_ids: Sequence[int],

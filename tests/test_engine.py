@@ -25,7 +25,13 @@ from hwplug.model_zoo.engine import (
     Sequence,
     SequenceStatus,
 )
-from hwplug.model_zoo.sampling import SamplingParams, SamplingRow, _truncate, sample
+from hwplug.model_zoo.sampling import (
+    SamplingParams,
+    SamplingRow,
+    _apply_output_penalties,
+    _truncate,
+    sample,
+)
 
 EOS = 0
 
@@ -229,6 +235,30 @@ def test_repetition_penalty_matches_transformers():
     got = sample(logits.clone(), [SamplingRow(params, token_ids=h) for h in histories])
     assert torch.equal(got, penalised.argmax(-1))
     assert not torch.equal(got, logits.argmax(-1))
+
+
+def test_frequency_and_presence_penalties_count_only_output_tokens():
+    logits = torch.zeros(3, 6)
+    logits[:, 0] = 1.0
+    # prompt [0, 0, 3], output [1, 1, 2]: token 0 is only in the prompt, so untouched
+    row = {"token_ids": [0, 0, 3, 1, 1, 2], "num_prompt_tokens": 3}
+    rows = [SamplingRow(SamplingParams(frequency_penalty=0.5), **row),
+            SamplingRow(SamplingParams(presence_penalty=1.5), **row),
+            SamplingRow(SamplingParams(frequency_penalty=-1.0, presence_penalty=0.25), **row)]
+    penalised = logits.clone()
+    for i, penalty_row in enumerate(rows):
+        _apply_output_penalties(penalised[i], penalty_row.token_ids[3:], penalty_row.params)
+    assert penalised[0].tolist() == [1.0, -1.0, -0.5, 0.0, 0.0, 0.0]
+    assert penalised[1].tolist() == [1.0, -1.5, -1.5, 0.0, 0.0, 0.0]
+    assert penalised[2].tolist() == [1.0, 1.75, 0.75, 0.0, 0.0, 0.0]
+    assert sample(logits.clone(), rows).tolist() == [0, 0, 1]
+
+
+def test_penalties_outside_their_range_are_refused():
+    with pytest.raises(ConfigError, match="frequency_penalty"):
+        SamplingParams(frequency_penalty=2.5)
+    with pytest.raises(ConfigError, match="presence_penalty"):
+        SamplingParams(presence_penalty=float("nan"))
 
 
 def test_sampled_frequencies_follow_the_softmax():

@@ -64,6 +64,16 @@ def test_greedy_completions_equal_generate_with_their_usage(client, served):
     assert answer.model == MODEL and answer.object == "text_completion"
 
 
+def test_frequency_and_presence_penalties_reach_the_sampler(client, served):
+    penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5}
+    answer = client.completions.create(model=MODEL, prompt="One, two, one, two,",
+                                       temperature=0, max_tokens=16, **penalties)
+    penalised = expected(served.llm, "One, two, one, two,", max_tokens=16, **penalties)
+    plain = expected(served.llm, "One, two, one, two,", max_tokens=16)
+    assert answer.choices[0].text == penalised.text
+    assert penalised.text != plain.text  # the penalties changed the greedy text
+
+
 def test_a_streamed_completion_equals_the_whole_one(client):
     whole = client.completions.create(prompt=PROMPTS[0], model=MODEL, **GREEDY)
     pieces, finish, usage = [], None, None

@@ -142,7 +142,9 @@ def _sampling(llm: LLM, body: Any, max_tokens: int, logprobs: int | None,
                        param="stop_token_ids")
     return SamplingParams(
         max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-        top_k=max(body.top_k, 0), repetition_penalty=body.repetition_penalty, seed=body.seed,
+        top_k=max(body.top_k, 0), repetition_penalty=body.repetition_penalty,
+        frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+        seed=body.seed,
         stop=body.stop_strings(), stop_token_ids=body.stop_token_ids or (),
         ignore_eos=body.ignore_eos, n=body.n, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, structured=structured)

@@ -62,6 +62,8 @@ class _Generation(_Body):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = Field(None, ge=0, le=MAX_SEED - MAX_N)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP)

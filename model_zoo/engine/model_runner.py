@@ -170,7 +170,8 @@ class ModelRunner:
         for i, seq in enumerate(sampled):
             if seq.guide is not None:  # structured output: only the grammar's next tokens
                 seq.guide.mask(logits[i])
-        rows = [SamplingRow(seq.sampling, seq.generator, seq.token_ids) for seq in sampled]
+        rows = [SamplingRow(seq.sampling, seq.generator, seq.token_ids, seq.num_prompt_tokens)
+                for seq in sampled]
         tokens = sample(logits, rows, self.generator).tolist()
         if raw is not None:
             found = top_logprobs(raw, [tokens[i] for i in wanted],
