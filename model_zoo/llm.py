@@ -49,8 +49,9 @@ from hwplug.model_zoo.llm_config import (
 )
 from hwplug.model_zoo.llm_parallel import Parallelism
 from hwplug.model_zoo.loaders.memory import kv_cache_bytes_per_block
-from hwplug.model_zoo.loaders.resolve import checkpoint_format
+from hwplug.model_zoo.loaders.resolve import why_dequantized
 from hwplug.model_zoo.sampling import SamplingParams
+from hwplug.model_zoo.weights_report import summarize, weight_storage
 from hwplug.platform_interface import Platform
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class LLM:
     other options are keyword arguments declared once in
     :class:`~hwplug.model_zoo.llm_config.LLMConfig` (the CLI's flags), checked first. After
     the model is built, :attr:`config` holds them with what the platform settled (dtype,
-    attention backend, block size, quant method, KV blocks, step graphs).
+    attention backend, block size, quant method, weights' storage, KV blocks, step graphs).
 
     A GGUF's weights stay in their GGUF blocks (quant method ``gguf``) unless ``dequantize``
     asks for float weights in ``dtype`` (``auto``: the platform's best the checkpoint
@@ -110,8 +111,9 @@ class LLM:
         self._loop = EngineLoop()
         self._shutdown = weakref.finalize(self, _close, self._loop, closers)
         path = resolve_model(config.model)
-        config = config.replace(model=str(path),
-                                dequantize=dequantize_needed(path, config.dequantize, platform))
+        #: Why a quantized checkpoint's matrices are held as floats; None when they are not.
+        self.dequantized_because = why_dequantized(path, config.dequantize, platform)
+        config = config.replace(model=str(path), dequantize=bool(self.dequantized_because))
         #: Tensor/data parallelism of this LLM (``is_worker`` on torchrun ranks > 0).
         self.parallelism = Parallelism(config, platform, closers, self._shutdown)
         # Loading and building run on the engine's thread, where every step runs: a second
@@ -136,6 +138,8 @@ class LLM:
         self.model, self.ctx = build_model(checkpoint, platform=platform, parallel=parallel,
                                            config=options)
         config = self.ctx.engine_config
+        #: How the model holds its weights, and why (see :mod:`~.weights_report`).
+        self.weights = weight_storage(self.model, checkpoint.mapped, self.dequantized_because)
         self.tokenizer = checkpoint.tokenizer
         self.hf_config = checkpoint.config
         self.architecture: str = self.hf_config.architectures[0]
@@ -166,7 +170,7 @@ class LLM:
                               eos_token_ids=checkpoint.eos_token_ids)
         self.engine = LLMEngine(
             self.runner, scheduler, self.tokenizer, vocab_size=int(self.hf_config.vocab_size),
-            root_hash=root_hash(model_key(self.hf_config.to_dict(), checkpoint.weight_files,
+            root_hash=root_hash(model_key(self.hf_config.to_dict(), checkpoint.files,
                                           config.dtype)))
         self.connector: Connector | None = None
         if options.kv_connector is not None:
@@ -188,7 +192,7 @@ class LLM:
             options=options, platform=platform.name, dtype=config.dtype,
             kv_cache_dtype=config.kv_cache_dtype, attention_backend=config.attention_backend,
             block_size=config.block_size, quant_method=self.ctx.quant_method.get_name(),
-            num_kv_blocks=num_blocks,
+            weights=summarize(self.weights), num_kv_blocks=num_blocks,
             step_graphs=self._step_graphs_state(options, platform))
         self._loop.engine = self.engine
 
@@ -379,19 +383,6 @@ class LLM:
             for seq in seqs:
                 self.block_manager.free(seq)
         return torch.stack([part.mean(dim=0) for part in hidden.split(lengths)])
-
-
-def dequantize_needed(path: os.PathLike[str], dequantize: bool, platform: Platform) -> bool:
-    """Whether to load ``path`` dequantized: asked for, or a GGUF on a ``platform`` that runs
-    no kernels on GGUF blocks (``gguf`` not among its quant methods; logged)."""
-    if dequantize or checkpoint_format(path) != "gguf":
-        return dequantize
-    runs = platform.quant_methods()
-    if "gguf" in runs:
-        return False
-    logger.info("loading %s dequantized: platform %s runs no kernels on GGUF blocks (its "
-                "quant methods: %s)", os.fspath(path), platform.name, ", ".join(runs))
-    return True
 
 
 def _close(loop: EngineLoop, closers: list[Callable[[], None]]) -> None:

@@ -218,7 +218,8 @@ def signature(first: str = "model") -> inspect.Signature:
 @dataclass(frozen=True)
 class ResolvedConfig:
     """An ``LLM``'s configuration once its model is built: the user's :class:`LLMConfig`
-    and what the platform settled (dtypes, attention backend, block size, quant method, KV
+    and what the platform settled (dtypes, attention backend, block size, quant method,
+    how the weights are held (in place or in memory; what is dequantized and why), KV
     blocks, whether decode steps replay, and why not)."""
 
     options: LLMConfig
@@ -228,6 +229,7 @@ class ResolvedConfig:
     attention_backend: str
     block_size: int
     quant_method: str
+    weights: str
     num_kv_blocks: int
     step_graphs: str
 

@@ -31,8 +31,12 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_generate_streams_text_then_reports_speed_and_kernels():
-    out = run("generate", "The capital of France is", "--max-tokens", "8")
+    out = run("generate", "The capital of France is", "--max-tokens", "8", "--verbose",
+              COLUMNS="500")
     assert out.returncode == 0, out.stderr
+    # the blocks are used in place from the file, nothing is dequantized
+    assert "in place: mapped from SmolLM2-135M-Instruct.Q4_1.gguf" in out.stderr
+    assert "dequantized: none" in out.stderr
     assert out.stdout.strip()
     assert "8 tokens in" in out.stderr and "tokens/s" in out.stderr
     assert "platform cpu, attention backend TORCH_PAGED" in out.stderr
@@ -53,8 +57,10 @@ def test_generate_streams_text_then_reports_speed_and_kernels():
 def test_dequantize_loads_float_weights_for_the_float_kernels():
     out = run("generate", "The capital of France is", "--max-tokens", "2", "--dequantize",
               "--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales",
-              "--kv-scale-granularity", "head")
+              "--kv-scale-granularity", "head", "--verbose", COLUMNS="500")
     assert out.returncode == 0, out.stderr
+    assert re.search(r"dequantized: \d+ matrices \([\d.]+ MiB\): dequantize=True was asked",
+                     out.stderr), out.stderr
     assert "KV cache fp8_e4m3" in out.stderr
     assert "weights unquantized" in out.stderr
     # AVX2 CPUs: the prompt through the C GEMM, the one-row decode step the C GEMV

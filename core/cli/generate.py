@@ -74,14 +74,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def print_resolved(llm: LLM, console: Console) -> None:
-    """The configuration ``llm`` runs with (settled values, then the options given) and
-    the kernel plan its layers bound."""
+    """The configuration ``llm`` runs with (settled values, then the options given), how
+    its weights are held (which, if any, dequantized and why) and the kernel plan its
+    layers bound."""
+    from hwplug.model_zoo.loaders.memory import format_bytes
     from hwplug.model_zoo.plan_report import layer_kernels
 
     settled = llm.config.describe()
     given = settled.pop("options")
     console.print(table("resolved configuration", ("setting", "value"),
                         [*settled.items(), *((f"option {k}", v) for k, v in given.items())]))
+    console.print(table("weights (how the model holds them)",
+                        ("held as", "tensors", "bytes", "where", "why"),
+                        [(g.held_as, g.count, format_bytes(g.nbytes), g.where, g.why)
+                         for g in llm.weights]))
     console.print(table("kernel plan (bound when the model was built; '>' falls back per "
                         "call, [a, b) is a token range)", ("layers", "op", "variants"),
                         layer_kernels(llm.model)))

@@ -11,6 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hwplug.errors import ModelError
+from hwplug.model_zoo.loaders.mapped import MappedFile
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
@@ -31,11 +32,14 @@ class Checkpoint:
     - ``tokenizer``: a fast transformers tokenizer (with the chat template where the
       checkpoint ships one).
     - ``source``: the ``.gguf`` file or the directory that was loaded.
-    - ``format``: ``"gguf"`` (dequantised once, weights read from the conversion cache) or
-      ``"safetensors"`` (a Hugging Face directory, weights read in place).
+    - ``format``: ``"gguf"`` (converted once, read from the conversion cache and, for
+      blocks used as stored, from the ``.gguf`` itself) or ``"safetensors"`` (a Hugging
+      Face directory, weights read in place).
     - ``weight_files``: the safetensors files :meth:`weights` reads, in order.
     - ``generation_config``: from ``generation_config.json`` when the checkpoint has one.
     - ``eos_token_ids``: the tokens that end a generation; empty for an encoder.
+    - ``mapped``: files whose tensors :meth:`weights` gives as views of their mapping (a
+      GGUF's blocks, see :mod:`.mapped`), after those of ``weight_files``.
     """
 
     config: PretrainedConfig
@@ -45,6 +49,12 @@ class Checkpoint:
     weight_files: tuple[Path, ...]
     generation_config: GenerationConfig | None = None
     eos_token_ids: tuple[int, ...] = ()
+    mapped: tuple[MappedFile, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file :meth:`weights` reads: ``weight_files``, then the mapped files."""
+        return self.weight_files + tuple(mapped.path for mapped in self.mapped)
 
     def transformers_config(self) -> PretrainedConfig:
         """``config`` as an instance of its architecture's transformers config class (e.g.
@@ -62,9 +72,11 @@ class Checkpoint:
 
         Names are the transformers names of ``config.architectures[0]`` for a GGUF (a tied
         ``lm_head.weight`` is absent) and the names stored in the file for a directory.
-        Tensors are read in their stored dtype (float32 for a dequantised GGUF); the caller
-        casts and copies them. Each call starts over. Raises :class:`ModelError` naming the
-        file (and the tensor) when one cannot be read.
+        Tensors are read in their stored dtype (float32 for a dequantised GGUF); those of
+        ``mapped`` are views of the mapped files, which a caller may keep instead of copying
+        (they are read-only in effect: a write stays private to the process). Each call
+        starts over. Raises :class:`ModelError` naming the file (and the tensor) when one
+        cannot be read.
         """
         for path in self.weight_files:
             try:
@@ -74,6 +86,8 @@ class Checkpoint:
             with file:
                 for name in file.keys():
                     yield name, _read_tensor(file, path, name)
+        for mapped in self.mapped:
+            yield from mapped.views()
 
 
 def _read_tensor(file: Any, path: Path, name: str) -> torch.Tensor:

@@ -29,6 +29,7 @@ from transformers import (
 
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint, CheckpointFormat
+from hwplug.model_zoo.loaders.mapped import MappedFile
 from hwplug.model_zoo.loaders.validate import TensorInfo, check_config, check_tensors
 
 logger = logging.getLogger(__name__)
@@ -46,16 +47,18 @@ PLAIN_CONFIG_UNCOMPARED = frozenset({"use_cache", "transformers_version"})
 
 
 def load_hf_dir(directory: Path, *, source: Path | None = None,
-                format: CheckpointFormat = "safetensors") -> Checkpoint:
+                format: CheckpointFormat = "safetensors",
+                mapped: tuple[MappedFile, ...] = ()) -> Checkpoint:
     """Load the model directory ``directory``.
 
     ``source`` and ``format`` are what the checkpoint reports (default: the directory, and
-    ``"safetensors"``); the GGUF loader passes the ``.gguf`` file it converted. The weight
-    files' headers are read now and checked against the config (:mod:`.validate`: sizes
-    positive and bounded, layers, heads and vocabulary as the tensors have them, no
-    zero-sized tensor; end-of-sequence ids inside the vocabulary), so a truncated, corrupt
-    or inconsistent checkpoint fails here, before a model is allocated. Raises
-    :class:`ModelError` naming the directory or file and the problem.
+    ``"safetensors"``); the GGUF loader passes the ``.gguf`` file it converted and the
+    files whose tensors are used in place (``mapped``, see :class:`Checkpoint`). The weight
+    files' headers (and ``mapped``'s indexes) are read now and checked against the config
+    (:mod:`.validate`: sizes positive and bounded, layers, heads and vocabulary as the
+    tensors have them, no zero-sized tensor; end-of-sequence ids inside the vocabulary),
+    so a truncated, corrupt or inconsistent checkpoint fails here, before a model is
+    allocated. Raises :class:`ModelError` naming the directory or file and the problem.
     """
     weight_files = find_weight_files(directory)
     tensors: dict[str, TensorInfo] = {}
@@ -65,6 +68,12 @@ def load_hf_dir(directory: Path, *, source: Path | None = None,
                 raise ModelError(f"tensor {name} is stored twice: in {tensors[name].file} "
                                  f"and in {path}")
             tensors[name] = info
+    for file in mapped:
+        for name, mapped_tensor in file.tensors.items():
+            if name in tensors:
+                raise ModelError(f"tensor {name} is stored twice: in {tensors[name].file} "
+                                 f"and in {file.path}")
+            tensors[name] = TensorInfo(mapped_tensor.shape, file.path)
     config = load_config(directory)
     where = str(source or directory)
     check_tensors(check_config(config, where), tensors, where)
@@ -82,7 +91,7 @@ def load_hf_dir(directory: Path, *, source: Path | None = None,
                  len(weight_files))
     return Checkpoint(config=config, tokenizer=tokenizer, source=source or directory,
                       format=format, weight_files=weight_files,
-                      generation_config=generation_config, eos_token_ids=eos)
+                      generation_config=generation_config, eos_token_ids=eos, mapped=mapped)
 
 
 def load_config(directory: Path) -> PretrainedConfig:

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 
-def _size(n: int) -> str:
+def format_bytes(n: int) -> str:
     """``n`` bytes in GiB, MiB or KiB, whichever keeps the number at 1 or above."""
     for unit, shift in (("GiB", 30), ("MiB", 20)):
         if n >= 1 << shift:
@@ -55,9 +55,9 @@ class MemoryEstimate:
     def describe(self) -> str:
         """``"873.13 MiB (weights 515.13 MiB in float32 + KV cache of 8192 tokens in float32
         360.00 MiB)"``."""
-        return (f"{_size(self.total)} (weights {_size(self.weights)} in {self.dtype} + KV "
-                f"cache of {self.kv_tokens} tokens in {self.kv_cache_dtype} "
-                f"{_size(self.kv_cache)})")
+        return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)} in "
+                f"{self.dtype} + KV cache of {self.kv_tokens} tokens in {self.kv_cache_dtype} "
+                f"{format_bytes(self.kv_cache)})")
 
 
 def estimate_memory(model_cls: Any, hf_config: Any, ctx: ModelContext,
@@ -93,9 +93,9 @@ def check_memory(estimate: MemoryEstimate, platform: Platform) -> None:
     saying how much is needed and how much is free."""
     memory = platform.memory_info()
     logger.info("the model needs about %s; %s has %s free", estimate.describe(),
-                platform.name, _size(memory.free))
+                platform.name, format_bytes(memory.free))
     if estimate.total > memory.free:
         raise ModelError(
             f"the model needs about {estimate.describe()}, but platform {platform.name} has "
-            f"{_size(memory.free)} free (of {_size(memory.total)}): choose a smaller dtype or "
-            f"model, or free memory")
+            f"{format_bytes(memory.free)} free (of {format_bytes(memory.total)}): choose a "
+            f"smaller dtype or model, or free memory")

@@ -8,12 +8,18 @@ Aliases name models shipped as data inside PyPI distributions. Their files are l
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hwplug.errors import ModelError
+
+if TYPE_CHECKING:
+    from hwplug.platform_interface import Platform
+
+logger = logging.getLogger(__name__)
 
 GGUF_SUFFIX = ".gguf"
 
@@ -90,3 +96,16 @@ def checkpoint_format(path: Path) -> Literal["gguf", "directory"]:
         return "gguf"
     problem = "is not a .gguf file" if path.exists() else "does not exist"
     raise ModelError(f"model {str(path)!r} {problem}; give {accepted_forms()}")
+
+
+def why_dequantized(path: os.PathLike[str], dequantize: bool, platform: Platform
+                    ) -> str | None:
+    """Why to load ``path`` dequantized, None to load it as stored: asked for, or a GGUF on
+    a ``platform`` that runs no kernels on GGUF blocks (``gguf`` not among its quant
+    methods; logged)."""
+    runs = platform.quant_methods()
+    if dequantize or checkpoint_format(path) != "gguf" or "gguf" in runs:
+        return "dequantize=True was asked" if dequantize else None
+    logger.info("loading %s dequantized: platform %s runs no kernels on GGUF blocks (its "
+                "quant methods: %s)", os.fspath(path), platform.name, ", ".join(runs))
+    return f"platform {platform.name} runs no kernels on GGUF blocks"

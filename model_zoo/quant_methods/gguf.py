@@ -10,9 +10,16 @@ runs of equal type, one ``ggml_linear`` each, which writes its columns of the la
 output (the op's ``out``), so a step of C kernels stays native calls only (a step graph). The embedding and LM head tables are stored
 the same way (:attr:`quantizes_vocab`): the embedding dequantizes only the rows it reads.
 
-After loading, a layer's ``qweight`` holds every run's bytes back to back (one flat
-``uint8`` parameter) and ``qweight_type`` the runs' types; ``layer.gguf_runs`` are
-``(type, uint8 [rows, row_bytes])`` views into it.
+After loading, ``layer.gguf_runs`` are the runs, ``(type, uint8 [rows, row_bytes])``: the
+checkpoint's tensors themselves where a run is one shard or shards adjacent in memory (a
+view spanning them), so blocks the loader handed out as views of the mapped ``.gguf``
+(:mod:`hwplug.model_zoo.loaders.mapped`) stay the file's pages, resident once. Shards of
+one type that are not adjacent (the file stores ``ffn_norm`` between ``ffn_gate`` and
+``ffn_up``) are joined into one copy, one kernel call per type as before, and the pages
+the copy read are released (:func:`~hwplug.model_zoo.loaders.mapped.release_pages`), so
+they are never resident twice; ``layer.gguf_copies`` holds the indices of such runs. The
+runs are registered as the layer's buffers ``gguf_run0``, ``gguf_run1``... (not saved in a
+state dict), and the loading parameters ``qweight`` / ``qweight_type`` are removed.
 
 Under tensor parallelism the blocks stay as stored. A column-parallel layer (and a
 vocabulary table) holds its share of the output rows. A row-parallel layer holds its share
@@ -38,6 +45,7 @@ from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
 from hwplug.model_zoo.kernel_binding import kernels_of
+from hwplug.model_zoo.loaders.mapped import release_pages
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 
 if TYPE_CHECKING:
@@ -90,13 +98,15 @@ class GgufMethod(QuantMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Check the loaded parts cover every output row with whole rows of
-        ``input_size`` values, then lay them out as runs of equal type (a row-parallel
-        layer's share first cut from the whole rows, see the module docstring)."""
+        ``input_size`` values, then keep them as runs of equal type: the parts themselves
+        (adjacent ones joined by a view), or one copy of parts that are not adjacent (a
+        row-parallel layer's share first cut from the whole rows, see the module
+        docstring)."""
         layer.gguf_split_by = None
         if layer.gguf_columns is not None:
             _cut_share(layer)
         output_size, input_size = layer.gguf_shape
-        runs: list[tuple[int, torch.Tensor]] = []
+        groups: list[tuple[int, list[torch.Tensor]]] = []
         expected = 0
         for first, part in sorted(layer.gguf_parts.items()):
             rows, kind = part.get("qweight"), part.get("qweight_type")
@@ -107,22 +117,26 @@ class GgufMethod(QuantMethod):
                 raise ModelError(f"a {type_name(kind)} row of {rows.shape[1]} bytes holds "
                                  f"{row_values(kind, rows.shape[1])} values; the layer has "
                                  f"{input_size} inputs")
-            if runs and runs[-1][0] == kind and runs[-1][1].shape[1] == rows.shape[1]:
-                runs[-1] = (kind, torch.cat((runs[-1][1], rows)))
+            if groups and groups[-1][0] == kind and groups[-1][1][0].shape[1] == rows.shape[1]:
+                groups[-1][1].append(rows)
             else:
-                runs.append((kind, rows))
+                groups.append((kind, [rows]))
             expected = first + rows.shape[0]
         if expected != output_size:
             raise ModelError(f"GGUF weights cover {expected} of {output_size} output rows")
-        flat = torch.cat([rows.reshape(-1) for _, rows in runs])
-        layer.qweight.data = flat
-        layer.qweight_type.data = torch.tensor([kind for kind, _ in runs], dtype=torch.int32)
-        views, offset = [], 0
-        for kind, rows in runs:
-            views.append((kind, flat[offset:offset + rows.numel()].view(rows.shape)))
-            offset += rows.numel()
-        layer.gguf_runs = tuple(views)
-        del layer.gguf_parts
+        del layer.qweight, layer.qweight_type, layer.gguf_parts
+        runs, copies = [], set()
+        for index, (kind, parts) in enumerate(groups):
+            rows = _one_view(parts)
+            if rows is None:
+                rows = torch.cat(parts)
+                for part in parts:
+                    release_pages(part)
+                copies.add(index)
+            runs.append((kind, rows))
+            layer.register_buffer(f"gguf_run{index}", rows, persistent=False)
+        layer.gguf_runs = tuple(runs)
+        layer.gguf_copies = frozenset(copies)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.gguf_split_by == "gathered":
@@ -214,10 +228,24 @@ def _write_runs(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, first: int
         first = stop
 
 
+def _one_view(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One view of GGUF rows ``parts`` (same row size), in order, when each part starts
+    where the one before ends in the same storage; else None."""
+    head = parts[0]
+    for tail in parts[1:]:
+        if (not head.is_contiguous() or not tail.is_contiguous()
+                or head.untyped_storage().data_ptr() != tail.untyped_storage().data_ptr()
+                or tail.storage_offset() != head.storage_offset() + head.numel()):
+            return None
+        head = head.as_strided((head.shape[0] + tail.shape[0], head.shape[1]), head.stride())
+    return head
+
+
 def _keep_part(parts: Parts, name: str, param: nn.Parameter, tensor: torch.Tensor,
                rows: tuple[int, int]) -> None:
-    """The ``weight_loader`` of ``qweight`` / ``qweight_type``: keep ``tensor`` for output
-    rows ``rows`` until :meth:`GgufMethod.process_weights_after_loading`."""
+    """The ``weight_loader`` of ``qweight`` / ``qweight_type``: keep ``tensor`` (itself,
+    not a copy, when it is contiguous) for output rows ``rows`` until
+    :meth:`GgufMethod.process_weights_after_loading`."""
     first, count = rows
     if name == "qweight":
         if tensor.dtype != torch.uint8 or tensor.dim() != 2 or tensor.shape[0] != count:
