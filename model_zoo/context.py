@@ -24,7 +24,11 @@ from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError, UnsupportedError
 from hwplug.kernel_registry import BoundOp, KernelPlan, KernelPolicy, kernels
 from hwplug.model_zoo.llm_config import LLMConfig
-from hwplug.model_zoo.loaders.memory import check_memory, estimate_memory
+from hwplug.model_zoo.loaders.memory import (
+    check_memory,
+    estimate_memory,
+    resolve_max_model_len,
+)
 from hwplug.model_zoo.parallel import TensorParallel
 from hwplug.model_zoo.quant_methods import quant_method_for
 from hwplug.model_zoo.registry import get_model_class
@@ -120,9 +124,10 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
 
     The build follows ``config`` (an :class:`LLMConfig`), or ``options``: keyword
     :data:`ENGINE_OPTIONS` checked as ``LLM`` checks them. Raises :class:`ModelError` when
-    the config names no architecture, the weights do not match, or the model and a
-    full-length sequence's KV cache would not fit in the platform's free memory (checked
-    before allocating, see :mod:`hwplug.model_zoo.loaders.memory`);
+    the config names no architecture, the weights do not match, or the model and the KV
+    cache of one sequence of ``max_model_len`` tokens would not fit in the platform's free
+    memory (checked before allocating, see :mod:`hwplug.model_zoo.loaders.memory`; a
+    :class:`ConfigError` naming ``max_model_len`` when the weights alone fit);
     :class:`~hwplug.errors.UnknownNameError` for an unregistered architecture;
     :class:`ConfigError` for an option that is not an engine option or not valid.
     """
@@ -148,7 +153,10 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
     logger.info("building %s (%s) on %s with %s attention, block size %d",
                 architectures[0], ctx.engine_config.dtype, ctx.platform.name,
                 ctx.engine_config.attention_backend, ctx.engine_config.block_size)
-    check_memory(estimate_memory(model_cls, hf_config, ctx), ctx.platform)  # before allocating
+    max_model_len, _ = resolve_max_model_len(config.max_model_len,
+                                             int(hf_config.max_position_embeddings))
+    check_memory(estimate_memory(model_cls, hf_config, ctx, max_model_len),  # before allocating
+                 ctx.platform)
     with torch.device(ctx.device):
         model = model_cls(hf_config, ctx)
     logger.info("quantization %s", quantization_report(ctx))

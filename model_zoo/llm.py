@@ -41,14 +41,9 @@ from hwplug.model_zoo.engine.kv_events import KVEventBus
 from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
 from hwplug.model_zoo.engine.model_runner import GraphLimits
 from hwplug.model_zoo.engine.zmq_events import ZmqEventPublisher
-from hwplug.model_zoo.llm_config import (
-    DEFAULT_KV_CACHE_FRACTION,
-    LLMConfig,
-    ResolvedConfig,
-    signature,
-)
+from hwplug.model_zoo.llm_config import LLMConfig, ResolvedConfig, signature
 from hwplug.model_zoo.llm_parallel import Parallelism
-from hwplug.model_zoo.loaders.memory import kv_cache_bytes_per_block
+from hwplug.model_zoo.loaders.memory import plan_kv_cache, resolve_max_model_len
 from hwplug.model_zoo.loaders.resolve import why_dequantized
 from hwplug.model_zoo.sampling import SamplingParams
 from hwplug.model_zoo.weights_report import summarize, weight_storage
@@ -69,16 +64,24 @@ class LLM:
     other options are keyword arguments declared once in
     :class:`~hwplug.model_zoo.llm_config.LLMConfig` (the CLI's flags), checked first. After
     the model is built, :attr:`config` holds them with what the platform settled (dtype,
-    attention backend, block size, quant method, weights' storage, KV blocks, step graphs).
+    attention backend, block size, quant method, weights' storage, the longest sequence and
+    the KV cache with why that size, step graphs).
 
     A GGUF's weights stay in their GGUF blocks (quant method ``gguf``) unless ``dequantize``
-    asks for float weights in ``dtype`` (``auto``: the platform's best the checkpoint
-    allows; a platform without GGUF kernels dequantizes too).
-    ``num_kv_blocks`` sizes the KV cache: a block count, a fraction in (0, 1) of the
-    platform's free memory, or None for :data:`DEFAULT_KV_CACHE_FRACTION`, capped at what
-    ``max_num_seqs`` full-length sequences use; a ``block_size`` no fitting attention
-    backend accepts is an error listing those they do. Decode steps replay step graphs
-    where the platform can (docs/generation.md); ``step_graphs=False``: never.
+    asks for float weights in ``dtype`` (so does a platform without GGUF kernels).
+    ``dtype`` ``auto`` (the default) is the platform's best dtype the checkpoint allows.
+    ``max_model_len`` is the longest sequence (prompt and output) served: by default the
+    model's context length, at most
+    :data:`~hwplug.model_zoo.llm_config.DEFAULT_MAX_MODEL_LEN` tokens; beyond the context,
+    or longer than one sequence's KV cache fits in free memory, it is a
+    :class:`~hwplug.errors.ConfigError`. ``num_kv_blocks`` sizes the KV cache: a block
+    count, a fraction in (0, 1) of the platform's free memory, or None: what
+    ``max_num_seqs`` sequences of ``max_model_len`` tokens use, within
+    :data:`~hwplug.model_zoo.llm_config.DEFAULT_KV_CACHE_FRACTION` of free memory (and at
+    least one such sequence; see :func:`~hwplug.model_zoo.loaders.memory.plan_kv_cache`).
+    ``config.kv_cache`` says how large it is and why. A ``block_size`` no attention backend that
+    can serve the model accepts is an error listing the sizes they do. Decode steps replay
+    step graphs where the platform can (docs/generation.md); ``step_graphs=False``: never.
 
     Prefix caching reuses the KV of full blocks an earlier request computed (same outputs;
     ``enable_prefix_caching=False``: off); :attr:`kv_events` reports what it stores and
@@ -144,14 +147,18 @@ class LLM:
         self.hf_config = checkpoint.config
         self.architecture: str = self.hf_config.architectures[0]
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
-        self.max_model_len = int(self.hf_config.max_position_embeddings)
+        self.max_model_len, why_length = resolve_max_model_len(
+            options.max_model_len, int(self.hf_config.max_position_embeddings))
         self.max_num_seqs = options.max_num_seqs
         self.max_num_batched_tokens = options.max_num_batched_tokens
         if self.parallelism.is_worker:
             return self.parallelism.serve(self.model, self.ctx)  # until rank 0 closes
-        num_blocks = self._num_kv_blocks(options.num_kv_blocks)
-        logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, config.block_size,
-                    config.kv_cache_dtype)
+        #: The KV cache allocated: blocks, bytes and why that many.
+        self.kv_cache_plan = plan_kv_cache(self.ctx, self.model.num_layers, options,
+                                           self.max_model_len, self.is_encoder)
+        num_blocks = self.kv_cache_plan.num_blocks
+        logger.info("KV cache: %s (%s); max_model_len %d: %s", self.kv_cache_plan.describe(),
+                    config.kv_cache_dtype, self.max_model_len, why_length)
         generator = torch.Generator(self.ctx.device)
         if options.seed is None:
             generator.seed()
@@ -192,7 +199,10 @@ class LLM:
             options=options, platform=platform.name, dtype=config.dtype,
             kv_cache_dtype=config.kv_cache_dtype, attention_backend=config.attention_backend,
             block_size=config.block_size, quant_method=self.ctx.quant_method.get_name(),
-            weights=summarize(self.weights), num_kv_blocks=num_blocks,
+            weights=summarize(self.weights), max_model_len=self.max_model_len,
+            num_kv_blocks=num_blocks,
+            kv_cache=f"{self.kv_cache_plan.describe()}; max_model_len {self.max_model_len}: "
+                     f"{why_length}",
             step_graphs=self._step_graphs_state(options, platform))
         self._loop.engine = self.engine
 
@@ -240,21 +250,6 @@ class LLM:
     @property
     def dtype(self) -> str:
         return self.ctx.engine_config.dtype
-
-    def _num_kv_blocks(self, requested: int | float | None) -> int:
-        """Blocks per layer: as requested, or the memory share capped at what
-        ``max_num_seqs`` full-length sequences (encoders: one batch) can use."""
-        if is_integer(requested):  # in range: LLMConfig checked it
-            return requested
-        fraction = DEFAULT_KV_CACHE_FRACTION if requested is None else requested
-        block_size = self.ctx.engine_config.block_size
-        per_seq = -(-self.max_model_len // block_size)
-        if self.is_encoder:  # one batch at a time, freed after it
-            useful = -(-max(self.max_num_batched_tokens, self.max_model_len) // block_size)
-            return useful + self.max_num_seqs
-        free = self.ctx.platform.memory_info().free
-        share = int(fraction * free) // kv_cache_bytes_per_block(self.ctx, self.model.num_layers)
-        return max(per_seq, min(share, per_seq * self.max_num_seqs))
 
     def _require(self, encoder: bool, method: str) -> None:
         self.parallelism.check_serving(method)
@@ -348,7 +343,7 @@ class LLM:
         for text, item in zip(texts, encoded, strict=True):
             if len(item.input_ids) > self.max_model_len:
                 raise ModelError(f"the text {text[:40]!r}... has {len(item.input_ids)} tokens "
-                                 f"but the model's context holds {self.max_model_len}")
+                                 f"but a text holds at most {self.max_model_len} (max_model_len)")
         pooled = self._loop.call(lambda: [  # on the engine's thread, one batch at a time
             self._embed_batch(encoded[start:end])
             for start, end in self._batches([len(e.input_ids) for e in encoded])])

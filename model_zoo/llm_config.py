@@ -25,8 +25,13 @@ from hwplug.connector import Connector, KVLoadFailurePolicy
 from hwplug.dtypes import AUTO, FLOAT_DTYPES, FP8_KV_DTYPES
 from hwplug.errors import ConfigError
 
-#: Share of the platform's free memory the KV cache takes when ``num_kv_blocks`` is None.
+#: Share of the platform's free memory the KV cache takes at most when ``num_kv_blocks``
+#: is None (what ``max_num_seqs`` sequences of ``max_model_len`` tokens use, if less).
 DEFAULT_KV_CACHE_FRACTION = 0.02
+#: ``max_model_len`` when None: the model's context length, at most this many tokens
+#: (llama.cpp's default context), so a model of a 128k context does not size its KV cache
+#: for 128k tokens unless asked.
+DEFAULT_MAX_MODEL_LEN = 4096
 KV_SCALE_GRANULARITIES = ("tensor", "head")
 
 
@@ -111,12 +116,17 @@ class LLMConfig:
     max_num_batched_tokens: int = option(
         2048, "tokens one step computes at most (longer prompts prefill in chunks)",
         checks.integer(1), parse=int, metavar="N")
+    max_model_len: int | None = option(
+        None, f"tokens one sequence holds at most (prompt and output); default: the model's "
+        f"context length, at most {DEFAULT_MAX_MODEL_LEN}",
+        checks.integer(1, none="the model's context length, capped"), parse=int, metavar="N")
     block_size: int | None = option(
         None, "tokens per KV block; default: the attention backend's choice",
         checks.integer(1, none="the platform's choice"), parse=int, metavar="N")
     num_kv_blocks: int | float | None = option(
         None, f"KV blocks per layer: a count, or a fraction in (0, 1) of free memory "
-        f"(default {DEFAULT_KV_CACHE_FRACTION})", checks.fraction_or_count,
+        f"(default: what max_num_seqs sequences of max_model_len tokens use, within "
+        f"{DEFAULT_KV_CACHE_FRACTION})", checks.fraction_or_count,
         parse=_int_or_fraction, metavar="N|F")
     attention_backend: str | None = option(
         None, "the attention backend to use; default: the platform's first that can serve "
@@ -219,8 +229,9 @@ def signature(first: str = "model") -> inspect.Signature:
 class ResolvedConfig:
     """An ``LLM``'s configuration once its model is built: the user's :class:`LLMConfig`
     and what the platform settled (dtypes, attention backend, block size, quant method,
-    how the weights are held (in place or in memory; what is dequantized and why), KV
-    blocks, whether decode steps replay, and why not)."""
+    how the weights are held (in place or in memory; what is dequantized and why), the
+    longest sequence and the KV cache with why that size, whether decode steps replay,
+    and why not)."""
 
     options: LLMConfig
     platform: str
@@ -230,7 +241,9 @@ class ResolvedConfig:
     block_size: int
     quant_method: str
     weights: str
+    max_model_len: int
     num_kv_blocks: int
+    kv_cache: str
     step_graphs: str
 
     def describe(self) -> dict[str, Any]:

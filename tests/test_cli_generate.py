@@ -34,6 +34,10 @@ def test_generate_streams_text_then_reports_speed_and_kernels():
     out = run("generate", "The capital of France is", "--max-tokens", "8", "--verbose",
               COLUMNS="500")
     assert out.returncode == 0, out.stderr
+    # one prompt: the KV cache is for one sequence of the context, capped (SmolLM2: 8192)
+    assert re.search(r"option max_num_seqs\s*│\s*1\s", out.stderr), out.stderr
+    assert "max_model_len=4096 tokens" in out.stderr
+    assert "the model's context length 8192, capped at 4096" in out.stderr
     # the blocks are used in place from the file, nothing is dequantized
     assert "in place: mapped from SmolLM2-135M-Instruct.Q4_1.gguf" in out.stderr
     assert "dequantized: none" in out.stderr

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoints import write_tiny_llama as write_tiny_checkpoint
 from tiny_llama import SEP, VOCAB_SIZE, tiny_model_dir  # noqa: F401 (fixture)
 from transformers import LlamaForCausalLM
 
 import hwplug
 from hwplug.errors import ConfigError, ModelError, UnknownNameError
+from hwplug.model_zoo.llm_config import DEFAULT_MAX_MODEL_LEN
 
 #: Max abs difference of a log-probability from transformers' (fp32, values O(10)).
 LOGPROB_ATOL = 1e-4
@@ -111,6 +113,36 @@ def test_the_resolved_configuration_says_what_was_settled(llm):
                                             "dtype": "float32"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.block_size = 8
+
+
+def test_the_kv_cache_holds_max_num_seqs_sequences_of_max_model_len(model_dir):
+    llm = hwplug.LLM(model_dir, max_num_seqs=3, max_model_len=100, dtype="float32")
+    config, plan = llm.config, llm.kv_cache_plan
+    assert config.max_model_len == llm.engine.max_model_len == 100
+    assert config.num_kv_blocks == plan.num_blocks == 3 * -(-100 // config.block_size)
+    assert "max_num_seqs=3 sequences of max_model_len=100 tokens" in config.kv_cache
+    assert "max_model_len 100: as given" in config.kv_cache
+    allocated = sum(cache.numel() * cache.element_size() for cache in llm.runner.kv_caches)
+    assert allocated == plan.nbytes
+    with pytest.raises(ModelError, match=r"a sequence holds 100 \(max_model_len\)"):
+        llm.generate(list(range(5, 105)), GREEDY)
+
+
+def test_max_model_len_defaults_to_the_context_capped(model_dir, tmp_path):
+    llm = hwplug.LLM(model_dir, dtype="float32")  # a context of 512 tokens
+    assert llm.max_model_len == 512 and "512: the model's context length" in llm.config.kv_cache
+    assert llm.config.num_kv_blocks == 64 * 512 // llm.config.block_size  # max_num_seqs 64
+    long = write_tiny_checkpoint(tmp_path / "long", max_position_embeddings=1 << 20)
+    llm = hwplug.LLM(long, dtype="float32")
+    assert llm.max_model_len == DEFAULT_MAX_MODEL_LEN
+    assert f"the model's context length {1 << 20}, capped at {DEFAULT_MAX_MODEL_LEN}" in (
+        llm.config.kv_cache)
+
+
+def test_a_max_model_len_beyond_the_context_is_a_config_error(model_dir):
+    with pytest.raises(ConfigError, match=r"max_model_len must be an integer in \[1, 512\] "
+                                          r"\(the model's context length"):
+        hwplug.LLM(model_dir, max_model_len=513)
 
 
 @pytest.mark.parametrize(("prompt", "message"), [

@@ -25,7 +25,7 @@ from tiny_checkpoints import (
 )
 
 from hwplug import current_platform
-from hwplug.errors import ModelError
+from hwplug.errors import ConfigError, ModelError
 from hwplug.model_zoo.context import build_model, create_context
 from hwplug.model_zoo.llm_config import LLMConfig
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
@@ -171,6 +171,30 @@ def test_a_model_that_does_not_fit_is_refused_before_allocation(tiny: Path, tmp_
         f"the model needs about {kib[0]} (weights {kib[1]} in float32 + KV cache of 128 tokens "
         f"in float32 {kib[2]}), but platform cpu has 8.00 KiB free (of 1.00 GiB): choose a "
         "smaller dtype or model, or free memory")
+
+
+def test_a_max_model_len_whose_kv_cache_does_not_fit_is_a_config_error(
+        tiny: Path, tmp_path: Path, monkeypatch):
+    checkpoint = load_checkpoint(tiny)
+    model_cls = get_model_class("LlamaForCausalLM")
+    config = LLMConfig.create(dtype="float32", max_model_len=128)
+    estimate = estimate_memory(model_cls, checkpoint.config, create_context(
+        model_cls, checkpoint.config, CpuPlatform(), config), kv_tokens=128)
+    # Simulated at the probe boundary: the weights fit, half the KV cache of 128 tokens too
+    free_kib = (estimate.weights + estimate.kv_cache // 2) // 1024
+    write(tmp_path, "proc/meminfo", f"MemTotal:  1048576 kB\nMemFree:  4 kB\n"
+                                    f"MemAvailable:  {free_kib} kB\n")
+    monkeypatch.setenv("HWPLUG_PROBE_ROOT", str(tmp_path))
+    with pytest.raises(ConfigError) as error:
+        build_model(checkpoint, platform=CpuPlatform(), config=config)
+    left = free_kib * 1024 - estimate.weights
+    longest = int(left // (estimate.kv_cache / 128))
+    assert 0 < longest < 128
+    assert str(error.value) == (
+        f"max_model_len=128 needs a KV cache of {estimate.kv_cache / 1024:.2f} KiB (float32) "
+        f"for one sequence, but platform cpu has {left / 1024:.2f} KiB free after the weights "
+        f"({estimate.weights / 1024:.2f} KiB): choose max_model_len <= {longest}, or a "
+        "smaller kv_cache_dtype")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,9 @@ weights' quantization method (``gguf``, ``fp8``, ``unquantized``...), the parall
 model, an invalid sampling value) is a :class:`~hwplug.errors.HwplugError`, printed by
 ``hwplug`` without a traceback. The engine's flags are generated from ``LLM``'s options
 (:mod:`hwplug.cli.llm_flags`); ``--verbose`` first prints the resolved configuration.
+The run is one batch, so unless ``--max-num-seqs`` is given it runs as many sequences at
+once as there are prompts (at most the option's default), and the KV cache is sized for
+that many (see ``LLM``'s ``num_kv_blocks``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from hwplug.cli.inputs import path_name, read_text_file, utf8_text
-from hwplug.cli.llm_flags import add_llm_flags, llm_options
+from hwplug.cli.llm_flags import add_llm_flags, declared_default, llm_options
 from hwplug.cli.output import table
 from hwplug.errors import ConfigError
 
@@ -59,7 +62,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     prompts = [args.prompt] if args.prompts_file is None else _read_prompts(args.prompts_file)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, stop=tuple(args.stop))
-    llm = LLM(**llm_options(args))
+    options = llm_options(args)
+    default_seqs = declared_default("max_num_seqs")
+    options.setdefault("max_num_seqs", min(len(prompts), default_seqs))
+    llm = LLM(**options)
     if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0, which prints
         return 0
     if args.verbose:

@@ -54,6 +54,11 @@ def add_llm_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None =
         parser.set_defaults(**{name: value})
 
 
+def declared_default(name: str) -> Any:
+    """The default of ``LLM`` option ``name``, as declared."""
+    return _declared()[name][0]
+
+
 def llm_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``LLM`` options the command line gave (flags left out are not in it)."""
     return {name: getattr(args, name) for name in _declared() if hasattr(args, name)}

@@ -120,9 +120,9 @@ class LLMEngine:
             raise ModelError(f"token ids must be integers in [0, {vocab}) (the model's "
                              f"vocabulary), got {bad[:5]!r}")
         if len(prompt_ids) >= self.max_model_len:
-            raise ModelError(f"the prompt has {len(prompt_ids)} tokens but the model's context "
-                             f"holds {self.max_model_len} (max_position_embeddings), and at "
-                             "least one must be left to generate")
+            raise ModelError(f"the prompt has {len(prompt_ids)} tokens but a sequence holds "
+                             f"{self.max_model_len} (max_model_len), and at least one must be "
+                             "left to generate")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(sampling, name)
             if k is not None and k > vocab:
