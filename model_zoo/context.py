@@ -55,6 +55,9 @@ class ModelContext:
     kernels: KernelPlan
     #: This process's share of the model under tensor parallelism (size 1: all of it).
     parallel: TensorParallel = field(default_factory=TensorParallel)
+    #: The longest sequence served (``LLMConfig.max_model_len`` resolved): positions are
+    #: below it, so tables per position (RoPE) need no more rows. None: the model's context.
+    max_model_len: int | None = None
 
     def bind(self, op: str, dtype: str | None = None, layout: str | None = None) -> BoundOp:
         """``op`` bound from this model's plan for dispatch tensors of ``dtype`` (default:
@@ -84,8 +87,9 @@ def create_context(model_cls: Any, hf_config: Any, platform: Platform,
     tensor ``parallel``ism the settled attention geometry is this rank's share of the
     heads. The model's kernel plan follows ``policy`` (default: the ``HWPLUG_*_KERNELS``
     variables now). Raises :class:`ConfigError` for heads that do not split over the ranks
-    or a policy naming unknown kernels, and :class:`UnsupportedError` when the platform
-    cannot run the dtype, KV dtype, attention or quantization the model needs."""
+    or a policy naming unknown kernels or a ``max_model_len`` beyond the context, and
+    :class:`UnsupportedError` when the platform cannot run the dtype, KV dtype, attention
+    or quantization the model needs."""
     config = config or LLMConfig()
     parallel = parallel or TensorParallel()
     engine = replace(model_cls.engine_config(hf_config, config.dtype),
@@ -95,13 +99,15 @@ def create_context(model_cls: Any, hf_config: Any, platform: Platform,
     engine = replace(engine, num_heads=parallel.share(engine.num_heads, "attention heads")[1],
                      num_kv_heads=parallel.kv_heads(engine.num_heads, engine.num_kv_heads)[1])
     platform.check_and_update_config(engine)
+    max_model_len, _ = resolve_max_model_len(config.max_model_len,
+                                             int(hf_config.max_position_embeddings))
     return ModelContext(platform=platform, engine_config=engine,
                         attention_backend=registries.attention_backends.get(
                             engine.attention_backend),
                         quant_method=_quant_method(hf_config, platform, engine.dtype),
                         dtype=torch_dtype(engine.dtype), device=torch.device(platform.device_type),
                         kernels=KernelPlan(kernels, platform, policy or KernelPolicy.from_env()),
-                        parallel=parallel)
+                        parallel=parallel, max_model_len=max_model_len)
 
 
 def checkpoint_dtype(hf_config: Any) -> str | None:
@@ -153,10 +159,8 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
     logger.info("building %s (%s) on %s with %s attention, block size %d",
                 architectures[0], ctx.engine_config.dtype, ctx.platform.name,
                 ctx.engine_config.attention_backend, ctx.engine_config.block_size)
-    max_model_len, _ = resolve_max_model_len(config.max_model_len,
-                                             int(hf_config.max_position_embeddings))
-    check_memory(estimate_memory(model_cls, hf_config, ctx, max_model_len),  # before allocating
-                 ctx.platform)
+    # before allocating: the weights and one sequence of max_model_len tokens
+    check_memory(estimate_memory(model_cls, hf_config, ctx, ctx.max_model_len), ctx.platform)
     with torch.device(ctx.device):
         model = model_cls(hf_config, ctx)
     logger.info("quantization %s", quantization_report(ctx))

@@ -137,6 +137,9 @@ def test_max_model_len_defaults_to_the_context_capped(model_dir, tmp_path):
     assert llm.max_model_len == DEFAULT_MAX_MODEL_LEN
     assert f"the model's context length {1 << 20}, capped at {DEFAULT_MAX_MODEL_LEN}" in (
         llm.config.kv_cache)
+    # positions stay below max_model_len: the RoPE table has that many rows, not 2**20
+    tables = [m.cos_sin_cache for m in llm.model.modules() if hasattr(m, "cos_sin_cache")]
+    assert tables and all(t.shape[0] == DEFAULT_MAX_MODEL_LEN for t in tables)
 
 
 def test_a_max_model_len_beyond_the_context_is_a_config_error(model_dir):

@@ -58,10 +58,13 @@ class RotaryEmbedding(nn.Module):
     @classmethod
     def from_config(cls, hf_config: Any, head_size: int, is_neox: bool = True,
                     ctx: ModelContext | None = None) -> RotaryEmbedding:
-        """The RoPE a Hugging Face decoder config describes, for heads of ``head_size``."""
+        """The RoPE a Hugging Face decoder config describes, for heads of ``head_size``: a
+        row per position below ``ctx.max_model_len`` (the context's when None)."""
         theta, scaling, partial = rope_parameters(hf_config)
-        return cls(int(head_size * partial), hf_config.max_position_embeddings, theta, scaling,
-                   is_neox, ctx)
+        positions = int(hf_config.max_position_embeddings)
+        if ctx is not None and ctx.max_model_len is not None:
+            positions = min(positions, ctx.max_model_len)
+        return cls(int(head_size * partial), positions, theta, scaling, is_neox, ctx)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
