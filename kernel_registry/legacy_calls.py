@@ -28,8 +28,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 #: Where each op's new form takes the params (positional index).
@@ -69,6 +67,8 @@ def current_form(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
         params = PagedAttentionParams(1.0, k_scale=kwargs.get("k_scale", k_scale),
                                       v_scale=kwargs.get("v_scale", v_scale))
         return (key, value, kv_cache, slot_mapping, params), {}
+    import torch  # here, not at module level: registering the ops must not load torch
+
     query, kv_cache, *rest = args
     named = dict(zip(_OLD_PAGED, rest, strict=False)) | kwargs
     seq_lens, query_start_loc = named["seq_lens"], named["query_start_loc"]
