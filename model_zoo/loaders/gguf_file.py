@@ -65,7 +65,12 @@ from hwplug.model_zoo.loaders.hf_dir import (
     write_plain_config,
 )
 from hwplug.model_zoo.loaders.mapped import MappedFile, MappedTensor
-from hwplug.model_zoo.loaders.validate import TensorInfo, check_sizes, check_tensors
+from hwplug.model_zoo.loaders.validate import (
+    TensorInfo,
+    check_data_ranges,
+    check_sizes,
+    check_tensors,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -193,27 +198,6 @@ def check_gguf(path: Path, reader: GGUFReader) -> None:
                for t in reader.tensors}
     check_tensors(check_sizes(sizes, str(path)), tensors, str(path))
     check_data_ranges(path, reader)
-
-
-def check_data_ranges(path: Path, reader: GGUFReader) -> None:
-    """Check every tensor's bytes lie in the file's data section, start at the file's
-    alignment, and overlap no other tensor's: a corrupt tensor table (two tensors aliasing
-    one offset) would otherwise load as a model that computes garbage. Raises
-    :class:`ModelError` naming the tensor (both, for an overlap)."""
-    alignment, end = int(reader.alignment), path.stat().st_size
-    spans = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
-    for start, size, name in spans:
-        if start < reader.data_offset or start + size > end:
-            raise ModelError(f"{path}: tensor {name}'s data ({size} bytes at {start}) lies "
-                             f"outside the data section ({reader.data_offset}..{end})")
-        if (start - reader.data_offset) % alignment:
-            raise ModelError(f"{path}: tensor {name}'s data at {start} is not aligned to "
-                             f"{alignment} bytes")
-    for (start, size, name), (next_start, _, next_name) in zip(spans, spans[1:],
-                                                               strict=False):
-        if start + size > next_start:
-            raise ModelError(f"{path}: tensors {name} and {next_name} overlap (bytes "
-                             f"{next_start}..{start + size} belong to both)")
 
 
 def gguf_architecture(path: Path, reader: GGUFReader) -> str:

@@ -170,3 +170,25 @@ def check_tensors(sizes: Sizes, tensors: Mapping[str, TensorInfo], where: str) -
 
 def _span(indices: list[int]) -> str:
     return f"{indices[0]}..{indices[-1]}" if len(indices) > 1 else str(indices[0])
+
+
+def check_data_ranges(path: Path, reader: Any) -> None:
+    """Check every tensor of GGUF ``path`` (read by ``reader``, a ``gguf.GGUFReader``) lies
+    in the file's data section, starts at the file's alignment, and overlaps no other
+    tensor: a corrupt tensor table (two tensors aliasing one offset) would otherwise load
+    as a model that computes garbage. Raises :class:`ModelError` naming the tensor (both,
+    for an overlap)."""
+    alignment, end = int(reader.alignment), path.stat().st_size
+    spans = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
+    for start, size, name in spans:
+        if start < reader.data_offset or start + size > end:
+            raise ModelError(f"{path}: tensor {name}'s data ({size} bytes at {start}) lies "
+                             f"outside the data section ({reader.data_offset}..{end})")
+        if (start - reader.data_offset) % alignment:
+            raise ModelError(f"{path}: tensor {name}'s data at {start} is not aligned to "
+                             f"{alignment} bytes")
+    for (start, size, name), (next_start, _, next_name) in zip(spans, spans[1:],
+                                                               strict=False):
+        if start + size > next_start:
+            raise ModelError(f"{path}: tensors {name} and {next_name} overlap (bytes "
+                             f"{next_start}..{start + size} belong to both)")
