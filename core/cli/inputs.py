@@ -10,20 +10,32 @@ which Python keeps as lone surrogates that no tokenizer accepts.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hwplug.errors import ConfigError
 
 
-def positive_int(text: str) -> int:
-    """An integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def number(kind: type[int] | type[float], valid: Callable[[float], bool],
+           message: str) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` parsed from the text, refused with ``message`` (formatted
+    with ``value`` and ``text``) where ``valid`` does not hold."""
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(message.format(value=value, text=text))
+        return value
+    return parse
+
+
+#: An integer of at least 1.
+positive_int = number(int, lambda value: value >= 1, "must be at least 1, got {value}")
 
 
 def path_name(text: str) -> Path:

@@ -14,7 +14,7 @@ import importlib.util
 
 from rich.console import Console
 
-from hwplug.cli.inputs import positive_int, utf8_text
+from hwplug.cli.inputs import number, positive_int, utf8_text
 from hwplug.cli.llm_flags import add_llm_flags, llm_options
 from hwplug.errors import ConfigError
 from hwplug.serve import (
@@ -27,35 +27,11 @@ from hwplug.serve import (
 SERVE_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535] (0: any free port), got "
-                                         f"{value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+_port = number(int, lambda value: 0 <= value <= 65535,
+               "must be in [0, 65535] (0: any free port), got {value}")
+_seconds = number(float, lambda value: 0 <= value < float("inf"),
+                  "must be a finite number >= 0, got {text}")
+_count = number(int, lambda value: value >= 0, "must be at least 0, got {value}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
