@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -87,19 +88,20 @@ def add_routes(app: FastAPI, state: ServerState, generation: Generation) -> None
             "id": state.model_name, "object": "model", "created": created,
             "owned_by": "hwplug", "max_model_len": state.llm.max_model_len}]})
 
+    async def generate(request: Request, kind: str, model: type[Any],
+                       prepare: Callable[[Any, Any], Any]) -> Any:
+        body = await body_of(request, model)
+        prepared = prepare(state.decoder().llm, body)
+        return await generation.answer(request, kind, prepared, body.stream,
+                                       _include_usage(body))
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        body = await body_of(request, CompletionRequest)
-        prepared = prepare_completion(state.decoder().llm, body)
-        return await generation.answer(request, "completion", prepared, body.stream,
-                                       _include_usage(body))
+        return await generate(request, "completion", CompletionRequest, prepare_completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        body = await body_of(request, ChatCompletionRequest)
-        prepared = prepare_chat(state.decoder().llm, body)
-        return await generation.answer(request, "chat", prepared, body.stream,
-                                       _include_usage(body))
+        return await generate(request, "chat", ChatCompletionRequest, prepare_chat)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
