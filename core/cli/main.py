@@ -34,8 +34,7 @@ COMMANDS = {
     "generate": ("hwplug.cli.generate", "generate text with a model"),
     "embed": ("hwplug.cli.embed", "embed text with an encoder model"),
     "serve": ("hwplug.cli.serve", "serve a model over an OpenAI-compatible HTTP API"),
-    "convert": ("hwplug.cli.convert", "write a model as a Hugging Face directory of float "
-                                      "safetensors"),
+    "convert": ("hwplug.cli.convert", "write a model as float Hugging Face safetensors"),
     "conformance": ("hwplug.cli.conformance", "run the conformance kit against a plugin"),
     "new-plugin": ("hwplug.cli.new_plugin", "write a new hardware plugin package"),
 }
