@@ -6,29 +6,16 @@ import logging
 
 import pytest
 import torch
+from toy_ops import double, tagged, toy_registry
 
 from hwplug.errors import ConfigError, DuplicateNameError, UnknownNameError, UnsupportedError
 from hwplug.kernel_registry import KernelRegistry, kernels
 from hwplug.platforms.cpu.platform import CpuPlatform
 
-TOL = {"float32": (0.0, 0.0)}
-
-
-def double(x):
-    return x * 2
-
-
-def tagged(tag):
-    def impl(x):
-        return torch.full_like(x, tag)
-    return impl
-
 
 @pytest.fixture
 def reg(fresh_discovery) -> KernelRegistry:
-    registry = KernelRegistry()
-    registry.define_op("double", double, doc="double(x) = 2x", tolerances=TOL)
-    return registry
+    return toy_registry()
 
 
 def test_reference_serves_when_nothing_else_is_registered(reg):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from model_harness import InMemoryCheckpoint, PagedBatch
 from tiny_models import random_state
+from toy_ops import tagged, toy_registry
 
 import hwplug
 from hwplug.attention import AttentionSpec
@@ -21,19 +22,10 @@ from hwplug.model_zoo.layers import RMSNorm
 from hwplug.model_zoo.layers.attention import make_backend
 from hwplug.model_zoo.plan_report import layer_kernels
 
-TOL = {"float32": (0.0, 0.0)}
-
-
-def tagged(tag):
-    def impl(x):
-        return torch.full_like(x, tag)
-    return impl
-
 
 @pytest.fixture
 def reg(fresh_discovery) -> KernelRegistry:
-    registry = KernelRegistry()
-    registry.define_op("double", lambda x: x * 2, doc="double(x) = 2x", tolerances=TOL)
+    registry = toy_registry()
     registry.register_variant("double", "one_row", tagged(1.0), num_tokens=(1, 2), priority=9)
     registry.register_variant("double", "many", tagged(5.0), num_tokens=(2, None), priority=8)
     return registry
