@@ -131,11 +131,11 @@ def start_server(extra: str) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"hwplug serve exited with status {server.returncode}")
 
 
-def stop_server(server: subprocess.Popen) -> None:
-    """SIGTERM, up to 120 s for the graceful shutdown, then SIGKILL."""
+def stop_server(server: subprocess.Popen, grace: float = 120.0) -> None:
+    """SIGTERM, up to ``grace`` seconds for the graceful shutdown, then SIGKILL."""
     server.terminate()
     try:
-        server.wait(timeout=120)
+        server.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()

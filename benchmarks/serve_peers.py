@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 from peers.gguf_f32 import f32_copy
-from serve_load import run
+from serve_load import run, stop_server
 
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 
@@ -128,12 +128,7 @@ def serving(name: str, command: list[str], env: dict[str, str], port: int, log: 
             time.sleep(1)
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server, grace=60)
 
 
 def load(args: argparse.Namespace, url: str, clients: int, requests: int,
