@@ -68,23 +68,22 @@ def _write_shards(weights: Iterable[tuple[str, torch.Tensor]], target: Path,
                   dtype: torch.dtype, shard_bytes: int) -> int:
     """Write ``(name, tensor)`` pairs in ``dtype`` to shards of at most ``shard_bytes``
     (a larger tensor alone) and ``model.safetensors.index.json``; returns the shard count."""
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    sizes = [0]
-    names: list[list[str]] = [[]]
+    shard: dict[str, torch.Tensor] = {}
+    shard_size = total = 0
+    names: list[list[str]] = []  # each written shard's tensor names
     temporary: list[Path] = []
-    total = 0
     for name, tensor in weights:
         value = tensor.to(dtype).contiguous()
         size = value.numel() * value.element_size()
-        if shards[-1] and sizes[-1] + size > shard_bytes:
-            temporary.append(_flush(shards[-1], target, len(temporary)))
-            shards[-1], sizes[-1] = {}, 0
-            names.append([])
-        shards[-1][name] = value
-        sizes[-1] += size
+        if shard and shard_size + size > shard_bytes:
+            temporary.append(_flush(shard, target, len(temporary)))
+            names.append(list(shard))
+            shard, shard_size = {}, 0
+        shard[name] = value
+        shard_size += size
         total += size
-        names[-1].append(name)
-    temporary.append(_flush(shards[-1], target, len(temporary)))
+    temporary.append(_flush(shard, target, len(temporary)))
+    names.append(list(shard))
     count, weight_map = len(temporary), {}
     for index, (part, shard_names) in enumerate(zip(temporary, names, strict=True)):
         final = target / f"model-{index + 1:05d}-of-{count:05d}.safetensors"
