@@ -20,8 +20,10 @@ logger = logging.getLogger(__name__)
 
 hwplug_api_version = ">=1,<2"
 
-#: The IPEX releases whose ``PagedAttention`` API the wrapper is written for.
-IPEX_REQUIREMENT = ">=2.3"
+#: The IPEX releases whose ``ipex.llm.modules.PagedAttention`` frontend the calls are written
+#: for: executed with 2.8.0's CPU build (``make test-ipex``); 2.7.0's frontend has the same
+#: signatures; 2.6 lacks ``reshape_and_cache_flash`` and the window and soft-cap arguments.
+IPEX_REQUIREMENT = ">=2.7,<2.9"
 _IPEX = {"platforms": ("xpu",), "dtypes": ("bfloat16", "float16"), "features": ("xmx",),
          "packages": {"intel-extension-for-pytorch": IPEX_REQUIREMENT}, "priority": 20}
 

@@ -2,8 +2,11 @@
 float32 fallback (vLLM #31762) as data and as one warning, and the conformance kit running
 every Triton variant and both backends in Triton's interpreter.
 
-IPEX is not installed here (nor on CI) and is never faked: its absence is tested as the
-stated rejection reason, its ``supported`` checks as the data that route calls elsewhere.
+IPEX is not installed in the default environment (nor on CI's default job) and is never
+faked: its absence and a release outside the version gate (only its installed metadata,
+as pip leaves it) are tested as the stated rejection reasons, its ``supported`` checks as
+the data that route calls elsewhere. Its calls run against IPEX's CPU build in
+``test_ipex_cpu.py`` (``make test-ipex``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 
 import pytest
 import torch
+from fake_dists import FakeSite, activate_site
 from fake_hw import make_intel_tree
 from plugin_checks import attention_call, discovered
 
@@ -25,14 +29,7 @@ from hwplug_xpu import ipex_attention, platform
 from hwplug_xpu.backends import XpuTritonBackend
 
 IPEX_INSTALLED = importlib.util.find_spec("intel_extension_for_pytorch") is not None
-NO_IPEX = "package intel-extension-for-pytorch not installed (needs >=2.3)"
-
-
-@pytest.fixture
-def max1550(tmp_path, monkeypatch, fresh_discovery):
-    make_intel_tree(tmp_path, [0x0BD5])
-    platform._warn_dtype_fallback.cache_clear()
-    return discovered(monkeypatch, tmp_path, "xpu")
+NO_IPEX = "package intel-extension-for-pytorch not installed (needs >=2.7,<2.9)"
 
 
 @pytest.mark.skipif(IPEX_INSTALLED, reason="intel-extension-for-pytorch is installed")
@@ -46,6 +43,23 @@ def test_without_ipex_xpu_triton_serves_and_xpu_ipex_says_why(max1550):
     attention = data["ops"]["paged_attention"]["bfloat16"]
     assert (attention["chosen"], attention["rejected"]["ipex"]) == ("triton_xpu", NO_IPEX)
     assert data["ops"]["rms_norm"]["bfloat16"]["chosen"] == "triton_xpu"
+
+
+def test_an_ipex_release_whose_frontend_the_calls_do_not_match_is_rejected(
+        max1550, tmp_path, monkeypatch):
+    """IPEX 2.6 has no ``reshape_and_cache_flash`` nor the window / soft-cap arguments: its
+    installed metadata alone turns both variants down, naming the release and the range."""
+    site = FakeSite(tmp_path / "site")
+    site.add("intel-extension-for-pytorch", {}, {}, version="2.6.0")
+    activate_site(site, monkeypatch)
+    why = "intel-extension-for-pytorch 2.6.0 does not satisfy >=2.7,<2.9"
+    selection = select_backend(max1550, AttentionSpec(32, 8, 128, "float16", block_size=64))
+    assert selection.backend is XpuTritonBackend
+    assert selection.rejected["XPU_IPEX"] == [
+        f"{op} would not use its ipex variant: {why}"
+        for op in ("reshape_and_cache", "paged_attention")]
+    assert collect(["paged_attention"], ["bfloat16"])["ops"]["paged_attention"]["bfloat16"][
+        "rejected"]["ipex"] == why
 
 
 def test_a_float32_model_falls_back_to_triton_with_one_warning(max1550, caplog):
@@ -121,7 +135,7 @@ def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(f
     assert results["attention XPU_TRITON: mixed batch"].status == "passed"
     if not IPEX_INSTALLED:
         assert results["kernel paged_attention/ipex"].detail == (
-            "package intel-extension-for-pytorch is not installed (the variant needs >=2.3)")
+            "package intel-extension-for-pytorch is not installed (the variant needs >=2.7,<2.9)")
 
 
 @pytest.mark.slow
