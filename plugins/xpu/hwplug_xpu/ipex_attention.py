@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
 
 _DTYPES = (torch.bfloat16, torch.float16)
-#: ``flash_attn_varlen_func``'s "no soft cap" (its default; 0.0 caps to zero on the CPU build)
+#: ``flash_attn_varlen_func``'s "no soft cap" (its default; 0.0 is not "off" on the CPU build)
 _NO_SOFT_CAP = -1.0
 
 

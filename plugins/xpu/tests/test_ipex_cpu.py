@@ -46,15 +46,18 @@ def test_the_cache_write_matches_the_reference(dtype: torch.dtype, block_size: i
     assert torch.equal(written, expected)
 
 
+@pytest.mark.parametrize("block_size", [64, 128])
 @pytest.mark.parametrize("heads", HEADS, ids=str)
 @pytest.mark.parametrize("kind", BATCHES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_paged_attention_matches_the_reference(dtype: torch.dtype, kind: str,
-                                               heads: tuple[int, int, int]) -> None:
+                                               heads: tuple[int, int, int],
+                                               block_size: int) -> None:
     """Decode, prefill, chunked prefill and a mixed batch with an idle sequence, over
-    shuffled block tables padded with -1, GQA and a head size that is not a power of two."""
+    shuffled block tables padded with -1, GQA and a head size that is not a power of two,
+    in both block sizes XPU_IPEX accepts."""
     check_attention(ipex_attention.paged_attention,
-                    paged_batch(*BATCHES[kind], heads, 64, dtype, "cpu"))
+                    paged_batch(*BATCHES[kind], heads, block_size, dtype, "cpu"))
 
 
 @pytest.mark.parametrize(("window", "soft_cap", "causal"),
@@ -65,7 +68,7 @@ def test_windows_soft_caps_and_non_causal_attention(kind: str, window: int | Non
                                                     soft_cap: float | None,
                                                     causal: bool) -> None:
     """A window of ``w`` keys as ``window_size_left = w - 1``; no soft cap as IPEX's
-    ``softcap=-1.0`` (0.0 would cap every logit to zero)."""
+    ``softcap=-1.0`` (0.0 is not "off" on the CPU build)."""
     batch = paged_batch(*BATCHES[kind], HEADS[1], 64, torch.bfloat16, "cpu")
     check_attention(ipex_attention.paged_attention, batch, sliding_window=window,
                     soft_cap=soft_cap, causal=causal)
