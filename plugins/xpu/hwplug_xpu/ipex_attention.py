@@ -13,8 +13,8 @@ is ``window_size_left = w - 1``.
 Where the cache lives decides how it is handed over:
 
 * XPU tensors: the ``NHD`` caches as they are (``kv_cache[0]`` / ``kv_cache[1]`` are the
-  key and value caches ``[num_blocks, block_size, Hkv, D]``), as vLLM's XPU backend
-  passes them; the XPU kernels skip padding slots.
+  key and value caches ``[num_blocks, block_size, Hkv, D]``) and padding slots left in,
+  as vLLM's XPU backend passes them (not executed here: it needs an Intel GPU).
 * CPU tensors (IPEX's CPU build, which runs the same frontend calls; ``make test-ipex``):
   its kernels index the caches as ``[num_blocks, Hkv, block_size, D]`` and write padding
   slots out of bounds. The write goes through the ``NHD`` cache's transposed view (the
