@@ -1,15 +1,16 @@
 """``hwplug conformance PLUGIN``: run the conformance kit.
 
-Exit status: 0 when every check passed (or had nothing to check), 1 when one failed, 3 when
-nothing failed but some checks could not run on this machine ("not checked here": the
-device, a package or a device feature is absent); ``--require-all`` makes those a failure.
+Exit status: 0 when every check passed on the plugin's device (or had nothing to check), 1
+when one failed, 3 when nothing failed but some checks only ran in simulation (Triton's
+interpreter, a CPU stand-in, JAX on CPU) or could not run on this machine ("not checked
+here": the device, a package or a device feature is absent); ``--require-all`` makes those
+a failure. ``--json`` prints :meth:`~hwplug.conformance.result.Report.as_json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-from dataclasses import asdict
 
 from rich.console import Console
 
@@ -27,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-examples", type=positive_int, default=4, metavar="N",
                         help="generated batches per attention scenario (default: 4)")
     parser.add_argument("--require-all", action="store_true",
-                        help="fail (exit 1) when a check cannot run on this machine, instead "
-                             "of exiting 3")
+                        help="fail (exit 1) when a check cannot run on the plugin's device "
+                             "here (simulated or not checked), instead of exiting 3")
     add_json_flag(parser)
 
 
@@ -45,10 +46,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         report = run_conformance(args.plugin, budget,
                                  progress=lambda name: status.update(f"checking {name}"))
     if args.json:
-        print_json(console, {"plugin": report.plugin, "ok": report.ok,
-                             "complete": report.complete,
-                             "verdict": report.verdict(args.require_all),
-                             "results": [asdict(r) for r in report.results]})
+        print_json(console, report.as_json(args.require_all))
     else:
         print_report(report, console, args.require_all)
     return report.exit_status(args.require_all)

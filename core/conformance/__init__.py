@@ -6,7 +6,7 @@ Run it as ``hwplug conformance <plugin>``, as ``pytest --hwplug-conformance=<plu
     from hwplug.conformance import run_conformance
     report = run_conformance("acme")
     assert report.ok, report.summary()  # nothing failed
-    report.complete  # and nothing was left "not checked here"
+    report.complete  # and every check ran on the device, none simulated or "not checked"
 
 Single pieces can be checked directly while writing them: :func:`check_variant` for a
 kernel variant, :func:`check_backend` for an attention backend class,

@@ -15,7 +15,9 @@ Scenarios the backend does not claim (its class attributes) are skipped, and a s
 check makes sure ``validate`` refuses them. GQA examples always have more than one KV head.
 
 A backend for the platform present runs on its device; what the device does not meet
-(``validate(spec, platform)``: capability) is "not checked here". A backend for a platform
+(``validate(spec, platform)``: capability) is "not checked here". A scenario that matched
+is ``passed`` only when its outputs and cache were observed on that device, else
+``simulated`` (:func:`hwplug.conformance.execution.ran_on`). A backend for a platform
 that is not present runs on CPU in its stead, as a simulated platform does.
 """
 
@@ -36,9 +38,10 @@ from hwplug.attention import (
     PagedAttentionParams,
 )
 from hwplug.conformance.compare import loosest_tolerance, mismatch
+from hwplug.conformance.execution import Observed, observing, ran_on
 from hwplug.conformance.explore import CannotRun, Failure, first_failure, guarded, judge
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
-from hwplug.conformance.result import Check, CheckResult, Status
+from hwplug.conformance.result import Check, CheckResult, Outcome, Status
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import DTYPE_NAMES, torch_dtype
 from hwplug.kv_cache_layout import registered_layout
@@ -227,8 +230,10 @@ class _Episode:
 class _Run:
     """Plays examples through one backend on one device, counting the steps that matched."""
 
-    def __init__(self, backend: type[AttentionBackend], placement: Placement) -> None:
+    def __init__(self, backend: type[AttentionBackend], placement: Placement,
+                 observed: Observed) -> None:
         self.backend, self.placement, self.steps = backend, placement, 0
+        self.observed = observed
 
     def __call__(self, example: Example) -> None:
         reasons = self.backend.validate(example.spec)
@@ -249,6 +254,7 @@ class _Run:
                 continue
             step = episode.inputs(index, steps)
             out = episode.through_backend(step, bool(self.placement.simulating))
+            self.observed.tensors(out, episode.cache)
             problem = (mismatch(out, episode.reference(step), *tolerance)
                        or episode.cache_problem())
             if problem:
@@ -257,7 +263,7 @@ class _Run:
 
 
 def _scenario_outcome(backend: type[AttentionBackend], scenario: Scenario,
-                      placement: Placement, count: int) -> tuple[Status, str]:
+                      placement: Placement, count: int) -> Outcome:
     unclaimed = [attr for attr in scenario.claims if not getattr(backend, attr)]
     if unclaimed:
         return "skipped", f"not claimed: {', '.join(f'{a} is False' for a in unclaimed)}"
@@ -267,15 +273,19 @@ def _scenario_outcome(backend: type[AttentionBackend], scenario: Scenario,
     if not pairs:
         return "not checked", "; ".join(
             ["no (dtype, KV-cache dtype) pair the kit can judge here", *notes])
-    run = _Run(backend, placement)
-    failure = first_failure(examples(backend, scenario, pairs), run, count)
+    with observing() as observed:
+        run = _Run(backend, placement, observed)
+        failure = first_failure(examples(backend, scenario, pairs), run, count)
     where = placement.describe()
     write = ("writes K/V in forward" if backend.updates_kv_cache_in_forward
              else "write_kv_cache then forward")
     untested = f"; not checked here: {'; '.join(notes)}" if notes else ""
-    return judge(failure, where) or (
-        "passed", f"{run.steps} steps matched the reference {where}; layout "
-                  f"{backend.kv_cache_layout}, {write}{untested}")
+    judged = judge(failure, where)
+    if judged:
+        return judged
+    status, simulation = ran_on(placement, observed, backend.__module__)
+    return status, (f"{run.steps} steps matched the reference {where}; layout "
+                    f"{backend.kv_cache_layout}, {write}{untested}"), simulation
 
 
 def _claimed_spec(backend: type[AttentionBackend]) -> AttentionSpec | None:

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from hwplug import registries
-from hwplug.conformance.result import Check, CheckResult, Status
+from hwplug.conformance.execution import Observed, ran_on
+from hwplug.conformance.result import Check, CheckResult, Outcome, Status
 from hwplug.conformance.target import Placement
 from hwplug.connector import (
     BlockTransfer,
@@ -54,8 +55,9 @@ def _chained_hashes(count: int, seed: str) -> tuple[str, ...]:
     return tuple(hashes)
 
 
-def _round_trip(connector: Connector, placement: Placement) -> str | None:
-    """What went wrong in one save-then-load, or None."""
+def _round_trip(connector: Connector, placement: Placement, observed: Observed) -> str | None:
+    """What went wrong in one save-then-load, or None; the caches loaded into are recorded
+    in ``observed``."""
     rng = torch.Generator().manual_seed(0)
     layout = connector.cache_layout
     shape = layout.shape(NUM_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads, LAYOUT.head_size)
@@ -82,6 +84,7 @@ def _round_trip(connector: Connector, placement: Placement) -> str | None:
         REQUEST: [BlockTransfer(h, b) for h, b in zip(hashes, LOADED, strict=True)]}), caches)
     for name in caches:
         connector.wait_for_layer_load(name)
+    observed.tensors(caches)
     errors = connector.get_block_ids_with_load_errors()
     if errors:
         return f"reports load errors for blocks {sorted(errors)}"
@@ -96,30 +99,32 @@ def _round_trip(connector: Connector, placement: Placement) -> str | None:
     return None
 
 
-def _outcome(cls: type[Connector], placement: Placement) -> tuple[Status, str]:
+def _outcome(cls: type[Connector], placement: Placement) -> Outcome:
     names = sorted(registries.kv_layouts.names(), key=lambda n: n != REFERENCE_LAYOUT)
+    observed = Observed()
     for name in names:
         with tempfile.TemporaryDirectory(prefix="hwplug-connector-") as workdir:
             options = cls.conformance_config(Path(workdir))
             if options is None:
                 return "not checked", ("says it cannot be checked alone "
                                        "(conformance_config is None)")
-            status, detail = _checked(cls, options, placement, name)
+            status, detail = _checked(cls, options, placement, name, observed)
         if status != "passed":
             return status, detail
-    return "passed", (f"blocks {SAVED} of {LAYOUT.num_layers} layers saved by hash and loaded "
-                      f"into {LOADED} bit for bit, in layouts {', '.join(names)} "
-                      f"{placement.describe()}")
+    status, simulation = ran_on(placement, observed, cls.__module__)
+    return status, (f"blocks {SAVED} of {LAYOUT.num_layers} layers saved by hash and loaded "
+                    f"into {LOADED} bit for bit, in layouts {', '.join(names)} "
+                    f"{placement.describe()}"), simulation
 
 
-def _checked(cls: type[Connector], options: dict, placement: Placement, layout: str
-             ) -> tuple[Status, str]:
+def _checked(cls: type[Connector], options: dict, placement: Placement, layout: str,
+             observed: Observed) -> tuple[Status, str]:
     try:
         connector = cls(replace(LAYOUT, layout=layout), **options)
     except ConfigError as exc:
         return "not checked", f"cannot be built without options the kit cannot guess: {exc}"
     try:
-        problem = _round_trip(connector, placement)
+        problem = _round_trip(connector, placement, observed)
         connector.request_finished(REQUEST)
     except Exception as exc:  # e.g. indexing the cache where this layout keeps no blocks
         problem = f"raised {exc!r}"

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from hwplug import registries
 from hwplug.communicator import TORCH_DIST_ALIASES
-from hwplug.conformance.result import Status
+from hwplug.conformance.result import Outcome
 from hwplug.conformance.target import Target
 from hwplug.dtypes import torch_dtype
 from hwplug.errors import UnsupportedError
 from hwplug.platform_interface import Platform
 
+#: What stands in for the device's facts when the probe saw no device.
+NO_SIGHTING = "class facts, no sighting"
 #: Distributed backends a platform may declare that ``torch.distributed`` does not know.
 NON_TORCH_DIST_BACKENDS = {"xla": "JAX/TPU collectives through XLA"}
 
@@ -79,9 +81,11 @@ def _dist_problems(name: str, notes: list[str]) -> list[str]:
             f"and not a documented non-torch backend ({', '.join(NON_TORCH_DIST_BACKENDS)})"]
 
 
-def check_facts(target: Target) -> tuple[Status, str]:
+def check_facts(target: Target) -> Outcome:
     """Dtypes are real, KV-cache dtypes are served by the platform's backends, the dist
-    backend is known, and the backend priority names registered backends."""
+    backend is known, and the backend priority names registered backends. Facts of an
+    instance without a sighting are the class's, not a device's: ``simulated``
+    (:data:`NO_SIGHTING`)."""
     platform = target.platform
     if platform is None and target.platform_ep is not None:
         return "failed", (f"no Platform subclass named {target.name!r} could be loaded from "
@@ -118,4 +122,8 @@ def check_facts(target: Target) -> tuple[Status, str]:
     notes += list(facts.notes)
     if notes:
         detail += "; note: " + "; ".join(notes)
-    return ("failed" if problems else "passed"), detail
+    if problems:
+        return "failed", detail
+    if platform.sighting is None:  # no device described these facts
+        return "simulated", detail, NO_SIGHTING
+    return "passed", detail

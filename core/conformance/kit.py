@@ -23,7 +23,7 @@ from hwplug.conformance.probe import check_probe
 from hwplug.conformance.quant_methods import quant_method_check
 from hwplug.conformance.registration import check_hooks, check_loads, check_names
 from hwplug.conformance.result import Check, Report, Status
-from hwplug.conformance.target import Target, resolve_target
+from hwplug.conformance.target import SIMULATION_GAPS, Target, resolve_target
 from hwplug.conformance.variants import variant_check
 from hwplug.registry import Registry
 
@@ -92,12 +92,24 @@ def _interface_checks(target: Target, budget: Budget) -> list[Check]:
     return checks
 
 
+def _setup_checks(target: Target) -> list[Check]:
+    """Where the numerical checks run: on the device (``passed``), or in its stead, where
+    the device's gates are "not checked", and so is each dtype the simulation cannot
+    judge (one row each)."""
+    placement = target.placement
+    setup = placement.explain() + "".join(f"; note: {n}" for n in target.notes)
+    if not placement.simulating:
+        return [_fixed("setup", "passed", f"numerical checks run {setup}")]
+    return [_fixed("setup", "not checked",
+                   f"the device's own gates are not evaluated; numerical checks run {setup}"),
+            *(_fixed(f"simulation: {dtype}", "not checked", f"not judged in simulation: {why}")
+              for dtype, why in SIMULATION_GAPS.items())]
+
+
 def plan(target: Target, budget: Budget | None = None) -> list[Check]:
     """Every check of ``target``, in report order, none run yet."""
     budget = budget or Budget()
-    setup = target.placement.explain() + "".join(f"; note: {n}" for n in target.notes)
-    return [_fixed("setup", "passed", f"numerical checks run {setup}"),
-            *_registration_checks(target), _probe_check(target),
+    return [*_setup_checks(target), *_registration_checks(target), _probe_check(target),
             Check("platform facts", lambda: check_facts(target)),
             *_interface_checks(target, budget)]
 

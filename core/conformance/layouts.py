@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from hwplug.conformance.result import Check, CheckResult, Status
+from hwplug.conformance.execution import Observed, observing, ran_on
+from hwplug.conformance.result import Check, CheckResult, Outcome
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, torch_dtype
 from hwplug.kv_cache_layout import NHD, KVCacheLayout
@@ -36,8 +37,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
                                               b.contiguous().view(torch.uint8))
 
 
-def _problem(layout: KVCacheLayout, dtype: torch.dtype, device: str) -> str | None:
-    """What ``layout`` gets wrong for caches of ``dtype``, or None."""
+def _problem(layout: KVCacheLayout, dtype: torch.dtype, device: str,
+             observed: Observed) -> str | None:
+    """What ``layout`` gets wrong for caches of ``dtype``, or None; the caches it
+    converted are recorded in ``observed``."""
     generator = torch.Generator().manual_seed(0)
     reference = torch.randn((2, *GEOMETRY), generator=generator).to(dtype).to(device)
     cache = reference.new_empty(layout.shape(*GEOMETRY, dtype))
@@ -45,6 +48,7 @@ def _problem(layout: KVCacheLayout, dtype: torch.dtype, device: str) -> str | No
     if problem:
         return f"a cache of its own shape {tuple(cache.shape)} fails its check: {problem}"
     layout.from_reference(reference, cache)
+    observed.tensors(cache, layout.to_reference(cache))
     if not _same(layout.to_reference(cache), reference):
         return "to_reference(from_reference(x)) is not x"
     selected = layout.select_blocks(cache, SELECTED)
@@ -62,16 +66,18 @@ def _problem(layout: KVCacheLayout, dtype: torch.dtype, device: str) -> str | No
     return None
 
 
-def _outcome(layout: KVCacheLayout, placement: Placement) -> tuple[Status, str]:
+def _outcome(layout: KVCacheLayout, placement: Placement) -> Outcome:
     if not isinstance(layout, KVCacheLayout):
         return "failed", f"{layout!r} is not a KVCacheLayout"
     dtypes = [*FLOAT_DTYPES, *FP8_KV_DTYPES]
-    for name in dtypes:
-        problem = _problem(layout, torch_dtype(name), placement.device)
-        if problem:
-            return "failed", f"{name}: {problem}"
-    return "passed", (f"round trip with NHD and block access exact in {', '.join(dtypes)} "
-                      f"{placement.describe()}")
+    with observing() as observed:
+        for name in dtypes:
+            problem = _problem(layout, torch_dtype(name), placement.device, observed)
+            if problem:
+                return "failed", f"{name}: {problem}"
+    status, simulation = ran_on(placement, observed, type(layout).__module__)
+    return status, (f"round trip with NHD and block access exact in {', '.join(dtypes)} "
+                    f"{placement.describe()}"), simulation
 
 
 def layout_check(name: str, load: Callable[[], KVCacheLayout], placement: Placement) -> Check:

@@ -3,8 +3,9 @@
 With the option, the conformance kit's checks of PLUGIN become test items, one per
 check, with node ids ``hwplug-conformance[PLUGIN]::<check>``: a failed check fails its
 item with the kit's message, a skipped check is skipped with its reason, a check not
-checked here is skipped as ``not checked here: ...`` (failed with
-``--hwplug-require-all``), and ``-k`` selects checks by name. The option may be repeated.
+checked here is skipped as ``not checked here: ...``, a simulated check (checked, but with
+something standing in for the device) passes; with ``--hwplug-require-all`` both of those
+fail. ``-k`` selects checks by name. The option may be repeated.
 Without it this plugin only declares the options: it imports nothing else and adds no
 items.
 """
@@ -27,8 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "hwplug for the built-ins); one test item per check")
     parser.getgroup("hwplug").addoption(
         REQUIRE_ALL, action="store_true", default=False, dest="hwplug_require_all",
-        help="a conformance check that cannot run on this machine fails instead of "
-             "being skipped")
+        help="a conformance check that cannot run on the plugin's device here fails "
+             "instead of being skipped (not checked) or passing (simulated)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,10 +52,13 @@ class ConformanceItem(pytest.Item):
     def runtest(self) -> None:
         result = self.check.run()
         unchecked = result.status == "not checked"
-        if result.status == "failed" or (
-                unchecked and self.config.getoption("hwplug_require_all")):
-            raise ConformanceFailure(f"not checked here: {result.detail}" if unchecked
-                                     else result.detail)
+        if result.status == "failed":
+            raise ConformanceFailure(result.detail)
+        if result.status in ("simulated", "not checked") and self.config.getoption(
+                "hwplug_require_all"):
+            raise ConformanceFailure(
+                f"not checked here: {result.detail}" if unchecked else
+                f"simulated ({result.simulation}), not on the device: {result.detail}")
         if result.status == "skipped" or unchecked:
             pytest.skip(f"not checked here: {result.detail}" if unchecked else result.detail)
 

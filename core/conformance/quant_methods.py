@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 from hwplug import kernels
 from hwplug.conformance.compare import loosest_tolerance, mismatch
+from hwplug.conformance.execution import Observed, observing, ran_on
 from hwplug.conformance.explore import Failure, first_failure, guarded, judge
-from hwplug.conformance.result import Check, CheckResult, Status
+from hwplug.conformance.result import Check, CheckResult, Outcome
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import torch_dtype
 from hwplug.errors import ConfigError, UnsupportedError
@@ -148,8 +149,9 @@ def _checked(call: Callable[[], object], case: _Linear, placement: Placement) ->
 
 
 def _body(method: QuantMethod, placement: Placement, done: Counter[str],
-          refused: Counter[str]) -> Callable[[_Linear], None]:
-    """Check one drawn layer; count it in ``done`` by dtype, or in ``refused`` by reason."""
+          refused: Counter[str], observed: Observed) -> Callable[[_Linear], None]:
+    """Check one drawn layer; count it in ``done`` by dtype, or in ``refused`` by reason;
+    record its output in ``observed``."""
     tolerances = kernels.op(method.gemm_op).tolerances
 
     def body(case: _Linear) -> None:
@@ -169,6 +171,7 @@ def _body(method: QuantMethod, placement: Placement, done: Counter[str],
             layer.to(placement.device)
             _checked(lambda: method.process_weights_after_loading(layer), case, placement)
             out = _checked(lambda: method.apply(layer, x.to(placement.device)), case, placement)
+            observed.tensors(out)
         except _Declined as declined:
             refused[str(declined)] += 1
             return
@@ -204,7 +207,7 @@ def _device_gap(cls: type[QuantMethod], placement: Placement) -> str | None:
     return f"{'; '.join(reasons)} ({platform.name} here)" if reasons else None
 
 
-def _outcome(cls: type[QuantMethod], placement: Placement, count: int) -> tuple[Status, str]:
+def _outcome(cls: type[QuantMethod], placement: Placement, count: int) -> Outcome:
     notes: list[str] = []
     tolerances = kernels.op(cls.gemm_op).tolerances
     dtypes = placement.judgeable([d for d in cls.supported_dtypes if d in tolerances], notes)
@@ -220,7 +223,9 @@ def _outcome(cls: type[QuantMethod], placement: Placement, count: int) -> tuple[
                          st.booleans(), st.integers(0, 2**31 - 1))
     done: Counter[str] = Counter()
     refused: Counter[str] = Counter()
-    failure = first_failure(strategy, _body(method, placement, done, refused), count)
+    with observing() as observed:
+        failure = first_failure(strategy, _body(method, placement, done, refused, observed),
+                                count)
     if isinstance(failure, _NoOracle):
         return "not checked", f"no oracle: {failure}"
     where = placement.describe()
@@ -233,8 +238,9 @@ def _outcome(cls: type[QuantMethod], placement: Placement, count: int) -> tuple[
     untested = f"; not checked here: {'; '.join(notes)}" if notes else ""
     declined = f"; {sum(refused.values())} layer shapes refused{example}" if refused else ""
     detail = ", ".join(f"{n} {d}" for d, n in sorted(done.items()))
-    return "passed", (f"{sum(done.values())} layers ({detail}) matched x @ dequantize(W).T"
-                      f" + bias {where} ({method.describe()}){declined}{untested}")
+    status, simulation = ran_on(placement, observed, cls.__module__)
+    return status, (f"{sum(done.values())} layers ({detail}) matched x @ dequantize(W).T"
+                    f" + bias {where} ({method.describe()}){declined}{untested}"), simulation
 
 
 def quant_method_check(name: str, load: Callable[[], type[QuantMethod]], placement: Placement,

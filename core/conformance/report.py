@@ -8,19 +8,22 @@ from rich.text import Text
 
 from hwplug.conformance.result import Report
 
-_STYLES = {"passed": "green", "failed": "bold red", "skipped": "yellow",
+_STYLES = {"passed": "green", "simulated": "cyan", "failed": "bold red", "skipped": "yellow",
            "not checked": "magenta"}
-_VERDICT_STYLES = {"PASSED": "bold green", "FAILED": "bold red", "INCOMPLETE": "bold magenta"}
+_VERDICT_STYLES = {"PASSED": "bold green", "FAILED": "bold red", "SIMULATED": "bold cyan",
+                   "NOT CHECKED": "bold magenta"}
 
 
 def report_table(report: Report) -> Table:
-    """A table with one row per check: name, status (coloured) and detail."""
+    """A table with one row per check: name, status (coloured; a simulated one with what
+    stood in for the device) and detail."""
     table = Table(title=f"conformance of {report.plugin}", title_justify="left")
     table.add_column("check", overflow="fold")
     table.add_column("status")
     table.add_column("detail", overflow="fold")
     for result in report.results:
-        table.add_row(Text(result.check), Text(result.status, style=_STYLES[result.status]),
+        status = result.status + (f" ({result.simulation})" if result.simulation else "")
+        table.add_row(Text(result.check), Text(status, style=_STYLES[result.status]),
                       Text(result.detail))
     return table
 
@@ -28,6 +31,6 @@ def report_table(report: Report) -> Table:
 def print_report(report: Report, console: Console, require_all: bool = False) -> None:
     """Print the table and the one-line verdict (:meth:`Report.verdict`)."""
     console.print(report_table(report))
-    verdict = report.verdict(require_all)
-    word, _, rest = verdict.partition(" ")
-    console.print(Text(word, style=_VERDICT_STYLES[word]), Text(rest))
+    word = report.word()
+    rest = report.verdict(require_all).removeprefix(word)
+    console.print(Text(word, style=_VERDICT_STYLES[word]) + Text(rest))

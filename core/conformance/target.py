@@ -51,9 +51,13 @@ class Placement:
 
     def serving(self, platforms: tuple[str, ...], notes: list[str]) -> Placement:
         """Where code declared for ``platforms`` (empty: any) is checked: here, unless this
-        is a present platform that ``platforms`` does not serve; then on CPU in their stead,
+        is a present platform that ``platforms`` does not serve (without a platform: the
+        CPU, unless ``platforms`` name others only); then on CPU in their stead,
         simulating them (Triton kernels in its interpreter, noted in ``notes``)."""
-        if self.platform is None or self.platform.matches(platforms):
+        if self.simulating or not platforms:
+            return self
+        if (self.platform.matches(platforms) if self.platform is not None
+                else self.device == "cpu" and "cpu" in platforms):
             return self
         enable_triton_interpreter(notes)
         return Placement("cpu", None, "/".join(platforms))

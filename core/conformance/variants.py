@@ -12,7 +12,8 @@ layout through the same conversions, is the oracle.
 
 A variant for the platform present runs on its device, in the dtypes its gates (device
 features, capability, toolkit, packages) admit here; what they exclude is "not checked
-here". A variant for a platform that is not present (a kernels-only plugin's, or another
+here". A check that matched is ``passed`` only when the results were observed on that
+device, else ``simulated`` (:func:`hwplug.conformance.execution.ran_on`). A variant for a platform that is not present (a kernels-only plugin's, or another
 platform's) runs on CPU in its stead, like a simulated platform: a kernel that computes on
 CPU tensors is checked, and an error saying its device is missing makes it "not checked
 here" (see :func:`hwplug.conformance.explore.guarded`); a wrong number is a failure
@@ -31,9 +32,10 @@ from hypothesis import strategies as st
 
 from hwplug import kernels
 from hwplug.conformance.compare import compare_outputs, loosest_tolerance
+from hwplug.conformance.execution import Observed, observing, ran_on
 from hwplug.conformance.explore import Failure, first_failure, guarded, judge
 from hwplug.conformance.inputs import GENERATORS, Case, in_layout
-from hwplug.conformance.result import Check, CheckResult, Status
+from hwplug.conformance.result import Check, CheckResult, Outcome
 from hwplug.conformance.target import Placement
 from hwplug.errors import ConfigError, UnknownNameError, UnsupportedError
 from hwplug.kv_cache_layout import REFERENCE_LAYOUT, KVCacheLayout, registered_layout
@@ -103,10 +105,11 @@ def _gated_dtypes(variant: Variant, dtypes: list[str], placement: Placement,
     return kept
 
 
-def _case_body(variant: Variant, placement: Placement, tally: _Tally
+def _case_body(variant: Variant, placement: Placement, tally: _Tally, observed: Observed
                ) -> Callable[[tuple[Case, KVCacheLayout | None]], None]:
     """Check one generated case, in a KV-cache layout for an op over a paged cache, against
-    the reference (``variant`` must be loaded)."""
+    the reference (``variant`` must be loaded); what it returned and wrote is recorded in
+    ``observed``."""
     op = kernels.op(variant.op)
 
     def body(drawn: tuple[Case, KVCacheLayout | None]) -> None:
@@ -128,6 +131,7 @@ def _case_body(variant: Variant, placement: Placement, tally: _Tally
         returned = guarded(lambda: variant.impl(*actual_case.args, **actual_case.kwargs), case.label,
                            simulating=bool(placement.simulating))
         actual = actual_case.outputs(returned)
+        observed.tensors([value for _, value in actual])
         problem = compare_outputs(actual, expected, *loosest_tolerance(op.tolerances,
                                                                        case.dtypes))
         if problem:
@@ -137,7 +141,7 @@ def _case_body(variant: Variant, placement: Placement, tally: _Tally
     return body
 
 
-def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Status, str]:
+def _outcome(variant: Variant, placement: Placement, examples: int) -> Outcome:
     op = kernels.op(variant.op)
     generator = GENERATORS.get(op.name)
     if generator is None:
@@ -170,7 +174,9 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     strategy = st.tuples(
         st.sampled_from(dtypes).flatmap(lambda d: generator(d, token_range(variant))),
         st.sampled_from(layouts))
-    failure = first_failure(strategy, _case_body(variant, placement, tally), examples)
+    with observing() as observed:
+        failure = first_failure(strategy, _case_body(variant, placement, tally, observed),
+                                examples)
     where = placement.describe()
     judged = judge(failure, where)
     if judged:
@@ -180,7 +186,8 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> tuple[Sta
     gated = f"; not checked here: {'; '.join(gates)}" if gates else ""
     drawn = ("" if layouts == [None] else
              f" in layout {', '.join(layout.name for layout in layouts)}")
-    return "passed", f"{tally.summary()}{drawn} {where}{gated}"
+    status, simulation = ran_on(placement, observed, getattr(variant.impl, "__module__", ""))
+    return status, f"{tally.summary()}{drawn} {where}{gated}", simulation
 
 
 def _layouts(variant: Variant, op: Op) -> list[KVCacheLayout | None]:

@@ -115,9 +115,10 @@ def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(f
     results = {r.check: r for r in report.results}
     for variant in ("rms_norm/triton_rocm", "paged_attention/triton_rocm",
                     "reshape_and_cache/triton_rocm_pa", "paged_attention/triton_rocm_pa"):
-        assert results[f"kernel {variant}"].status == "passed"
+        result = results[f"kernel {variant}"]
+        assert (result.status, result.simulation) == ("simulated", "Triton interpreter")
     assert "layout ROCM_PA" in results["kernel paged_attention/triton_rocm_pa"].detail
-    assert results["kv layout ROCM_PA"].status == "passed"
+    assert results["kv layout ROCM_PA"].status == "simulated"
     for backend in ("ROCM_AITER", "ROCM_TRITON"):
         assert "layout ROCM_PA" in results[f"attention {backend}: mixed batch"].detail
     if not AITER_INSTALLED:

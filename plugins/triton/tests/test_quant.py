@@ -192,4 +192,4 @@ def test_the_conformance_kit_passes_the_fp8_variant_as_a_plugin_registers_it() -
     register(registry, platforms=(), ops=FP8_OPS)
     (variant,) = [v for v in registry.variants("scaled_mm") if v.name == "triton"]
     result = check_variant(variant, examples=12)
-    assert result.status == "passed", result.detail
+    assert (result.status, result.simulation) == ("simulated", "Triton interpreter"), result

@@ -131,8 +131,9 @@ def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(f
     assert report.ok, report.summary()
     results = {r.check: r for r in report.results}
     for op in ("rms_norm", "reshape_and_cache", "paged_attention"):
-        assert results[f"kernel {op}/triton_xpu"].status == "passed"
-    assert results["attention XPU_TRITON: mixed batch"].status == "passed"
+        result = results[f"kernel {op}/triton_xpu"]
+        assert (result.status, result.simulation) == ("simulated", "Triton interpreter")
+    assert results["attention XPU_TRITON: mixed batch"].status == "simulated"
     if not IPEX_INSTALLED:
         assert results["kernel paged_attention/ipex"].detail == (
             "package intel-extension-for-pytorch is not installed (the variant needs >=2.7,<2.9)")
