@@ -10,8 +10,10 @@ below 64 (its decode kernel then skips the value loop: vLLM #34570), soft caps, 
 caches and block sizes other than 16 / 32. ``ROCM_AITER`` states these as its internal
 fallbacks.
 
-``aiter`` is imported on the first call, never at import; the variant's package gate
-keeps it from being considered without the ``amd-aiter`` package.
+The call itself is :func:`hwplug_rocm_aiter.aiter_api.paged_attention` (the variant's
+``impl``), whose module imports ``aiter`` and checks its signature when the variant loads;
+this module needs no ``aiter`` (the variant's ``supports`` is here), and the variant's
+package gate keeps it from being considered without the ``amd-aiter`` package.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hwplug_rocm_aiter.layout import ROCM_PA, key_view
+from hwplug_rocm_aiter.layout import ROCM_PA
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -56,26 +58,3 @@ def supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMe
     if kv_cache.shape[-1] not in AITER_BLOCK_SIZES:
         return f"block size {kv_cache.shape[-1]} not in 16, 32"
     return None
-
-
-def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                    params: PagedAttentionParams) -> torch.Tensor:
-    """The ``paged_attention`` op over ``ROCM_PA`` for a decode batch :func:`supported` accepts:
-    one query per sequence, so ``query [B, Hq, D]`` is AITER's ``[num_seqs, Hq, D]``;
-    ``metadata.max_seq_len`` sizes its partitions without a device sync."""
-    import aiter
-
-    num_seqs, num_heads, head_size = query.shape
-    partitions = -(-metadata.max_seq_len // PARTITION_SIZE)
-    out = torch.empty_like(query)
-    exp_sums = torch.empty((num_seqs, num_heads, partitions), dtype=torch.float32,
-                           device=query.device)
-    max_logits = torch.empty_like(exp_sums)
-    tmp_out = query.new_empty((num_seqs, num_heads, partitions, head_size))
-    unit = torch.ones((), dtype=torch.float32, device=query.device)
-    aiter.paged_attention_rocm(
-        out, exp_sums, max_logits, tmp_out, query, key_view(kv_cache), kv_cache[1],
-        kv_cache.shape[2], params.scale, metadata.block_tables, metadata.seq_lens,
-        kv_cache.shape[-1], metadata.max_seq_len, None, "auto", unit, unit, None,
-        PARTITION_SIZE)
-    return out

@@ -19,8 +19,10 @@ hwplug_api_version = ">=1,<2"
 #: Triton's ROCm backend targets CDNA (gfx908, gfx90a: 9.0; gfx942: 9.4; gfx950: 9.5)
 #: and RDNA3/4 (11.x, 12.x).
 TRITON_MIN_CAPABILITY = "9.0"
-#: The AITER releases the wrapper is written for.
-AITER_REQUIREMENT = ">=0.1"
+#: The AITER release the call (:mod:`hwplug_rocm_aiter.aiter_api`) is written for, and the
+#: requirement the variant's package gate and the ``aiter`` extra declare: that series.
+TESTED_AITER = "0.1.20"
+AITER_REQUIREMENT = "==0.1.20.*"
 #: The name of the plugin's KV-cache layout (:mod:`hwplug_rocm_aiter.layout`).
 LAYOUT = "ROCM_PA"
 #: The cache ops' Triton kernels over ``ROCM_PA``: op -> module.
@@ -45,7 +47,7 @@ def hwplug_register_kernels(registry: Any) -> None:
     hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm",
                            ops=hwplug_triton.FP8_OPS, min_capability="9.5")
     registry.register_variant(
-        "paged_attention", "aiter", "hwplug_rocm_aiter.aiter_attention:paged_attention",
+        "paged_attention", "aiter", "hwplug_rocm_aiter.aiter_api:paged_attention",
         supports="hwplug_rocm_aiter.aiter_attention:supported", platforms=("rocm",),
         dtypes=("bfloat16", "float16"), min_capability=TRITON_MIN_CAPABILITY,
         packages={"amd-aiter": AITER_REQUIREMENT}, priority=20, layouts=(LAYOUT,),

@@ -26,7 +26,7 @@ from hwplug_rocm_aiter.layout import ROCM_PA
 
 AITER_INSTALLED = importlib.util.find_spec("aiter") is not None
 NO_AITER = "paged_attention would not use its aiter variant: package amd-aiter not " \
-           "installed (needs >=0.1)"
+           "installed (needs ==0.1.20.*)"
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_hwplug_kernels_shows_the_triton_variants_and_the_aiter_reason(mi300x):
     else:
         assert (attention["chosen"], attention["fallbacks"]) == ("triton_rocm_pa",
                                                                  ["reference"])
-        assert attention["rejected"]["aiter"] == "package amd-aiter not installed (needs >=0.1)"
+        assert attention["rejected"]["aiter"] == "package amd-aiter not installed (needs ==0.1.20.*)"
     backends = data["attention_backends"]
     assert backends["ROCM_AITER"]["layout"] == backends["ROCM_TRITON"]["layout"] == "ROCM_PA"
     fallbacks = " | ".join(backends["ROCM_AITER"]["internal_fallbacks"])
@@ -123,7 +123,7 @@ def test_every_triton_variant_and_both_backends_pass_the_kit_in_interpret_mode(f
         assert "layout ROCM_PA" in results[f"attention {backend}: mixed batch"].detail
     if not AITER_INSTALLED:
         assert results["kernel paged_attention/aiter"].detail == (
-            "package amd-aiter is not installed (the variant needs >=0.1)")
+            "package amd-aiter is not installed (the variant needs ==0.1.20.*)")
 
 
 @pytest.mark.slow
