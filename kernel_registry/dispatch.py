@@ -43,6 +43,11 @@ class Op:
                  tolerances: dict[str, tuple[float, float]], dispatch_arg: int) -> None:
         self.registry, self.name, self.__doc__ = registry, name, doc
         self.tolerances, self.dispatch_arg = tolerances, dispatch_arg
+        #: ``(atol, rtol)`` per dtype for a variant that computes with the activations as
+        #: given (:attr:`~hwplug.kernel_registry.Variant.activation_quantization` None);
+        #: :attr:`tolerances` allow what a variant that quantizes them may do. The same
+        #: unless :meth:`~hwplug.kernel_registry.KernelRegistry.define_op` was told.
+        self.exact_tolerances = tolerances
         self._bound: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._edges: list[int] | None = None
         #: The variants that served calls of this op, in any plan, since the last change.

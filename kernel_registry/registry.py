@@ -63,9 +63,13 @@ class KernelRegistry(Registry[Variant]):
 
     def define_op(self, name: str, reference: Callable[..., Any] | str, *, doc: str,
                   tolerances: dict[str, tuple[float, float]], dispatch_arg: int = 0,
-                  layout_arg: int | None = None) -> Op:
+                  layout_arg: int | None = None,
+                  exact_tolerances: dict[str, tuple[float, float]] | None = None) -> Op:
         """Declare op ``name`` with its pure-torch ``reference`` (registered as variant
-        ``"reference"``) and the ``(atol, rtol)`` per dtype every variant must meet.
+        ``"reference"``) and the ``(atol, rtol)`` per dtype every variant must meet;
+        ``exact_tolerances``, tighter, are what a variant that does not quantize the
+        activations must meet (an op whose ``tolerances`` allow activation rounding states
+        them; default: ``tolerances``).
         ``dispatch_arg`` is the positional argument whose device, dtype and leading
         dimension (num_tokens) form the dispatch key. An op over a paged KV cache gives
         ``layout_arg``, the position of its :class:`~hwplug.attention.PagedAttentionParams`:
@@ -75,6 +79,8 @@ class KernelRegistry(Registry[Variant]):
             raise DuplicateNameError(f"op {name!r} is already defined")
         op = (Op(self, name, doc, tolerances, dispatch_arg) if layout_arg is None
               else LayoutOp(self, name, doc, tolerances, dispatch_arg, layout_arg))
+        if exact_tolerances is not None:
+            op.exact_tolerances = exact_tolerances
         self._ops[name] = op
         token = current_source.set("code")
         try:

@@ -12,6 +12,7 @@ from hwplug.requirements import Requirements
 if TYPE_CHECKING:
     from hwplug.kernel_registry.native import NativeLibrary
     from hwplug.platform_interface import Platform
+    from hwplug.quantization import ScaleDescriptor
 
 #: The keywords of :meth:`Variant.of` that are :class:`Requirements` fields.
 _REQUIREMENT_FIELDS = tuple(f.name for f in fields(Requirements))
@@ -39,7 +40,12 @@ class Variant:
     compiled library ``impl`` calls, if any (a :class:`~hwplug.kernel_registry.native.
     NativeLibrary` or a lazy ``"module:attribute"`` naming one): importing it builds
     nothing; the registry explains from its build status and builds it when it binds the
-    variant for calls.
+    variant for calls. ``activation_quantization`` says how the variant rounds its
+    activations before its dot products (e.g. int8 per 32 values, as llama.cpp's Q8_0), or
+    None, the default, for a variant that computes with them as given: the conformance
+    kit holds such a variant to its op's tight
+    :attr:`~hwplug.kernel_registry.dispatch.Op.exact_tolerances`, and only a variant that
+    declares its rounding to the op's wider ``tolerances``.
     """
 
     op: str
@@ -52,6 +58,7 @@ class Variant:
     supports: SupportsFn | str | None = None
     native: NativeLibrary | str | None = None
     description: str = ""
+    activation_quantization: ScaleDescriptor | None = None
 
     @classmethod
     def of(cls, op: str, name: str, impl: Callable[..., Any] | str, **facts: Any) -> Variant:

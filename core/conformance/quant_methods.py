@@ -8,10 +8,12 @@ named ``*scale*``; a method whose parameters hold a format random values are not
 GGUF blocks, gives its own random tensors through ``example_checkpoint``), then runs
 ``process_weights_after_loading``. The oracle is the method's
 :meth:`~hwplug.QuantMethod.dequantize`: ``apply(layer, x)`` must match
-``x @ dequantize(layer).T + bias`` within the tolerance of the method's GEMM op
-(``gemm_op``) for the activation dtype, plus, when the method quantizes activations
-(:meth:`~hwplug.QuantMethod.activation_quantization`), the most that rounding to that
-format can change each output (:func:`rounding_bound`). A layer shape the method refuses
+``x @ dequantize(layer).T + bias``. Where activations are quantized, by the method
+(:meth:`~hwplug.QuantMethod.activation_quantization`) or by a kernel variant that served
+its GEMM (:func:`served_rounding`), within the tolerance of the method's GEMM op
+(``gemm_op``) for the activation dtype plus the most that rounding to that format can
+change each output (:func:`rounding_bound`); where none is, within the op's tight
+``exact_tolerances`` (so a 0.5% error in a scale fails). A layer shape the method refuses
 (a :class:`~hwplug.errors.ConfigError` or :class:`~hwplug.errors.UnsupportedError`, e.g.
 sizes that are not a multiple of its block) is counted as declined, not failed. A method
 without ``dequantize``, one whose ``min_capability`` the present device lacks, and one
@@ -148,11 +150,22 @@ def _checked(call: Callable[[], object], case: _Linear, placement: Placement) ->
         raise
 
 
+def served_rounding(layer: torch.nn.Module, op: str) -> ScaleDescriptor | None:
+    """How the kernel variants that served ``layer``'s GEMM (its bound ``gemm_kernel``,
+    as hwplug's methods bind it) round activations: the first one's declared
+    :attr:`~hwplug.kernel_registry.Variant.activation_quantization`, or None when every
+    one computes with the activations as given."""
+    bound = getattr(layer, "gemm_kernel", None)
+    served = sorted(bound.used()) if hasattr(bound, "used") else []
+    declared = [kernels.get(f"{op}/{name}").activation_quantization for name in served]
+    return next((d for d in declared if d is not None), None)
+
+
 def _body(method: QuantMethod, placement: Placement, done: Counter[str],
           refused: Counter[str], observed: Observed) -> Callable[[_Linear], None]:
     """Check one drawn layer; count it in ``done`` by dtype, or in ``refused`` by reason;
     record its output in ``observed``."""
-    tolerances = kernels.op(method.gemm_op).tolerances
+    op = kernels.op(method.gemm_op)
 
     def body(case: _Linear) -> None:
         rng = torch.Generator().manual_seed(case.seed)
@@ -185,8 +198,9 @@ def _body(method: QuantMethod, placement: Placement, done: Counter[str],
         bias = layer.bias.detach().float().cpu() if getattr(layer, "bias", None) is not None \
             else 0.0
         expected = x.float() @ weight.T + bias
-        descriptor = method.activation_quantization()
+        descriptor = method.activation_quantization() or served_rounding(layer, op.name)
         slack = rounding_bound(x, descriptor, weight) if descriptor else None
+        tolerances = op.tolerances if descriptor else op.exact_tolerances
         problem = mismatch(out, expected.to(dtype), *loosest_tolerance(tolerances,
                                                                        (case.dtype,)),
                            slack=slack)

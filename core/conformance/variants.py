@@ -105,6 +105,22 @@ def _gated_dtypes(variant: Variant, dtypes: list[str], placement: Placement,
     return kept
 
 
+def tolerances_of(variant: Variant, op: Op) -> dict[str, tuple[float, float]]:
+    """The tolerances ``variant`` is held to: the op's wide ``tolerances`` when it declares
+    that it rounds its activations (:attr:`Variant.activation_quantization`), else the op's
+    tight ``exact_tolerances``."""
+    return op.tolerances if variant.activation_quantization else op.exact_tolerances
+
+
+def precision(variant: Variant, op: Op) -> str:
+    """In words: which tolerances the variant's results were held to."""
+    if variant.activation_quantization:
+        return f"activations {variant.activation_quantization}: the op's tolerances"
+    if op.exact_tolerances is not op.tolerances:
+        return "exact activations: the op's exact_tolerances"
+    return ""
+
+
 def _case_body(variant: Variant, placement: Placement, tally: _Tally, observed: Observed
                ) -> Callable[[tuple[Case, KVCacheLayout | None]], None]:
     """Check one generated case, in a KV-cache layout for an op over a paged cache, against
@@ -132,8 +148,8 @@ def _case_body(variant: Variant, placement: Placement, tally: _Tally, observed: 
                            simulating=bool(placement.simulating))
         actual = actual_case.outputs(returned)
         observed.tensors([value for _, value in actual])
-        problem = compare_outputs(actual, expected, *loosest_tolerance(op.tolerances,
-                                                                       case.dtypes))
+        problem = compare_outputs(actual, expected,
+                                  *loosest_tolerance(tolerances_of(variant, op), case.dtypes))
         if problem:
             raise Failure(f"{problem} at {case.label}")
         tally.tested[case.dtypes[0]] += 1
@@ -187,7 +203,8 @@ def _outcome(variant: Variant, placement: Placement, examples: int) -> Outcome:
     drawn = ("" if layouts == [None] else
              f" in layout {', '.join(layout.name for layout in layouts)}")
     status, simulation = ran_on(placement, observed, getattr(variant.impl, "__module__", ""))
-    return status, f"{tally.summary()}{drawn} {where}{gated}", simulation
+    held = f" ({precision(variant, op)})" if precision(variant, op) else ""
+    return status, f"{tally.summary()}{drawn}{held} {where}{gated}", simulation
 
 
 def _layouts(variant: Variant, op: Op) -> list[KVCacheLayout | None]:

@@ -46,7 +46,7 @@ from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
 from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.model_zoo.loaders.mapped import release_pages
-from hwplug.quantization import QuantMethod, ScaleDescriptor
+from hwplug.quantization import QuantMethod
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.parallel import TensorParallel
@@ -72,11 +72,6 @@ class GgufMethod(QuantMethod):
 
     def describe(self) -> str:
         return "gguf (weights in the file's GGUF blocks)"
-
-    def activation_quantization(self) -> ScaleDescriptor | None:
-        """Variants of ``ggml_linear`` may round activations to int8 per 32 values, as
-        llama.cpp does (the op's tolerances allow it)."""
-        return ScaleDescriptor("int8", "group", dynamic=True, group_shape=(1, 32))
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        params_dtype: torch.dtype, bias: bool) -> None:

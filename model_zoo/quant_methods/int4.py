@@ -131,12 +131,5 @@ class Int4LinearMethod(QuantMethod):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.gemm_kernel(x, layer.qweight, layer.scales, layer.bias)
 
-    def activation_quantization(self) -> ScaleDescriptor | None:
-        """None would be true of :meth:`apply` itself; but the ``int4_linear`` variants
-        KleidiAI serves round each activation row to int8 inside the op, so checks
-        against ``x @ dequantize(layer).T`` allow that rounding (symmetric per token
-        bounds KleidiAI's asymmetric per-row step)."""
-        return ScaleDescriptor("int8", "token", dynamic=True)
-
     def dequantize(self, layer: torch.nn.Module) -> torch.Tensor:
         return dequantize_int4(layer.qweight, layer.scales)

@@ -13,6 +13,7 @@ from typing import Any
 
 from hwplug.dtypes import FLOAT_DTYPES
 from hwplug.hookspecs import hookimpl
+from hwplug.quantization import ScaleDescriptor
 
 hwplug_api_version = ">=1,<2"
 hwplug_order = -100  # before every third-party plugin, so they may override
@@ -22,6 +23,9 @@ _LINEAR = "hwplug.platforms.cpu.onednn:linear"
 _INT8 = "hwplug.platforms.cpu.int8:"
 _ONEDNN = "oneDNN matmul on a weight reordered once into its blocked layout"
 _GGML = "hwplug.platforms.cpu.ggml.ops:"
+#: How the C ggml_linear kernels round activations: int8 per 256 values for the K-quants
+#: (llama.cpp's Q8_K), int16 or int8 per 32 for the rest (Q8_0); the coarsest bounds all.
+GGML_ACTIVATIONS = ScaleDescriptor("int8", "group", dynamic=True, group_shape=(1, 256))
 #: The C kernel over GGUF blocks (its library, each variant's ``native``, built when first
 #: bound or by ``hwplug build``): name -> (build, features, priority).
 _GGML_BUILDS = {"ggml_vnni": ("VNNI", ("x86_64", "avx2", "fma", "f16c", "avx512bw",
@@ -90,7 +94,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          description="decode batches up to 16 MiB of K/V: gather the blocks, one SDPA call"),
     *(dict(op="ggml_linear", name=name, impl=f"{_GGML}{build}.linear", features=features,
            supports=_GGML + "linear_supported", native=_GGML + build, dtypes=FLOAT_DTYPES,
-           priority=priority,
+           priority=priority, activation_quantization=GGML_ACTIVATIONS,
            description=f"C ({build.lower()}): integer dot products on the GGUF blocks "
                        "(activations int8 per 256 for the K-quants and IQ4_XS, int16 or int8 "
                        "per 32 for the rest, as tuned); past a tuned row count, fp32 tiles of "

@@ -13,21 +13,26 @@ from __future__ import annotations
 from typing import Any
 
 from hwplug.hookspecs import hookimpl
+from hwplug.quantization import ScaleDescriptor
 
 hwplug_api_version = ">=1,<2"
 
 _KLEIDIAI = "hwplug_cpu_arm.kleidiai:"
 _INT4 = "KleidiAI int4 GEMM (torch._dyn_quant_matmul_4bit), activations int8 per row"
+#: KleidiAI rounds each activation row to int8 (asymmetric over the row's range; a
+#: symmetric per-token step bounds it) before its integer dot products.
+_ROW_INT8 = ScaleDescriptor("int8", "token", dynamic=True)
 #: The variants hwplug-cpu-arm registers (register_variant arguments).
 ARM_VARIANTS: list[dict[str, Any]] = [
     dict(op="int4_linear", name="kleidiai", impl=_KLEIDIAI + "int4_linear",
          supports=_KLEIDIAI + "int4_linear_supported", dtypes=("float32",),
-         features=("dotprod",), packages={"torch": ">=2.6"}, description=_INT4),
+         features=("dotprod",), packages={"torch": ">=2.6"}, description=_INT4,
+         activation_quantization=_ROW_INT8),
     # torch's bf16-activation KleidiAI kernels (per-row scales) arrived in 2.10
     dict(op="int4_linear", name="kleidiai_bf16", impl=_KLEIDIAI + "int4_linear",
          supports=_KLEIDIAI + "int4_linear_supported", dtypes=("bfloat16",),
          features=("dotprod", "bf16"), packages={"torch": ">=2.10"},
-         description=_INT4 + ", bf16 in and out"),
+         description=_INT4 + ", bf16 in and out", activation_quantization=_ROW_INT8),
 ]
 
 
