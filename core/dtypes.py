@@ -14,20 +14,30 @@ from hwplug.errors import UnsupportedError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AUTO", "DTYPE_NAMES", "FLOAT_DTYPES", "FP8_KV_DTYPES", "INT_DTYPES", "auto_dtype",
-           "dtype_name", "is_quantized_kv_cache", "named_torch_dtype", "torch_dtype"]
+__all__ = ["AUTO", "DTYPE_NAMES", "FLOAT_DTYPES", "FNUZ_DTYPES", "FNUZ_FEATURE", "FP8_KV_DTYPES", "INT_DTYPES",
+           "auto_dtype", "dtype_name", "is_quantized_kv_cache", "named_torch_dtype",
+           "torch_dtype"]
 
 #: Floating dtypes a model can compute in.
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-#: One-byte float dtypes a KV cache can store (with k/v scales): the quantized KV caches.
+#: One-byte float dtypes a KV cache can store (with k/v scales): the quantized KV caches,
+#: in the OCP formats (torch ``float8_e4m3fn`` / ``float8_e5m2``).
 FP8_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+#: The fnuz fp8 format (torch ``float8_e4m3fnuz``: no infinities, no negative zero, one
+#: NaN, exponent bias 8, largest 240), which AMD's gfx942 (MI300) computes in: its fp8
+#: weights (OCP e4m3 checkpoints converted, scales doubled) and fp8 KV caches.
+FNUZ_DTYPES = ("fp8_e4m3fnuz",)
+#: The device feature (``DeviceFacts.features``) of a platform whose fp8 is fnuz: fp8
+#: weights and KV caches there are :data:`FNUZ_DTYPES`.
+FNUZ_FEATURE = "fp8-fnuz"
 #: Integer dtypes quantized weights and activations are stored in.
 INT_DTYPES = ("int8",)
 #: dtype names hwplug understands: compute, KV caches, quantized tensors.
-DTYPE_NAMES = (*FLOAT_DTYPES, *FP8_KV_DTYPES, *INT_DTYPES)
+DTYPE_NAMES = (*FLOAT_DTYPES, *FP8_KV_DTYPES, *INT_DTYPES, *FNUZ_DTYPES)
 #: The model dtype that lets the platform choose (see :func:`auto_dtype`).
 AUTO = "auto"
-_TORCH_NAMES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+_TORCH_NAMES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+                "fp8_e4m3fnuz": "float8_e4m3fnuz"}
 _ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
             "fp16": "float16"}
 #: Compute dtypes a checkpoint stored in a dtype may run in without losing what it stores:
@@ -66,9 +76,9 @@ def dtype_name(dtype: Any) -> str:
 
 
 def is_quantized_kv_cache(kv_cache_dtype: str | None) -> bool:
-    """Whether a KV cache of this dtype is quantized (stored with k/v scales): fp8 only;
-    bfloat16, float16 and float32 caches are not."""
-    return kv_cache_dtype in FP8_KV_DTYPES
+    """Whether a KV cache of this dtype is quantized (stored with k/v scales): fp8 only
+    (OCP or fnuz); bfloat16, float16 and float32 caches are not."""
+    return kv_cache_dtype in FP8_KV_DTYPES or kv_cache_dtype in FNUZ_DTYPES
 
 
 def auto_dtype(platform_dtypes: Sequence[str], checkpoint_dtype: str | None) -> str:

@@ -23,7 +23,8 @@ _REF = "hwplug.kernel_registry.reference:"
 _ELEMENTWISE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-3), "bfloat16": (1.6e-2, 1.6e-2)}
 #: An fp8 value stored by two variants may differ by one code (a different rounding of
 #: x / scale): 1 ulp is 2^-3 relative for e4m3, 2^-2 for e5m2.
-_FP8_STORED = {"fp8_e4m3": (2e-3, 0.125), "fp8_e5m2": (2e-3, 0.25)}
+_FP8_STORED = {"fp8_e4m3": (2e-3, 0.125), "fp8_e5m2": (2e-3, 0.25),
+               "fp8_e4m3fnuz": (2e-3, 0.125)}
 #: Attention accumulates over the context; fp32 allows TF32-class dot products.
 _ATTENTION = {"float32": (2e-3, 2e-3), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
 
@@ -104,6 +105,7 @@ embedding(ids [T] int64 | int32, weight [V, H]) -> [T, H] = weight[ids], in weig
 
 scaled_mm = kernels.define_op("scaled_mm", _REF + "scaled_mm",
                               tolerances={"fp8_e4m3": (2e-2, 2e-2), "fp8_e5m2": (5e-2, 5e-2),
+                                          "fp8_e4m3fnuz": (2e-2, 2e-2),
                                           "int8": (1e-3, 1e-4), "float32": (1e-4, 1e-4),
                                           "bfloat16": (2e-2, 2e-2), "float16": (2e-3, 2e-3)},
                               doc="""

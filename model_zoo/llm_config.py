@@ -22,7 +22,7 @@ from typing import Any
 
 from hwplug import checks, envs
 from hwplug.connector import Connector, KVLoadFailurePolicy
-from hwplug.dtypes import AUTO, FLOAT_DTYPES, FP8_KV_DTYPES
+from hwplug.dtypes import AUTO, FLOAT_DTYPES, FNUZ_DTYPES, FP8_KV_DTYPES
 from hwplug.errors import ConfigError
 
 #: Share of the platform's free memory the KV cache takes at most when ``num_kv_blocks``
@@ -134,8 +134,8 @@ class LLMConfig:
         env="HWPLUG_ATTENTION_BACKEND")
     kv_cache_dtype: str | None = option(
         None, "the KV cache's dtype (default: dtype)",
-        checks.choice((*FLOAT_DTYPES, *FP8_KV_DTYPES), none="the compute dtype"),
-        choices=(*FLOAT_DTYPES, *FP8_KV_DTYPES))
+        checks.choice((*FLOAT_DTYPES, *FP8_KV_DTYPES, *FNUZ_DTYPES), none="the compute dtype"),
+        choices=(*FLOAT_DTYPES, *FP8_KV_DTYPES, *FNUZ_DTYPES))
     calculate_kv_scales: bool = option(
         False, "fp8 KV cache: compute the k/v scales from the first batch (default: the "
         "checkpoint's, else 1)", checks.boolean)

@@ -23,7 +23,7 @@ from hwplug import ops
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
 from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
-from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
+from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, is_quantized_kv_cache
 from hwplug.errors import UnsupportedError
 from hwplug.kv_cache_layout import NHD, KVCacheLayout
 
@@ -106,7 +106,7 @@ def reshape_and_cache(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int
 def _kv_scales(draw: st.DrawFn, rng: torch.Generator, kv_dtype: str, num_kv_heads: int
                ) -> tuple[dict[str, torch.Tensor], str]:
     """``k_scale``/``v_scale`` for an fp8 cache (per tensor or per KV head), else none."""
-    if kv_dtype not in FP8_KV_DTYPES:
+    if not is_quantized_kv_cache(kv_dtype):
         return {}, ""
     per_head = draw(st.booleans())
     shape = (num_kv_heads,) if per_head else ()
@@ -243,7 +243,7 @@ def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int])
              f"sliding_window={window}, soft_cap={soft_cap}")
     args = (query, kv_cache, batch.metadata(), params)
     # a variant and the reference read the same stored fp8 values: compute errors only
-    judged = (dtype,) if kv_dtype in FP8_KV_DTYPES else (dtype, kv_dtype)
+    judged = (dtype,) if is_quantized_kv_cache(kv_dtype) else (dtype, kv_dtype)
     return Case(args, {}, judged, label)
 
 

@@ -1,6 +1,6 @@
 """KV-cache layouts against their contract: exact conversions and block access.
 
-For each float and fp8 cache dtype, a random ``NHD`` cache is written into a cache of the
+For each float and fp8 (OCP and fnuz) cache dtype, a random ``NHD`` cache is written into a cache of the
 layout's own ``shape`` with ``from_reference`` (the cache must pass the layout's
 ``check``) and must come back bit for bit through ``to_reference``. Blocks taken with
 ``select_blocks`` must read, through ``to_reference``, as those blocks of the ``NHD``
@@ -19,7 +19,7 @@ import torch
 from hwplug.conformance.execution import Observed, observing, ran_on
 from hwplug.conformance.result import Check, CheckResult, Outcome
 from hwplug.conformance.target import Placement
-from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, torch_dtype
+from hwplug.dtypes import FLOAT_DTYPES, FNUZ_DTYPES, FP8_KV_DTYPES, torch_dtype
 from hwplug.kv_cache_layout import NHD, KVCacheLayout
 
 __all__ = ["check_layout", "layout_check"]
@@ -69,7 +69,7 @@ def _problem(layout: KVCacheLayout, dtype: torch.dtype, device: str,
 def _outcome(layout: KVCacheLayout, placement: Placement) -> Outcome:
     if not isinstance(layout, KVCacheLayout):
         return "failed", f"{layout!r} is not a KVCacheLayout"
-    dtypes = [*FLOAT_DTYPES, *FP8_KV_DTYPES]
+    dtypes = [*FLOAT_DTYPES, *FP8_KV_DTYPES, *FNUZ_DTYPES]
     with observing() as observed:
         for name in dtypes:
             problem = _problem(layout, torch_dtype(name), placement.device, observed)

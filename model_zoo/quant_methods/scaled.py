@@ -7,21 +7,26 @@ call it quantizes the activation (dynamic per tensor, token or token group, or w
 checkpoint's static ``input_scale``) unless the scheme is weight-only, and calls the op,
 whose variant the kernel registry chooses. Per-tensor scales of fused layers (q/k/v,
 gate/up) are loaded per shard: weight scales then act per output channel (collapsed to one
-when all agree), and one input scale, the largest, serves the fused input.
+when all agree), and one input scale, the largest, serves the fused input. On a device that
+computes fp8 in the fnuz format (AMD gfx942), e4m3 checkpoints are converted after loading
+(the same bytes as e4m3fnuz, scales doubled, as vLLM does) and activations are quantized to
+e4m3fnuz.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from hwplug.dtypes import dtype_name, torch_dtype
+from hwplug.dtypes import FNUZ_DTYPES, FNUZ_FEATURE, dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError
 from hwplug.kernel_registry.reference.matmul import expand_scale
 from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.model_zoo.quant_methods.activations import quantize
+from hwplug.model_zoo.quant_methods.fnuz import e4m3fn_to_fnuz
 from hwplug.model_zoo.quant_methods.formats import (
     LinearScheme,
     compressed_tensors_scheme,
@@ -116,15 +121,34 @@ class ScaledLinearMethod(QuantMethod):
             layer.input_scale.weight_loader = _fill_rows
         layer.register_parameter("bias", nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
+        plan = kernels_of(layer)
+        layer.fnuz = self._converts_to_fnuz(plan)
+        if layer.fnuz and activation is not None:
+            activation = dataclasses.replace(activation, dtype=FNUZ_DTYPES[0])
+        layer.activation = activation
         # scaled_mm dispatches on its activation: quantized here, or the model's for W8A16
-        layer.gemm_kernel = kernels_of(layer).bind(
+        layer.gemm_kernel = plan.bind(
             "scaled_mm", activation.dtype if activation is not None else dtype_name(params_dtype))
+
+    def _converts_to_fnuz(self, plan: Any) -> bool:
+        """Whether OCP e4m3 weights become e4m3fnuz here: the platform the layer's kernels
+        are planned for computes fp8 in fnuz (:data:`~hwplug.dtypes.FNUZ_FEATURE`)."""
+        platform = getattr(plan, "platform", None)
+        return (self.scheme.weight.dtype == "fp8_e4m3" and platform is not None
+                and FNUZ_FEATURE in platform.facts.features)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Lay the scales out as ``scaled_mm`` reads them: ``layer.scale_b`` (scalar,
         ``[1, N]`` or ``[K / bk, N / bn]``) and ``layer.scale_a`` (the static input scale,
-        or 1 for weight-only; None when dynamic)."""
+        or 1 for weight-only; None when dynamic). Where the device computes in fnuz, the
+        e4m3 weights are converted first and their scales doubled (:mod:`.fnuz`)."""
         scale = getattr(layer, self.scheme.weight_scale_name).detach().float()
+        input_scale = getattr(layer, "input_scale", None)
+        if layer.fnuz:
+            weight, scale, input_scale = e4m3fn_to_fnuz(
+                layer.weight.detach(), scale,
+                None if input_scale is None else input_scale.detach().float())
+            layer.weight = nn.Parameter(weight, requires_grad=False)
         if self.scheme.weight.granularity == "tensor":
             scale = scale[0] if bool((scale == scale[0]).all()) else scale[:, None]
         layer.register_buffer("scale_b", scale.t() if scale.dim() else scale, persistent=False)
@@ -132,12 +156,12 @@ class ScaledLinearMethod(QuantMethod):
         if activation is None:
             scale_a = torch.ones((), device=scale.device)
         elif not activation.dynamic:
-            scale_a = layer.input_scale.detach().float().amax()
+            scale_a = input_scale.detach().float().amax()
         layer.register_buffer("scale_a", scale_a, persistent=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        activation = self.scheme.activation
+        activation = layer.activation
         if activation is None:
             a, scale_a = rows, layer.scale_a
         else:

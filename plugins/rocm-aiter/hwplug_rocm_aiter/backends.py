@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.attention import AttentionSpec, InternalFallback
-from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, torch_dtype
+from hwplug.dtypes import FLOAT_DTYPES, FNUZ_DTYPES, FP8_KV_DTYPES, torch_dtype
 from hwplug_rocm_aiter.aiter_attention import AITER_BLOCK_SIZES, AITER_HEAD_SIZES
 from hwplug_rocm_aiter.layout import ROCM_PA, chunk_elements
 from hwplug_triton.backend import VariantBackedAttention
@@ -57,7 +57,8 @@ class RocmTritonBackend(_RocmPagedAttention):
     """hwplug-triton's split-KV decode and paged flash-attention prefill kernels."""
 
     supported_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (*FLOAT_DTYPES, *FP8_KV_DTYPES)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
+        *FLOAT_DTYPES, *FP8_KV_DTYPES, *FNUZ_DTYPES)
     internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = (
         InternalFallback("every query length is 1", "split-KV decode kernel"),
         InternalFallback("any query length > 1", "paged flash-attention prefill kernel"),

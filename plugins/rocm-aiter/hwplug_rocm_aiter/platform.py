@@ -6,14 +6,14 @@ import dataclasses
 from functools import cache
 from typing import ClassVar
 
-from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES
+from hwplug.dtypes import FLOAT_DTYPES, FNUZ_DTYPES, FNUZ_FEATURE, FP8_KV_DTYPES
 from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo
 from hwplug.platforms.amd import gfx_capability
 from hwplug_triton.platform import TritonGpuPlatform
 
-#: The fp8 flavour each ISA computes in. hwplug's fp8 KV caches (``fp8_e4m3``,
-#: ``fp8_e5m2``) are the OCP formats (torch ``float8_e4m3fn`` / ``float8_e5m2``); gfx942
-#: (MI300) computes in the fnuz formats instead, gfx950 (MI350) and RDNA4 in OCP's.
+#: The fp8 flavour each ISA computes in. hwplug's ``fp8_e4m3`` / ``fp8_e5m2`` are the OCP
+#: formats (torch ``float8_e4m3fn`` / ``float8_e5m2``); gfx942 (MI300) computes in the fnuz
+#: formats instead (hwplug's ``fp8_e4m3fnuz``), gfx950 (MI350) and RDNA4 in OCP's.
 FP8_FLAVOURS = {"gfx942": "e4m3fnuz", "gfx950": "e4m3fn", "gfx1200": "e4m3fn",
                 "gfx1201": "e4m3fn"}
 
@@ -31,25 +31,34 @@ class RocmPlatform(TritonGpuPlatform):
     device_type: ClassVar[str] = "cuda"
     vendor: ClassVar[str] = "amd"
     dist_backend: ClassVar[str] = "rccl"
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (*FLOAT_DTYPES, *FP8_KV_DTYPES)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
+        *FLOAT_DTYPES, *FP8_KV_DTYPES, *FNUZ_DTYPES)
     #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = (
         "ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED")
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
-        """fp8 KV caches and fp8 checkpoints where the ISA computes in OCP fp8 (gfx950,
-        RDNA4); elsewhere neither, the flavour stated."""
+        """fp8 by the ISA's flavour: OCP (gfx950, RDNA4): fp8_e4m3 / fp8_e5m2 KV caches and
+        fp8 checkpoints; fnuz (gfx942): the fp8_e4m3fnuz KV cache, and fp8 checkpoints,
+        which the fp8 method converts from OCP e4m3 (the device feature
+        :data:`~hwplug.dtypes.FNUZ_FEATURE` says so); elsewhere no fp8, the reason
+        stated."""
         target = self._gfx_target()
         flavour = FP8_FLAVOURS.get(target or "")
         if flavour == "e4m3fn":
-            return facts.narrowed(f"fp8 flavour e4m3fn (OCP) on {target}: fp8 KV caches "
-                                  "fp8_e4m3 / fp8_e5m2 and fp8 checkpoints")
-        reason = (f"fp8 flavour {flavour} on {target}: hwplug's fp8 KV caches and fp8 "
-                  "checkpoints are OCP e4m3fn / e5m2, which it does not compute in, so "
-                  "neither is offered" if flavour is not None else
-                  f"no fp8 on {target or 'an unknown ISA'}: no fp8 KV cache or checkpoint")
-        facts = facts.without_dtypes(FP8_KV_DTYPES, reason)
+            return facts.without_dtypes(
+                FNUZ_DTYPES, f"fp8 flavour e4m3fn (OCP) on {target}: fp8 KV caches fp8_e4m3 "
+                             "/ fp8_e5m2 and fp8 checkpoints")
+        if flavour == "e4m3fnuz":
+            facts = facts.without_dtypes(
+                FP8_KV_DTYPES, f"fp8 flavour e4m3fnuz on {target}: the fp8 KV cache is "
+                               "fp8_e4m3fnuz (not OCP fp8_e4m3 / fp8_e5m2), and OCP e4m3 fp8 "
+                               "checkpoints are converted to e4m3fnuz, their scales doubled")
+            return dataclasses.replace(facts, features=facts.features | {FNUZ_FEATURE})
+        facts = facts.without_dtypes((*FP8_KV_DTYPES, *FNUZ_DTYPES),
+                                     f"no fp8 on {target or 'an unknown ISA'}: no fp8 KV "
+                                     "cache or checkpoint")
         return dataclasses.replace(facts, supported_quant_methods=tuple(
             m for m in facts.supported_quant_methods if m != "fp8"))
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import hwplug_triton
 from hwplug import hookimpl
+from hwplug.dtypes import FNUZ_DTYPES, FNUZ_FEATURE
 
 hwplug_api_version = ">=1,<2"
 
@@ -42,10 +43,13 @@ def hwplug_register_kernels(registry: Any) -> None:
     hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm_pa",
                            ops=tuple(ROCM_PA_KERNELS), modules=ROCM_PA_KERNELS,
                            layouts=(LAYOUT,), min_capability=TRITON_MIN_CAPABILITY)
-    # OCP fp8 (e4m3fn / e5m2) checkpoints: gfx950 and RDNA4 (the platform offers no fp8
-    # where the ISA computes in the fnuz flavour, gfx942)
+    # OCP fp8 (e4m3fn / e5m2) checkpoints: gfx950 and RDNA4; fnuz ones (OCP e4m3
+    # checkpoints converted by the fp8 method) where the ISA computes in fnuz, gfx942
     hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm",
                            ops=hwplug_triton.FP8_OPS, min_capability="9.5")
+    hwplug_triton.register(registry, platforms=("rocm",), name="triton_rocm_fnuz",
+                           ops=hwplug_triton.FP8_OPS, dtypes=FNUZ_DTYPES,
+                           features=(FNUZ_FEATURE,))
     registry.register_variant(
         "paged_attention", "aiter", "hwplug_rocm_aiter.aiter_api:paged_attention",
         supports="hwplug_rocm_aiter.aiter_attention:supported", platforms=("rocm",),

@@ -16,6 +16,7 @@ from fake_hw import add_amd_vram, make_amd_tree, make_nvidia_tree
 from plugin_checks import check_activate, discovered
 
 from hwplug.config import EngineConfig
+from hwplug.dtypes import FNUZ_FEATURE
 from hwplug.errors import UnsupportedError
 from hwplug.platform_interface import DeviceCapability, MemoryInfo
 from hwplug.platforms import amd
@@ -42,18 +43,20 @@ def amd_host(tmp_path, monkeypatch, fresh_discovery):
     return make
 
 
-def test_an_mi300x_is_gfx942_capability_9_4_with_fnuz_fp8_so_no_fp8_kv_cache(amd_host):
+def test_an_mi300x_is_gfx942_capability_9_4_with_fnuz_fp8(amd_host):
     mi300x = amd_host("AMD Instinct MI300X", 90402, count=8)
     facts = mi300x.facts
     assert (facts.device_name, facts.canonical_name, facts.device_count) == (
         "AMD Instinct MI300X", "mi300x", 8)
     assert facts.capability == DeviceCapability(9, 4) and mi300x.has_capability("9.0")
-    assert facts.supported_kv_cache_dtypes == ("float32", "bfloat16", "float16")
-    assert facts.notes == ("fp8 flavour e4m3fnuz on gfx942: hwplug's fp8 KV caches and fp8 "
-                           "checkpoints are OCP e4m3fn / e5m2, which it does not compute in, "
-                           "so neither is offered",)
+    assert facts.supported_kv_cache_dtypes == ("float32", "bfloat16", "float16",
+                                               "fp8_e4m3fnuz")
+    assert facts.notes == ("fp8 flavour e4m3fnuz on gfx942: the fp8 KV cache is fp8_e4m3fnuz "
+                           "(not OCP fp8_e4m3 / fp8_e5m2), and OCP e4m3 fp8 checkpoints are "
+                           "converted to e4m3fnuz, their scales doubled",)
+    assert FNUZ_FEATURE in facts.features
     assert facts.supported_dtypes[0] == "bfloat16" and facts.supported_quant_methods == (
-        "unquantized", "gguf")
+        "unquantized", "fp8", "gguf")
     assert facts.attention_backend_priority == ("ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED")
     assert (mi300x.dist_backend, mi300x.device_type, mi300x.families) == (
         "rccl", "cuda", ("triton",))
@@ -65,6 +68,7 @@ def test_an_mi355x_is_gfx950_with_ocp_fp8_kv_caches(amd_host):
     assert mi355x.facts.capability == DeviceCapability(9, 5)
     assert mi355x.facts.supported_kv_cache_dtypes == (
         "float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
+    assert FNUZ_FEATURE not in mi355x.facts.features
     assert mi355x.facts.notes == (
         "fp8 flavour e4m3fn (OCP) on gfx950: fp8 KV caches fp8_e4m3 / fp8_e5m2 and fp8 "
         "checkpoints",)

@@ -46,8 +46,8 @@ NHD_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
 FP8_OPS = ("scaled_mm",)
 #: dtypes of each op's dispatch tensor that its kernel serves (others: the model dtypes):
 #: ``ggml_embedding`` dispatches on its ids (any: the call checks them), ``scaled_mm`` on
-#: its fp8 activation. The kernel also computes in the fnuz formats, which hwplug names
-#: no dtype for, so no fnuz tensor reaches it through the registry.
+#: its fp8 activation (OCP formats). The kernel also computes in fnuz: a plugin whose device
+#: does registers it with ``dtypes=("fp8_e4m3fnuz",)`` (hwplug-rocm-aiter on gfx942).
 DISPATCH_DTYPES: dict[str, tuple[str, ...]] = {
     "ggml_embedding": (),
     "scaled_mm": ("fp8_e4m3", "fp8_e5m2"),
@@ -62,7 +62,8 @@ def register(registry: Any, *, platforms: tuple[str, ...], name: str = "triton",
     dtypes fp32 / bf16 / fp16 (of the op's dispatch tensor: fp8 caches are read and
     written, never dispatched on), gated by ``triton`` being installed plus the caller's
     ``gates`` (:class:`~hwplug.kernel_registry.Variant` facts such as ``min_capability``,
-    ``features``, more ``packages`` or the ``layouts`` a cache op's kernel serves).
+    ``features``, more ``packages``, the ``layouts`` a cache op's kernel serves, or
+    ``dtypes`` of the dispatch tensor in place of the op's defaults).
 
     The kernel of an op is ``hwplug_triton.kernels.<KERNEL_MODULES[op]>``, or the module
     ``modules`` names for it (a plugin's own, with the op's entry point, decorated with
@@ -71,10 +72,11 @@ def register(registry: Any, *, platforms: tuple[str, ...], name: str = "triton",
     ``name`` no other plugin registers for the same op.
     """
     packages = {"triton": TRITON_REQUIREMENT, **gates.pop("packages", {})}
+    dtypes = gates.pop("dtypes", None)
     for op in ops:
         module = (modules or {}).get(op) or _KERNELS + KERNEL_MODULES[op]
         registry.register_variant(
             op, name, f"{module}:{op}.unchecked", supports=f"{module}:supported",
-            platforms=platforms, dtypes=DISPATCH_DTYPES.get(op, FLOAT_DTYPES),
+            platforms=platforms, dtypes=dtypes or DISPATCH_DTYPES.get(op, FLOAT_DTYPES),
             priority=priority, packages=packages,
             description=f"hwplug-triton kernel ({module.rsplit('.', 1)[-1]})", **gates)
