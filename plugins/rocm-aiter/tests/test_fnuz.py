@@ -13,8 +13,10 @@ import torch
 from fake_hw import make_amd_tree
 from plugin_checks import discovered
 
+from hwplug.config import EngineConfig
 from hwplug.conformance import Placement, check_backend, check_quant_method, check_variant
 from hwplug.dtypes import FNUZ_FEATURE, dtype_name, is_quantized_kv_cache, torch_dtype
+from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import kernels
 from hwplug.model_zoo.quant_methods.fnuz import e4m3fn_to_fnuz
 from hwplug.model_zoo.quant_methods.scaled import Fp8LinearMethod
@@ -50,6 +52,13 @@ def test_gfx942_offers_fp8_checkpoints_and_the_fnuz_kv_cache(mi300x):
     assert FNUZ_FEATURE in facts.features and "fp8" in facts.supported_quant_methods
     assert "fp8_e4m3fnuz" in facts.supported_kv_cache_dtypes
     assert "fp8_e4m3" not in facts.supported_kv_cache_dtypes
+    config = EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3fnuz")
+    mi300x.check_and_update_config(config)
+    assert config.attention_backend == "ROCM_TRITON"  # AITER's wrapper takes no fp8 cache
+    with pytest.raises(UnsupportedError, match="KV-cache dtype 'fp8_e4m3' is not supported "
+                                               "on platform 'rocm'"):
+        mi300x.check_and_update_config(
+            EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"))
 
 
 def test_an_ocp_fp8_checkpoint_is_converted_and_computed_in_fnuz(mi300x):
