@@ -28,10 +28,14 @@ FAKE_TREES = {"cuda": make_nvidia_tree, "rocm": make_amd_tree, "xpu": make_intel
               "tpu": make_tpu_tree}
 
 
-def _kit(plugin: str, root: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _kit(plugin: str, root: Path | None, **extra: str
+         ) -> tuple[subprocess.CompletedProcess[str], dict]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("HWPLUG_PLATFORM", "HWPLUG_PLUGINS", "TRITON_INTERPRET")}
-    env.update(HWPLUG_PROBE_ROOT=str(root), JAX_PLATFORMS="cpu", COLUMNS="250")
+           if k not in ("HWPLUG_PLATFORM", "HWPLUG_PLUGINS", "TRITON_INTERPRET",
+                        "HWPLUG_PROBE_ROOT")}
+    env.update(JAX_PLATFORMS="cpu", COLUMNS="250", **extra)
+    if root is not None:
+        env["HWPLUG_PROBE_ROOT"] = str(root)
     proc = subprocess.run([sys.executable, "-m", "hwplug.cli.main", "conformance", plugin,
                            "--kernel-examples", "2", "--attention-examples", "1", "--json"],
                           capture_output=True, text=True, env=env, timeout=300)
@@ -60,6 +64,18 @@ def test_accelerator_plugins_on_this_machine_never_read_passed(plugin, tmp_path)
         assert {r["simulation"] for r in simulated} == {"JAX CPU"}
     else:  # Triton kernels ran in the interpreter (counted), the backends' ops on CPU
         assert results[f"kernel rms_norm/{_triton_name(plugin)}"]["simulation"] == INTERPRETER
+
+
+def test_jax_on_cpu_standing_in_for_a_tpu_is_simulated_not_passed():
+    """The tpu README's way to run the kit here: HWPLUG_PLATFORM=tpu with JAX on its CPU.
+    The probe reports JAX's CPU as a stand-in and the platform is 'present', yet the JAX
+    kernels ran on JAX's CPU backend: simulated."""
+    proc, data = _kit("tpu", None, HWPLUG_PLATFORM="tpu")
+    assert data["word"] in ("SIMULATED", "NOT CHECKED") and proc.returncode == 3, proc.stdout
+    jax_rows = [r for r in data["results"] if r["check"].startswith("kernel ")
+                and r["check"].endswith("/jax") and r["status"] != "not checked"]
+    assert jax_rows and {(r["status"], r["simulation"]) for r in jax_rows} == {
+        ("simulated", "JAX CPU")}, jax_rows
 
 
 def _triton_name(plugin: str) -> str:

@@ -12,7 +12,8 @@ tensors it returned or wrote (:meth:`Observed.tensors`). The observation holds:
 :func:`ran_on` turns the observation and the :class:`~hwplug.conformance.target.Placement`
 (the platform's probe result: present and usable, or simulated) into the row's status:
 ``passed`` (checked on the platform's device: the placement simulates nothing, every
-tensor is on its device type and no interpreter ran) or ``simulated``, with what stood in
+tensor is on its device type, no interpreter ran, and JAX code ran on JAX's CPU only for a
+CPU platform) or ``simulated``, with what stood in
 for the device: ``Triton interpreter``, ``JAX CPU`` or ``CPU stand-in`` (torch code on CPU
 tensors, e.g. torch's CPU ``_scaled_mm`` standing in for cuBLASLt).
 """
@@ -115,7 +116,13 @@ def ran_on(placement: Placement, observed: Observed, module: str) -> tuple[Statu
     """``("passed", "")`` when the code (of ``module``) ran on the placement's device,
     else ``("simulated", what stood in for it)`` (see the module docstring)."""
     device = placement.device.partition(":")[0]
-    if not placement.simulating and not observed.launches and observed.devices <= {device}:
+    platform = placement.platform
+    # JAX on its CPU backend is the device only for a CPU platform (e.g. not for a TPU
+    # platform whose probe took JAX's CPU as a stand-in, JAX_PLATFORMS=cpu)
+    jax_stand_in = _jax_on_cpu(module) and not (platform is not None
+                                               and platform.matches(("cpu",)))
+    if (not placement.simulating and not observed.launches and not jax_stand_in
+            and observed.devices <= {device}):
         return "passed", ""
     if observed.launches:
         return "simulated", INTERPRETER
