@@ -11,6 +11,7 @@ or ``"8"`` for a count is a type error, never silently converted.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from numbers import Integral, Real
 from typing import Any
@@ -90,6 +91,43 @@ def text(*, none: str | None = None) -> Check:
             raise ConfigError(f"{name} must be a non-empty string{extra}, got "
                               f"{describe(value)}")
         return value
+    return check
+
+
+def real(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+         none: str | None = None) -> Check:
+    """A finite real number (an int or a float, not a bool or a string) in ``[low, high]``
+    (``(low, high]`` with ``low_open``); with ``none``, also None."""
+    bounds = [f"{'>' if low_open else '>='} {low}" if low is not None else "",
+              f"<= {high}" if high is not None else ""]
+    wanted = " and ".join(b for b in bounds if b)
+    wanted = f"a finite number{' ' + wanted if wanted else ''}"
+    if none is not None:
+        wanted = f"None ({none}) or {wanted}"
+
+    def check(name: str, value: Any) -> Any:
+        if value is None and none is not None:
+            return None
+        if (not isinstance(value, Real) or isinstance(value, bool)
+                or not math.isfinite(value)
+                or (low is not None and (value <= low if low_open else value < low))
+                or (high is not None and value > high)):
+            raise ConfigError(f"{name} must be {wanted}, got {describe(value)}")
+        return value
+    return check
+
+
+def path(*, none: str | None = None) -> Check:
+    """A file-system path: a non-empty ``str`` or ``os.PathLike`` without NUL bytes (as a
+    ``str``); with ``none``, also None."""
+    as_text = text(none=none)
+
+    def check(name: str, value: Any) -> Any:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, bytes):
+            raise ConfigError(f"{name} must be a path as text, got {describe(value)}")
+        return as_text(name, value)
     return check
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from hwplug import checks
 from hwplug.connector import (
     BlockTransfer,
     Connector,
@@ -55,7 +56,8 @@ class LayerwiseConnector(Connector):
     def __init__(self, layout: KVLayout, policy: str | None = None, *,
                  load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> None:
         super().__init__(layout, policy)
-        self._load_timeout_s = load_timeout_s
+        self._load_timeout_s = checks.real(0, threading.TIMEOUT_MAX, low_open=True)(
+            "kv_connector_config load_timeout_s", load_timeout_s)
         self._layer_done: dict[str, threading.Event] = {}
         self._failed: set[int] = set()
         self._load_ids: list[int] = []

@@ -30,6 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from hwplug import checks
 from hwplug.connector import KVLayout, compatibility_key
 from hwplug.errors import ConfigError
 from hwplug.model_zoo.connectors.layerwise import DEFAULT_LOAD_TIMEOUT_S, LayerwiseConnector
@@ -54,6 +55,7 @@ class SharedStorageConnector(LayerwiseConnector):
         if path is None:
             raise ConfigError("the shared_storage connector needs kv_connector_config "
                               "{'path': <directory>}")
+        path = checks.path()("kv_connector_config path", path)
         super().__init__(layout, policy, load_timeout_s=load_timeout_s)
         self.directory = Path(path) / compatibility_key(layout)
         try:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hwplug.errors import UnsupportedError
+from hwplug import checks
+from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.quantization import ScaleDescriptor
 
 #: Modules a checkpoint may leave unquantized that hwplug never quantizes anyway.
@@ -57,6 +58,10 @@ def fp8_scheme(config: dict[str, Any]) -> LinearScheme:
     """The scheme of a ``quant_method: fp8`` config."""
     block = config.get("weight_block_size")
     dynamic = config.get("activation_scheme", "dynamic") == "dynamic"
+    if block is not None and (not isinstance(block, (list, tuple))
+                              or not all(checks.is_integer(b) and b >= 1 for b in block)):
+        raise ConfigError(f"quantization_config weight_block_size must be a list of "
+                          f"positive integers (e.g. [128, 128]), got {checks.describe(block)}")
     if block:
         if len(block) != 2 or not dynamic:
             raise UnsupportedError(f"fp8 weight_block_size {block!r} needs two sizes and "
@@ -75,7 +80,7 @@ def compressed_tensors_scheme(config: dict[str, Any]) -> LinearScheme:
     if ignored:
         raise UnsupportedError(f"compressed-tensors checkpoints that leave {ignored} "
                                "unquantized are not supported (only lm_head may be ignored)")
-    groups = list((config.get("config_groups") or {}).values())
+    groups = list(config_groups(config).values())
     if len(groups) != 1 or "Linear" not in groups[0].get("targets", ()):
         raise UnsupportedError("compressed-tensors: expected one config group targeting "
                                f"Linear, got {len(groups)}")
@@ -83,6 +88,16 @@ def compressed_tensors_scheme(config: dict[str, Any]) -> LinearScheme:
     activations = groups[0].get("input_activations")
     activation = _descriptor(activations, "input_activations") if activations else None
     return LinearScheme(weights, activation)
+
+
+def config_groups(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A compressed-tensors config's ``config_groups`` (group name -> group mapping; none:
+    empty); another type is a :class:`ConfigError` naming it."""
+    groups = checks.mapping(none="no groups")("quantization_config config_groups",
+                                              config.get("config_groups")) or {}
+    for name, group in groups.items():
+        checks.mapping()(f"quantization_config config_groups[{name!r}]", group)
+    return groups
 
 
 def _descriptor(spec: dict[str, Any] | None, what: str) -> ScaleDescriptor:

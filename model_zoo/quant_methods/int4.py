@@ -27,7 +27,11 @@ from hwplug.dtypes import dtype_name
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.reference.int4 import dequantize_int4
 from hwplug.model_zoo.kernel_binding import kernels_of
-from hwplug.model_zoo.quant_methods.formats import LinearScheme, compressed_tensors_scheme
+from hwplug.model_zoo.quant_methods.formats import (
+    LinearScheme,
+    compressed_tensors_scheme,
+    config_groups,
+)
 from hwplug.quantization import QuantMethod, ScaleDescriptor
 
 #: compressed-tensors' name of this packing.
@@ -46,7 +50,7 @@ def _accept_shape(param: torch.Tensor, tensor: torch.Tensor, rows: tuple[int, in
 
 def _packed_format(config: dict[str, Any]) -> str | None:
     """The compressed-tensors format of a config: its group's, else the top-level one."""
-    groups = list((config.get("config_groups") or {}).values())
+    groups = list(config_groups(config).values())
     return (groups[0].get("format") if groups else None) or config.get("format")
 
 
