@@ -121,6 +121,9 @@ _DECLARED = [
            str.lower, ("auto", "never")),
     EnvVar("HWPLUG_ATTENTION_BACKEND", "backend name", None,
            "Use this attention backend instead of the platform's priority list.", str),
+    EnvVar("HWPLUG_RENDEZVOUS_TIMEOUT_S", "number of seconds", None,
+           "How long the ranks of a tensor-parallel LLM wait for each other to join (the "
+           "rendezvous_timeout_s option of every LLM not given one).", _seconds),
     EnvVar("HWPLUG_KV_CONNECTOR", "connector name", None,
            "The KV connector of every LLM (and hwplug generate / serve) not given one.", str),
     EnvVar("HWPLUG_KV_CONNECTOR_CONFIG", "JSON or @file", None,

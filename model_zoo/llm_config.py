@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,9 @@ DEFAULT_KV_CACHE_FRACTION = 0.02
 #: for 128k tokens unless asked.
 DEFAULT_MAX_MODEL_LEN = 4096
 KV_SCALE_GRANULARITIES = ("tensor", "head")
+#: ``rendezvous_timeout_s``'s default: spawned ranks import torch and hwplug before they
+#: join, which takes seconds, not minutes.
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,11 @@ class LLMConfig:
         checks.text(none="not published"), metavar="URL")
     tensor_parallel_size: int = option(1, "split the model over N processes",
                                        checks.integer(1), parse=int, metavar="N")
+    rendezvous_timeout_s: float = option(
+        DEFAULT_RENDEZVOUS_TIMEOUT_S, "seconds the ranks of a tensor-parallel run wait for "
+        "each other to join; a rank that dies or never joins is a WorkerError after this",
+        checks.real(0, threading.TIMEOUT_MAX, low_open=True), parse=float, metavar="S",
+        env="HWPLUG_RENDEZVOUS_TIMEOUT_S")
     data_parallel_size: int = option(1, "run N engine replicas sharing the prompts",
                                      checks.integer(1), parse=int, metavar="N")
     step_graphs: bool = option(

@@ -82,7 +82,7 @@ class Parallelism:
         if rendezvous is not None:
             from hwplug.model_zoo.engine.parallel.tensor import TensorParallelGroup
 
-            self.tensor = TensorParallelGroup(rendezvous)
+            self.tensor = TensorParallelGroup(rendezvous, config.rendezvous_timeout_s)
             closers.append(self.tensor.close)  # before any process starts
             self.tensor.spawn({**options, "tensor_parallel_size": tensor_parallel_size}, plan)
         elif data_parallel_size > 1:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -170,6 +171,41 @@ def test_a_failed_start_raises_its_error_and_stops_every_worker(llama_dir):
                                           "3 tensor-parallel ranks"):
         hwplug.LLM(llama_dir, num_kv_blocks=64, tensor_parallel_size=3)
     assert child_pids() <= before and no_new_shared_memory(shm)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_at_start_is_a_worker_error_within_the_rendezvous_timeout(llama_dir):
+    before, killed = child_pids(), []
+
+    def kill_the_worker() -> None:
+        if wait_until(tensor_parallel_workers, 60):
+            killed.append(tensor_parallel_workers()[0])
+            os.kill(killed[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_worker)
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"tensor-parallel rank 1 \(pid \d+\) was killed by "
+                                          "signal SIGKILL") as caught:
+        hwplug.LLM(llama_dir, num_kv_blocks=64, tensor_parallel_size=2, rendezvous_timeout_s=3)
+    elapsed = time.monotonic() - started
+    killer.join()
+    assert (caught.value.rank, caught.value.pid) == (1, killed[0])
+    assert elapsed < 60, elapsed  # the driver's own start plus 3 s, not COLLECTIVE_TIMEOUT
+    assert child_pids() <= before
+
+
+def test_a_torchrun_rank_whose_peers_never_join_is_a_worker_error(llama_dir, monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(free_port()),
+                        "HWPLUG_RENDEZVOUS_TIMEOUT_S": "1.5"}.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"tensor-parallel rank 0 of 2: the other ranks did "
+                                          r"not join at 127\.0\.0\.1:\d+ within 1\.5 s"):
+        hwplug.LLM(llama_dir, tensor_parallel_size=2)
+    assert time.monotonic() - started < 30
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.slow

@@ -122,10 +122,13 @@ class ProcessGroups:
         self.owns_default = False
 
 
-def join(rendezvous: Rendezvous, platform: Platform) -> ProcessGroups:
+def join(rendezvous: Rendezvous, platform: Platform, timeout_s: float) -> ProcessGroups:
     """Join the rendezvous: the default group over the platform's backend (reused when the
-    launcher's script already created one of the same size), then the command group."""
+    launcher's script already created one of the same size), then the command group.
+    Every rank must join within ``timeout_s`` seconds, else torch.distributed raises (a
+    ``RuntimeError``); once joined, collectives wait up to :data:`COLLECTIVE_TIMEOUT`."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
     backend = torch_backend(platform)
     owns = not dist.is_initialized()
@@ -135,7 +138,9 @@ def join(rendezvous: Rendezvous, platform: Platform) -> ProcessGroups:
         logger.info("rank %d of %d joins %s over %s", rendezvous.rank, rendezvous.world_size,
                     init_method, backend)
         dist.init_process_group(backend, init_method=init_method, rank=rendezvous.rank,
-                                world_size=rendezvous.world_size, timeout=COLLECTIVE_TIMEOUT)
+                                world_size=rendezvous.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)  # joined: the steps' wait
     elif dist.get_world_size() != rendezvous.world_size:
         raise ConfigError(f"the default process group has {dist.get_world_size()} ranks; "
                           f"tensor_parallel_size is {rendezvous.world_size}")

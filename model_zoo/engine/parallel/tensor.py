@@ -56,8 +56,9 @@ class TensorParallelGroup:
     spawning driver starts its workers then); everything else runs on the engine thread,
     except :meth:`close`, which runs after that thread has stopped."""
 
-    def __init__(self, rendezvous: Rendezvous) -> None:
+    def __init__(self, rendezvous: Rendezvous, join_timeout_s: float) -> None:
         self.rendezvous = rendezvous
+        self.join_timeout_s = join_timeout_s
         self.processes: WorkerProcesses | None = None
         self._groups: ProcessGroups | None = None
         self._channel: CommandChannel | None = None
@@ -84,7 +85,10 @@ class TensorParallelGroup:
         torch_backend(platform)  # an unsupported backend fails before anyone waits
         if platform.device_type != "cpu":
             torch.accelerator.set_device_index(self.rendezvous.local_rank)
-        self._groups = join(self.rendezvous, platform)
+        try:
+            self._groups = join(self.rendezvous, platform, self.join_timeout_s)
+        except RuntimeError as exc:  # torch.distributed's: a rank did not join in time
+            raise self._join_failure(exc) from exc
         self._channel = CommandChannel(self._groups.commands,
                                        torch.device(platform.device_type))
         return TensorParallel(self.size, self.rendezvous.rank, communicator_for(platform))
@@ -155,6 +159,17 @@ class TensorParallelGroup:
         except RuntimeError as exc:  # gloo: the driver's socket closed
             raise WorkerError(f"tensor-parallel rank {self.rendezvous.rank} lost the driver "
                               f"(rank 0): {exc}", rank=0) from exc
+
+    def _join_failure(self, exc: Exception) -> WorkerError:
+        """The :class:`WorkerError` of a failed join: the spawned rank that died, else the
+        ranks that did not join within ``join_timeout_s``."""
+        died = self.processes.failure() if self.processes is not None else None
+        if died is not None:
+            return died
+        where = f"{self.rendezvous.addr}:{self.rendezvous.port}"
+        return WorkerError(f"tensor-parallel rank {self.rendezvous.rank} of {self.size}: the "
+                           f"other ranks did not join at {where} within "
+                           f"{self.join_timeout_s:g} s (rendezvous_timeout_s): {exc}")
 
     def _diagnose(self, exc: Exception) -> BaseException:
         """The worker death behind ``exc``, if there is one, else ``exc``."""
