@@ -159,3 +159,31 @@ def mapping(*, none: str | None = None) -> Check:
                               f"{describe(value)}")
         return dict(value)
     return check
+
+
+#: ZeroMQ transports :func:`zmq_endpoint` accepts (those a ``PUB`` socket binds on).
+ZMQ_TRANSPORTS = ("tcp", "ipc", "inproc")
+
+
+def zmq_endpoint(*, none: str | None = None) -> Check:
+    """A ZeroMQ endpoint to bind: ``tcp://HOST:PORT`` (``HOST`` an address, an interface
+    name or ``*``, ``[...]`` around an IPv6 address; ``PORT`` in 1..65535, or ``*`` for one
+    the system picks), ``ipc://PATH`` or ``inproc://NAME``; with ``none``, also None. zmq
+    itself would bind a port above 65535 modulo 65536, and raise ``TypeError`` for an int."""
+    def check(name: str, value: Any) -> Any:
+        if value is None and none is not None:
+            return None
+        if not isinstance(value, str) or "\0" in value:
+            raise ConfigError(f"{name} must be a ZeroMQ endpoint such as tcp://*:5557, got "
+                              f"{describe(value)}")
+        transport, sep, address = value.partition("://")
+        if not sep or transport not in ZMQ_TRANSPORTS or not address.strip():
+            raise ConfigError(f"{name} must be TRANSPORT://ADDRESS, the transport one of "
+                              f"{', '.join(ZMQ_TRANSPORTS)} (e.g. tcp://*:5557), got {value!r}")
+        host, colon, port = address.rpartition(":")
+        if transport == "tcp" and not (
+                colon and host and (port == "*" or (port.isdigit() and 0 < int(port) < 65536))):
+            raise ConfigError(f"{name} must be tcp://HOST:PORT with a port in 1..65535 (or * "
+                              f"for any free one), got {value!r}")
+        return value
+    return check

@@ -165,7 +165,7 @@ class LLMConfig:
         env="HWPLUG_KV_LOAD_FAILURE_POLICY")
     kv_events_endpoint: str | None = option(
         None, "publish KV events over ZeroMQ here (e.g. tcp://*:5557)",
-        checks.text(none="not published"), metavar="URL")
+        checks.zmq_endpoint(none="not published"), metavar="URL")
     tensor_parallel_size: int = option(1, "split the model over N processes",
                                        checks.integer(1), parse=int, metavar="N")
     rendezvous_timeout_s: float = option(

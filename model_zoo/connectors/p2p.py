@@ -31,13 +31,13 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hwplug import checks
 from hwplug.connector import (
     ConnectorMetadata,
     ConnectorRequest,
@@ -50,6 +50,7 @@ from hwplug.errors import ConfigError
 from hwplug.model_zoo.connectors.cpu_offload import DEFAULT_MAX_BYTES
 from hwplug.model_zoo.connectors.host_store import HostBlockStore
 from hwplug.model_zoo.connectors.layerwise import DEFAULT_LOAD_TIMEOUT_S, LayerwiseConnector
+from hwplug.model_zoo.connectors.p2p_group import join_group
 
 logger = logging.getLogger(__name__)
 
@@ -67,21 +68,23 @@ class P2PConnector(LayerwiseConnector):
         if role not in ROLES:
             raise ConfigError(f"the p2p connector needs kv_connector_config role "
                               f"{' or '.join(ROLES)}, got {role!r}")
+        if not checks.is_integer(max_bytes) or max_bytes < 1:
+            raise ConfigError(f"p2p max_bytes must be a positive integer, got {max_bytes!r}")
         super().__init__(layout, policy, load_timeout_s=load_timeout_s)
         self.role = role
-        self._owns_group = not dist.is_initialized()
-        if self._owns_group:
-            dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                                    world_size=world_size,
-                                    timeout=timedelta(seconds=timeout_s))
-        self.peer = peer_rank if peer_rank is not None else 1 - dist.get_rank()
+        group = join_group(rank, world_size, peer_rank, init_method, timeout_s)
+        self._owns_group = group.owns_group
+        self.peer = group.peer
         self.store = HostBlockStore(max_bytes)
         self._broken: str | None = None
         self._incoming: tuple[int, list[int], torch.dtype] | None = None
         try:
             self.peer_layout = self._handshake()
-        except BaseException:
+        except BaseException as exc:
             self._leave_group()
+            if type(exc) is RuntimeError or isinstance(exc, dist.DistError):  # gloo's
+                raise KVTransferError(f"p2p: the layout handshake with rank {self.peer} "
+                                      f"failed: {exc}") from exc
             raise
         self._server: threading.Thread | None = None
         if role == "producer":

@@ -19,6 +19,7 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
+from hwplug import checks
 from hwplug.errors import ConfigError
 from hwplug.model_zoo.engine.kv_events import (
     AllBlocksCleared,
@@ -56,6 +57,7 @@ class ZmqEventPublisher:
     """Sends KV event batches on a ZeroMQ ``PUB`` socket bound to ``endpoint``."""
 
     def __init__(self, endpoint: str, topic: str = DEFAULT_TOPIC) -> None:
+        checks.zmq_endpoint()("endpoint", endpoint)
         try:
             import zmq
         except ImportError as exc:
