@@ -26,6 +26,9 @@ computes in the order ``gguf.quants`` does, so the results are equal bit for bit
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -33,6 +36,24 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from hwplug.errors import UnsupportedError
 
 Q = GGMLQuantizationType
+
+#: Byte offsets of each block's fp16 scales (d, then m or dmin) by quantized GGUF type.
+SCALE_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+                Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82),
+                Q.Q3_K: (108,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}
+
+
+def nonfinite_scales(rows: Any, ggml_type: int) -> int:
+    """How many of the fp16 block scales (:data:`SCALE_FIELDS`) in ``rows`` (uint8 GGUF rows
+    of ``ggml_type``, a tensor or an array, the last dimension a whole number of blocks)
+    are NaN or infinite; 0 for a type without them. One such scale turns its block's
+    values, and every output they reach, into NaN."""
+    fields = SCALE_FIELDS.get(ggml_type, ())
+    if not fields:
+        return 0
+    blocks = np.asarray(rows).reshape(-1, GGML_QUANT_SIZES[Q(ggml_type)][1])
+    return sum(int((~np.isfinite(np.ascontiguousarray(blocks[:, start:start + 2])
+                                 .view(np.float16))).sum()) for start in fields)
 
 
 def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:

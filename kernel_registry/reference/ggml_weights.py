@@ -6,13 +6,8 @@ from __future__ import annotations
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-#: Byte offsets of each block's fp16 scales (d, then m or dmin) by quantized GGUF type.
-SCALE_FIELDS = {GGMLQuantizationType.Q4_0: (0,), GGMLQuantizationType.Q4_1: (0, 2),
-                GGMLQuantizationType.Q5_0: (0,), GGMLQuantizationType.Q5_1: (0, 2),
-                GGMLQuantizationType.Q8_0: (0,), GGMLQuantizationType.Q4_K: (0, 2),
-                GGMLQuantizationType.Q5_K: (0, 2), GGMLQuantizationType.Q6_K: (208,),
-                GGMLQuantizationType.Q2_K: (80, 82), GGMLQuantizationType.Q3_K: (108,),
-                GGMLQuantizationType.IQ4_NL: (0,), GGMLQuantizationType.IQ4_XS: (0,)}
+from hwplug.kernel_registry.reference.ggml import SCALE_FIELDS
+
 #: The quantized GGUF types (``gguf.GGMLQuantizationType`` values) drawn.
 GGML_TYPES = tuple(int(kind) for kind in SCALE_FIELDS)
 

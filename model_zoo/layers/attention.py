@@ -63,9 +63,10 @@ class Attention(nn.Module):
 
     A quantized (fp8) KV cache gets the parameters ``k_scale`` and ``v_scale`` (float32
     ``[Hkv]``; a per-tensor scale is the same value for every head), handed to the backend:
-    loaded from the checkpoint when it has them (see :data:`KV_SCALE_NAMES`), else 1.0, or,
-    with ``calculate_kv_scales``, computed from the first batch as ``amax / fp8 max`` per
-    tensor or per KV head.
+    loaded from the checkpoint when it has them (see :data:`KV_SCALE_NAMES`; finite and > 0,
+    else a :class:`ModelError`), else 1.0, or, with ``calculate_kv_scales``, computed from
+    the first batch whose K/V are not all zero as ``amax / fp8 max`` per tensor or per KV
+    head, at least ``1 / fp8 max`` (a head that was all zero then holds values up to 1).
     """
 
     #: Parameters a checkpoint may leave out (they keep their initial value).
@@ -104,7 +105,7 @@ class Attention(nn.Module):
         query = query.view(-1, self.num_heads, self.head_size)
         key = key.view(-1, self.num_kv_heads, self.head_size)
         value = value.view(-1, self.num_kv_heads, self.head_size)
-        if self._scales_pending:
+        if self._scales_pending and bool(key.any() or value.any()):  # all zero: no range yet
             self._calculate_scales(key, value, self._scales_pending)
             self._scales_pending = None
         if self.writes_cache_first:
@@ -118,6 +119,6 @@ class Attention(nn.Module):
             amax = x.detach().float().abs().amax(dim=(0, 2))  # [Hkv]
             if granularity == "tensor":
                 amax = amax.amax().expand_as(amax)
-            param.copy_((amax / self._fp8_max).clamp(min=torch.finfo(torch.float32).tiny))
+            param.copy_((amax / self._fp8_max).clamp(min=1 / self._fp8_max))
         logger.debug("calculated %s KV scales: k %s, v %s", granularity, self.k_scale.tolist(),
                      self.v_scale.tolist())

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from hwplug.errors import ModelError
 from hwplug.kernel_registry.reference import build_cos_sin_cache
 from hwplug.model_zoo.kernel_binding import bind
 
@@ -18,18 +20,34 @@ if TYPE_CHECKING:
 DEFAULT_THETA = 10000.0
 
 
+def _positive(name: str, value: Any, high: float) -> float:
+    """``value`` of config field ``name`` as a float in ``(0, high]``, else a ModelError."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and 0 < number <= high) or isinstance(value, bool):
+        bound = "" if high == math.inf else f" and at most {high:g}"
+        raise ModelError(f"config {name} must be a finite number above 0{bound}, got "
+                         f"{value!r}")
+    return number
+
+
 def rope_parameters(hf_config: Any) -> tuple[float, dict[str, Any] | None, float]:
     """``(theta, rope_scaling, partial_rotary_factor)`` of a Hugging Face config.
 
     Reads transformers 5's ``rope_parameters`` dict, or 4.x's ``rope_theta`` /
     ``rope_scaling`` / ``partial_rotary_factor`` attributes. ``rope_scaling`` is None for
     plain RoPE, else the HF dict with its ``rope_type`` (as ``build_cos_sin_cache`` takes it).
+    A theta that is not a finite number above 0, or a factor outside (0, 1], is a
+    :class:`ModelError`.
     """
     params = dict(getattr(hf_config, "rope_parameters", None)
                   or getattr(hf_config, "rope_scaling", None) or {})
-    theta = float(params.pop("rope_theta", getattr(hf_config, "rope_theta", DEFAULT_THETA)))
-    partial = float(params.pop("partial_rotary_factor",
-                               getattr(hf_config, "partial_rotary_factor", None) or 1.0))
+    theta = _positive("rope_theta", params.pop(
+        "rope_theta", getattr(hf_config, "rope_theta", DEFAULT_THETA)), math.inf)
+    partial = _positive("partial_rotary_factor", params.pop(
+        "partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None) or 1.0), 1.0)
     rope_type = params.pop("type", params.get("rope_type", "default"))
     scaling = None if rope_type == "default" else {**params, "rope_type": rope_type}
     return theta, scaling, partial

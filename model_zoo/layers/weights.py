@@ -19,6 +19,30 @@ Target = tuple[str, str | None]
 Rename = Callable[[str], Target | None]
 
 
+#: Parameters that hold scales -> whether they must also be > 0 (activations are divided
+#: by them): checked at load, as one NaN or inf there turns every output NaN.
+SCALE_PARAMETERS = {"weight_scale": False, "weight_scale_inv": False, "input_scale": True,
+                    "k_scale": True, "v_scale": True}
+
+
+def check_scales(hf_name: str, param_name: str, tensor: torch.Tensor) -> None:
+    """Raise :class:`ModelError` naming checkpoint tensor ``hf_name`` when it loads into a
+    scale parameter (:data:`SCALE_PARAMETERS`) and holds a value that is not finite (or,
+    where the scale divides, not above 0)."""
+    positive = SCALE_PARAMETERS.get(param_name.rpartition(".")[2])
+    if positive is None:
+        return
+    values = tensor.detach().float().reshape(-1)
+    bad = ~torch.isfinite(values)
+    if positive:
+        bad |= values <= 0
+    if bool(bad.any()):
+        example = float(values[bad][0])
+        raise ModelError(f"checkpoint tensor {hf_name}: scales must be finite"
+                         f"{' and > 0' if positive else ''}; {int(bad.sum())} of "
+                         f"{values.numel()} are not (e.g. {example})")
+
+
 def fused_target(name: str, fused: Mapping[str, Target]) -> Target:
     """Route ``a.b.q_proj.weight`` to ``("a.b.qkv_proj.weight", "q")`` when ``fused`` maps
     the owning module's name ``q_proj`` to ``("qkv_proj", "q")``; other names map to
@@ -59,6 +83,7 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
             unexpected.append(hf_name)
             continue
         check_dtype_kind(hf_name, tensor, name, params[name])
+        check_scales(hf_name, name, tensor)
         try:
             loader = getattr(_owner(model, name), "load_weight", None)
             if loader is None:

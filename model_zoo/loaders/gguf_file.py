@@ -56,6 +56,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from hwplug.errors import ModelError
+from hwplug.kernel_registry.reference.ggml import nonfinite_scales
 from hwplug.model_zoo.loaders import cache
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint
 from hwplug.model_zoo.loaders.hf_dir import (
@@ -284,6 +285,10 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
     converted = ConvertedTensors(written=parsed["tensors"])
     skipped = []
     for tensor in reader.tensors:
+        bad = nonfinite_scales(tensor.data, tensor.tensor_type)
+        if bad:
+            raise ModelError(f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}) has "
+                             f"{bad} NaN or infinite block scales")
         try:
             matrix = not dequantize_all and len(tensor.shape) == 2
             as_stored = matrix or (not dequantize_all and tensor.tensor_type ==
