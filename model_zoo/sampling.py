@@ -210,7 +210,8 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow],
     greedy = [p.greedy for p in params]
     if all(greedy):
         return logits.argmax(dim=-1)
-    temperatures = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+    temperatures = torch.tensor([p.temperature or 1.0 for p in params],
+                                dtype=logits.dtype, device=logits.device)
     logits.div_(temperatures[:, None])
     if any(p.truncates for p in params):
         logits = _truncate(logits, params)
@@ -247,7 +248,8 @@ def _truncate(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.T
     """``logits`` with tokens outside each row's top-k / top-p set at ``-inf``."""
     vocab = logits.shape[-1]
     top_k = torch.tensor([p.top_k or vocab for p in params], device=logits.device)
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype,
+                         device=logits.device)
     ordered, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=logits.device)
     removed = rank[None, :] >= top_k[:, None]

@@ -86,7 +86,7 @@ class Attention(nn.Module):
         self._scales_pending: str | None = None
         if is_quantized_kv_cache(config.kv_cache_dtype):
             self.k_scale, self.v_scale = (
-                nn.Parameter(torch.ones(num_kv_heads), requires_grad=False) for _ in range(2))
+                nn.Parameter(torch.ones(num_kv_heads, dtype=torch.float32), requires_grad=False) for _ in range(2))
             self.backend.k_scale, self.backend.v_scale = self.k_scale, self.v_scale
             self._fp8_max = torch.finfo(torch_dtype(config.kv_cache_dtype)).max
             if config.calculate_kv_scales:

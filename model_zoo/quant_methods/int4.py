@@ -115,8 +115,8 @@ class Int4LinearMethod(QuantMethod):
                               f"has {input_size}")
         layer.weight_packed = nn.Parameter(torch.empty(
             output_size, input_size // CODES_PER_INT32, dtype=torch.int32), requires_grad=False)
-        layer.weight_scale = nn.Parameter(torch.empty(output_size, input_size // group),
-                                          requires_grad=False)
+        layer.weight_scale = nn.Parameter(torch.empty(output_size, input_size // group,
+                                                      dtype=torch.float32), requires_grad=False)
         layer.weight_shape = nn.Parameter(torch.empty(0, dtype=torch.int64),
                                           requires_grad=False)
         layer.weight_shape.weight_loader = _accept_shape

@@ -57,18 +57,20 @@ def _scale_parameter(descriptor: ScaleDescriptor, input_size: int, output_size: 
                      ) -> nn.Parameter:
     """The checkpoint-shaped parameter of a weight's scales (see the module docstring)."""
     if descriptor.granularity == "tensor":
-        param = nn.Parameter(torch.empty(output_size), requires_grad=False)
+        param = nn.Parameter(torch.empty(output_size, dtype=torch.float32),
+                             requires_grad=False)
         param.weight_loader = _fill_rows
     elif descriptor.granularity == "channel":
-        param = nn.Parameter(torch.empty(output_size, 1), requires_grad=False)
+        param = nn.Parameter(torch.empty(output_size, 1, dtype=torch.float32),
+                             requires_grad=False)
         param.weight_loader = _load_channels
     elif descriptor.granularity in ("block", "group"):
         rows, cols = descriptor.group_shape
         if output_size % rows or input_size % cols:
             raise ConfigError(f"{descriptor} weights need sizes that are multiples of the "
                               f"block; this layer is {output_size} x {input_size}")
-        param = nn.Parameter(torch.empty(output_size // rows, input_size // cols),
-                             requires_grad=False)
+        param = nn.Parameter(torch.empty(output_size // rows, input_size // cols,
+                                         dtype=torch.float32), requires_grad=False)
         param.output_block = rows
     else:
         raise ConfigError(f"weights cannot be scaled per {descriptor.granularity}; supported: "
@@ -117,7 +119,8 @@ class ScaledLinearMethod(QuantMethod):
         layer.register_parameter(self.scheme.weight_scale_name,
                                  _scale_parameter(weight, input_size, output_size))
         if activation is not None and not activation.dynamic:
-            layer.input_scale = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            layer.input_scale = nn.Parameter(torch.empty(output_size, dtype=torch.float32),
+                                             requires_grad=False)
             layer.input_scale.weight_loader = _fill_rows
         layer.register_parameter("bias", nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)

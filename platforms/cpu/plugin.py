@@ -51,7 +51,9 @@ _FUSED_OPS = {
     "reshape_and_cache": ("reshape_and_cache", "cache_write_supported",
                           "every slot checked, then one memcpy per key and value row"),
 }
-#: The variants hwplug adds over the references on CPUs (register_variant arguments).
+#: The variants hwplug adds over the references on CPUs (register_variant arguments). The
+#: C ops' impls are their methods' ``unchecked`` forms: the registry asks ``supports``
+#: before each call (:mod:`hwplug.platforms.cpu.checked_op`).
 CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="linear", name="onednn_packed", impl=_LINEAR, dtypes=("float32",),
          features=("x86_64",), description=_ONEDNN),
@@ -65,7 +67,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     # streams the weight at 30-50 GB/s, 1.6-2.8x oneDNN's speed; 2-8 rows 1.0-2.2x, 32 rows
     # 1.1-1.2x, 1024 rows 1.0-1.1x; no packed second copy of the weight; and C, so a decode
     # step can be a step graph
-    *(dict(op="linear", name=name, impl=_FUSED + "AVX2.linear", num_tokens=tokens,
+    *(dict(op="linear", name=name, impl=_FUSED + "AVX2.linear.unchecked", num_tokens=tokens,
            supports=_FUSED + "linear_supported", native=_FUSED + "AVX2", dtypes=("float32",),
            features=("x86_64", "avx2", "fma", "f16c"), priority=priority, description=description)
       for name, tokens, priority, description in (
@@ -92,7 +94,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="paged_attention", name="sdpa_decode", impl=_KERNELS + "decode_attention",
          supports=_KERNELS + "decode_supported", dtypes=("float32",),
          description="decode batches up to 16 MiB of K/V: gather the blocks, one SDPA call"),
-    *(dict(op="ggml_linear", name=name, impl=f"{_GGML}{build}.linear", features=features,
+    *(dict(op="ggml_linear", name=name, impl=f"{_GGML}{build}.linear.unchecked", features=features,
            supports=_GGML + "linear_supported", native=_GGML + build, dtypes=FLOAT_DTYPES,
            priority=priority, activation_quantization=GGML_ACTIVATIONS,
            description=f"C ({build.lower()}): integer dot products on the GGUF blocks "
@@ -100,16 +102,16 @@ CPU_VARIANTS: list[dict[str, Any]] = [
                        "per 32 for the rest, as tuned); past a tuned row count, fp32 tiles of "
                        "the weight through torch's GEMM")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
-    *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding", features=features,
+    *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding.unchecked", features=features,
            supports=_GGML + "embedding_supported", native=_GGML + build, priority=priority,
            description=f"C ({build.lower()}): dequantizes the rows it reads")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
     # torch's lookup is as fast; a C call lets a float model's decode step be a step graph
-    *(dict(op="embedding", name=name, impl=f"{_GGML}{build}.lookup", features=features,
+    *(dict(op="embedding", name=name, impl=f"{_GGML}{build}.lookup.unchecked", features=features,
            supports=_GGML + "lookup_supported", native=_GGML + build, priority=priority,
            description=f"C ({build.lower()}): copies the fp32 rows it reads")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
-    *(dict(op=op, name=name, impl=f"{_FUSED}{build}.{method}", supports=_FUSED + supported,
+    *(dict(op=op, name=name, impl=f"{_FUSED}{build}.{method}.unchecked", supports=_FUSED + supported,
            native=_FUSED + build, dtypes=("float32",), features=features, priority=priority,
            description=f"C ({build.lower()}): {what}")
       for op, (method, supported, what) in _FUSED_OPS.items()

@@ -5,9 +5,12 @@ ctypes, fp32.
 :data:`AVX2` and :data:`PORTABLE` are the two builds, compiled and cached by
 :mod:`hwplug.platforms.cpu.ggml.build` when the registry binds a variant naming one as its
 ``native`` library (or by ``hwplug build``), so a failed build is the variant's rejection
-reason; calling an op before its library is built raises. Each op checks nothing its
-``*_supported`` function checks (the registry asks that first) and allocates only its
-outputs: a call is one ctypes call (argtypes set once, made through
+reason; calling an op before its library is built raises. Each op runs its
+``*_supported`` function first (:func:`~hwplug.platforms.cpu.checked_op.checked`: a
+wrong dtype, shape or layout is an :class:`~hwplug.errors.UnsupportedError`, never a write
+past a buffer; the registry's variants call the ``unchecked`` form, having asked
+``supports``) and allocates only its outputs, in the dtype the kernel writes: a call is one
+ctypes call (argtypes set once, made through
 :func:`~hwplug.platforms.cpu.step_graph.native_call`, so a step of these ops can be a step
 graph) plus the outputs.
 """
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hwplug.errors import UnsupportedError
+from hwplug.platforms.cpu.checked_op import checked
 from hwplug.platforms.cpu.ggml import build
 from hwplug.platforms.cpu.step_graph import native_call
 
@@ -51,6 +55,7 @@ class FusedKernels(build.Library):
     source = SOURCE
     signatures = _SIGNATURES
 
+    @checked("rms_norm_supported")
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None
                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -64,6 +69,7 @@ class FusedKernels(build.Library):
                     x.numel() // max(hidden, 1), hidden, eps, torch.get_num_threads())
         return out if summed is None else (out, summed)
 
+    @checked("silu_and_mul_supported")
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """The ``silu_and_mul`` op on calls :func:`silu_and_mul_supported` accepts."""
         half = x.shape[-1] // 2
@@ -72,6 +78,7 @@ class FusedKernels(build.Library):
                     x.numel() // x.shape[-1], half, torch.get_num_threads())
         return out
 
+    @checked("rotary_supported")
     def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                          cos_sin_cache: torch.Tensor, is_neox: bool
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +94,7 @@ class FusedKernels(build.Library):
             check=partial(_positions_outside, positions, cos_sin_cache.shape[0]))
         return q_out, k_out
 
+    @checked("decode_supported")
     def paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
                         metadata: AttentionMetadata, params: PagedAttentionParams
                         ) -> torch.Tensor:
@@ -102,6 +110,7 @@ class FusedKernels(build.Library):
             torch.get_num_threads(), check=partial(_blocks_outside, num_blocks))
         return out
 
+    @checked("cache_write_supported")
     def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                           params: PagedAttentionParams) -> None:
@@ -113,6 +122,7 @@ class FusedKernels(build.Library):
             slot_mapping.data_ptr(), key.shape[0],
             check=partial(_slots_outside, slot_mapping, num_slots))
 
+    @checked("linear_supported")
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
         """The fp32 ``linear`` op on calls :func:`linear_supported` accepts."""

@@ -31,8 +31,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hwplug import envs
 from hwplug.errors import ConfigError, UnsupportedError
-from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
+from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, row_values, type_name
 from hwplug.kernel_registry.tuning import TuningTable, read_layer
+from hwplug.platforms.cpu.checked_op import checked
 from hwplug.platforms.cpu.ggml import build
 from hwplug.platforms.cpu.probe import probe
 from hwplug.platforms.cpu.step_graph import native_call
@@ -132,6 +133,7 @@ class GgmlKernels(build.Library):
                                    ctypes.c_int],
     }
 
+    @checked("linear_supported")
     def linear(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                bias: torch.Tensor | None = None, out: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -143,11 +145,11 @@ class GgmlKernels(build.Library):
         flat = x.dim() == 2
         rows, threads = x if flat else x.reshape(-1, x.shape[-1]), torch.get_num_threads()
         if rows.shape[0] >= tiled_from(threads)[ggml_type]:
-            result = self.linear_tiled(rows, qweight, ggml_type, bias)
+            result = self.linear_tiled.unchecked(rows, qweight, ggml_type, bias)
         else:
             direct = (out is not None and flat and out.dtype == torch.float32
                       and out.stride(-1) == 1)
-            result = self.linear_blocks(rows, qweight, ggml_type, bias,
+            result = self.linear_blocks.unchecked(rows, qweight, ggml_type, bias,
                                         activations_of(threads)[ggml_type],
                                         out if direct else None)
             if result is out:
@@ -157,6 +159,7 @@ class GgmlKernels(build.Library):
         result = result if flat else result.view(*x.shape[:-1], qweight.shape[0])
         return result if out is None else out.copy_(result)
 
+    @checked("blocks_supported")
     def linear_blocks(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                       bias: torch.Tensor | None = None, activations: str = "int8",
                       out: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,6 +178,7 @@ class GgmlKernels(build.Library):
                         check=self._check)
         return out
 
+    @checked("tiled_supported")
     def linear_tiled(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 ``x [M, K] @ W.T + bias`` with W dequantized a tile of whole rows at a time."""
@@ -183,25 +187,38 @@ class GgmlKernels(build.Library):
 
         return linear_by_tiles(_fp32(x), qweight.shape[0], fill, _fp32(bias))
 
+    @checked("embedding_supported")
     def embedding(self, ids: torch.Tensor, qweight: torch.Tensor, ggml_type: int
                   ) -> torch.Tensor:
         """The ``ggml_embedding`` op on calls :func:`embedding_supported` accepts."""
         index = ids.to(torch.int64).contiguous()
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-        out = torch.empty((index.shape[0], qweight.shape[1] // size * block))
+        out = torch.empty((index.shape[0], qweight.shape[1] // size * block),
+                          dtype=torch.float32)
         self._dequantize(qweight, ggml_type, index, out)
         return out
 
+    @checked("lookup_supported")
     def lookup(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The ``embedding`` op on an fp32 table: its rows copied as GGUF F32 rows."""
         index = ids.to(torch.int64).contiguous()
-        out = torch.empty((index.shape[0], weight.shape[1]))
+        out = torch.empty((index.shape[0], weight.shape[1]), dtype=torch.float32)
         self._dequantize(weight.view(torch.uint8), F32, index, out)
         return out
 
     def _dequantize(self, qweight: torch.Tensor, ggml_type: int, index: torch.Tensor | None,
                     out: torch.Tensor) -> None:
-        """Rows ``index`` (None: all) of ``qweight`` into ``out`` (fp32, contiguous)."""
+        """Rows ``index`` (None: all) of ``qweight`` into ``out`` (fp32, contiguous, a row
+        per index (or row) of the values a row holds: checked, as the kernel writes there)."""
+        rows = qweight.shape[0] if index is None else index.shape[0]
+        if (out.dtype != torch.float32 or not out.is_contiguous() or out.dim() != 2
+                or out.shape[0] != rows or qweight.dtype != torch.uint8
+                or not qweight.is_contiguous()
+                or out.shape[1] != row_values(ggml_type, qweight.shape[1])):
+            raise UnsupportedError(f"ggml dequantize into {out.dtype} {list(out.shape)} "
+                                   f"from {qweight.dtype} {list(qweight.shape)} "
+                                   f"{type_name(ggml_type)} rows: needs contiguous uint8 rows "
+                                   f"and a contiguous float32 [{rows}, values per row] out")
         native_call(self.library.hwplug_ggml_dequantize, ggml_type, qweight.data_ptr(),
                     qweight.shape[0], qweight.shape[1], _pointer(index), out.shape[0],
                     out.shape[1], out.data_ptr(), torch.get_num_threads(),
@@ -249,6 +266,31 @@ def linear_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
                                                 or out.dtype != x.dtype):
         return (f"out {out.dtype} {list(out.shape)} is not {x.dtype} {list(want)}")
     return problem
+
+
+def blocks_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                     bias: torch.Tensor | None = None, activations: str = "int8",
+                     out: torch.Tensor | None = None) -> str | None:
+    """Why :meth:`GgmlKernels.linear_blocks` declines a call, or None."""
+    if x.dim() != 2:
+        return f"x must be 2-D [M, K], got {list(x.shape)}"
+    if activations not in ACTIVATIONS or (activations == "int16"
+                                          and ggml_type not in WIDE_TYPES):
+        return f"activations {activations!r} do not serve {type_name(ggml_type)}"
+    want = (x.shape[0], qweight.shape[0]) if qweight.dim() == 2 else None
+    if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != want
+                            or out.stride(-1) != 1):
+        return f"out {out.dtype} {list(out.shape)} is not float32 {list(want or ())} of unit " \
+               "column stride"
+    return linear_supported(x, qweight, ggml_type, bias)
+
+
+def tiled_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                    bias: torch.Tensor | None = None) -> str | None:
+    """Why :meth:`GgmlKernels.linear_tiled` declines a call, or None."""
+    if x.dim() != 2:
+        return f"x must be 2-D [M, K], got {list(x.shape)}"
+    return linear_supported(x, qweight, ggml_type, bias)
 
 
 def _ids_problem(ids: torch.Tensor) -> str | None:
