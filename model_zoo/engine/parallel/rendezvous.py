@@ -144,4 +144,6 @@ def join(rendezvous: Rendezvous, platform: Platform, timeout_s: float) -> Proces
     elif dist.get_world_size() != rendezvous.world_size:
         raise ConfigError(f"the default process group has {dist.get_world_size()} ranks; "
                           f"tensor_parallel_size is {rendezvous.world_size}")
-    return ProcessGroups(dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT), owns)
+    commands = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    distributed_c10d._set_pg_timeout(COMMAND_TIMEOUT, commands)  # joined: idle waits
+    return ProcessGroups(commands, owns)
