@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -106,6 +107,12 @@ BAD_CALLS = {
         torch.randn(2, 2, 16), torch.randn(32, 16), True)),
     "paged_attention float16 query": (0, "paged_attention",
                                       lambda: _decode(dtype=torch.float16)),
+    "paged_attention no table row": (0, "paged_attention", lambda: (
+        *_decode()[:2], replace(_decode()[2], block_tables=torch.zeros(0, 2, dtype=torch.int32)),
+        _decode()[3])),
+    "paged_attention longer than its table": (0, "paged_attention", lambda: (
+        *_decode()[:2], replace(_decode()[2], seq_lens=torch.tensor([17], dtype=torch.int32)),
+        _decode()[3])),
     "reshape_and_cache wrong heads": (0, "reshape_and_cache", lambda: (
         torch.randn(1, 3, 16), torch.randn(1, 3, 16), *_decode()[1:2],
         torch.tensor([3]), _decode()[3])),

@@ -15,8 +15,9 @@
  *
  * Built like the ggml kernels (hwplug.platforms.cpu.ggml.build): avx2 and portable builds
  * of the same GNU C vector code (8 fp32 lanes), which each build's flags lower to its SIMD.
- * Return values: 0 on success, -1 for an index out of range (nothing else is checked here:
- * the Python side checks shapes and dtypes).
+ * Return values: 0 on success, -1 for an index out of range, -2 (decode) for a sequence
+ * longer than its block table row holds (nothing else is checked here: the Python side
+ * checks shapes and dtypes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -238,12 +239,15 @@ static int decode_heads(const float *q, int G, const kv_t *c, const int32_t *tab
 int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_cache,
                         int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D,
                         const int32_t *block_tables, int64_t table_stride,
-                        const int32_t *seq_lens, int64_t B, int64_t Hq, float scale,
-                        int64_t window, float cap, float *out, int nthreads) {
+                        int64_t table_width, const int32_t *seq_lens, int64_t B, int64_t Hq,
+                        float scale, int64_t window, float cap, float *out, int nthreads) {
     const int G = (int)(Hq / Hkv);
     const int64_t half = num_blocks * block_size * Hkv * D;
     int64_t work = 0;
-    for (int64_t b = 0; b < B; ++b) work += seq_lens[b];
+    for (int64_t b = 0; b < B; ++b) { /* a length past its table row would read beyond it */
+        if (seq_lens[b] < 0 || seq_lens[b] > table_width * block_size) return -2;
+        work += seq_lens[b];
+    }
     int status = 0;
 #pragma omp parallel for collapse(2) num_threads(nthreads) schedule(static) \
     if (work * Hq * D >= (1 << 15) && B * Hkv > 1)

@@ -43,8 +43,8 @@ _SIGNATURES = {
                       _i64, _i64, _int],
     "hwplug_cache_write": [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64],
     "hwplug_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _int],
-    "hwplug_paged_decode": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64,
-                            _i64, _f32, _i64, _f32, _ptr, _int],
+    "hwplug_paged_decode": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr,
+                            _i64, _i64, _f32, _i64, _f32, _ptr, _int],
 }
 
 
@@ -105,9 +105,10 @@ class FusedKernels(build.Library):
         native_call(
             self.library.hwplug_paged_decode, query.data_ptr(), query.stride(0),
             kv_cache.data_ptr(), num_blocks, block_size, kv_heads, size, block_tables.data_ptr(),
-            block_tables.stride(0), seq_lens.data_ptr(), seq_lens.shape[0], query.shape[1],
+            block_tables.stride(0), block_tables.shape[1], seq_lens.data_ptr(),
+            seq_lens.shape[0], query.shape[1],
             params.scale, params.sliding_window or 0, params.soft_cap or 0.0, out.data_ptr(),
-            torch.get_num_threads(), check=partial(_blocks_outside, num_blocks))
+            torch.get_num_threads(), check=partial(_blocks_outside, num_blocks, block_tables))
         return out
 
     @checked("cache_write_supported")
@@ -143,9 +144,13 @@ def _positions_outside(positions: torch.Tensor, rows: int, status: int) -> None:
                            f"got {positions.min().item()} .. {positions.max().item()}")
 
 
-def _blocks_outside(num_blocks: int, status: int) -> None:
-    raise UnsupportedError(f"a block table entry read lies outside the cache's {num_blocks} "
-                           f"blocks")
+def _blocks_outside(num_blocks: int, block_tables: torch.Tensor, status: int) -> None:
+    if status == -2:
+        raise UnsupportedError(f"paged_attention: seq_lens holds a length past the "
+                               f"{block_tables.shape[1]} "
+                               f"blocks of a block table row (or below 0)")
+    raise UnsupportedError(f"paged_attention: a block table entry read lies outside the "
+                           f"cache's {num_blocks} blocks")
 
 
 def _slots_outside(slot_mapping: torch.Tensor, num_slots: int, status: int) -> None:
@@ -228,6 +233,10 @@ def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atte
         tensor = getattr(metadata, name)
         if tensor.dtype != torch.int32 or tensor.stride(-1) != 1:
             return f"{name}: int32 with contiguous rows only, got {tensor.dtype}"
+    tables = metadata.block_tables
+    if tables.dim() != 2 or tables.shape[0] < query.shape[0] or metadata.seq_lens.dim() != 1:
+        return (f"needs a block table row per sequence, got block_tables "
+                f"{list(tables.shape)} for {query.shape[0]} sequences")
     return None
 
 
