@@ -102,6 +102,9 @@ BAD_CALLS = {
     "rotary int32 positions": (0, "rotary_embedding", lambda: (
         torch.zeros(2, dtype=torch.int32), torch.randn(2, 4, 16), torch.randn(2, 2, 16),
         torch.randn(32, 16), True)),
+    "rotary short positions": (0, "rotary_embedding", lambda: (
+        torch.zeros(1, dtype=torch.int64), torch.randn(4, 4, 16), torch.randn(4, 2, 16),
+        torch.randn(32, 16), True)),
     "rotary bfloat16": (0, "rotary_embedding", lambda: (
         torch.zeros(2, dtype=torch.int64), torch.randn(2, 4, 16).bfloat16(),
         torch.randn(2, 2, 16), torch.randn(32, 16), True)),

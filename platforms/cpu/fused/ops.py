@@ -201,8 +201,10 @@ def rotary_supported(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     for name, tensor in (("query", query), ("key", key)):
         if problem := _heads(name, tensor):
             return problem
-    if positions.dtype != torch.int64 or not positions.is_contiguous():
-        return f"positions: contiguous int64 only, got {positions.dtype}"
+    if positions.dtype != torch.int64 or not positions.is_contiguous() or \
+            positions.shape != query.shape[:1]:
+        return (f"positions: contiguous int64 [T] beside query of T tokens, got "
+                f"{positions.dtype} {list(positions.shape)}")
     if problem := _fp32_rows("cos_sin_cache", cos_sin_cache):
         return problem
     rot = cos_sin_cache.shape[-1]
