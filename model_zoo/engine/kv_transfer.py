@@ -3,13 +3,19 @@
 It answers the scheduler's question for a sequence that starts (how many tokens past its
 cached prefix can the connector load: whole blocks, always leaving one token to compute),
 collects the step's loads and saves into one :class:`~hwplug.connector.ConnectorMetadata`
-(saves: every block the step fills), and hooks every attention layer of the model: before
-layer ``i`` runs, it waits for that layer's loads (``layers.i``), so loading overlaps the
-layers before it; right after, it hands the layer's cache to ``save_kv_layer``. After the
-step it waits for the saves and turns load failures into rewind points: the sequence goes
-back to its first block that failed, and, by the connector's ``kv_load_failure_policy``,
-recomputes from there (``recompute``) or ends with a
-:class:`~hwplug.connector.KVTransferError` (``fail``).
+(saves: every block the step fills, prompt or generated tokens alike), and hooks every
+attention layer of the model: before layer ``i`` runs, it waits for that layer's loads
+(``layers.i``), so loading overlaps the layers before it. A step that loads must
+therefore run eagerly, layer by layer (:attr:`KVTransfer.loading`): a replayed step graph
+runs no Python hooks and would read blocks still being loaded.
+
+After the step it settles the loads first: load failures become rewind points (the
+sequence goes back to its first block that failed, and, by the connector's
+``kv_load_failure_policy``, recomputes from there, ``recompute``, or ends with a
+:class:`~hwplug.connector.KVTransferError`, ``fail``). Only then does it save, layer by
+layer (``save_kv_layer``, then ``wait_for_save``), the blocks of the sequences whose
+inputs were good: what a step computed over KV that failed to load is never saved, and
+nothing is saved from a step that raised.
 
 Sequences that ask for prompt log-probabilities never load (every prompt position must be
 computed), as with prefix caching. The engine's :class:`~hwplug.connector.KVLayout` names
@@ -107,7 +113,6 @@ class KVTransfer:
         for index, layer in enumerate(layers):
             name = layer_name(index)
             layer.register_forward_pre_hook(lambda *_, name=name: self._before_layer(name))
-            layer.register_forward_hook(lambda *_, name=name: self._after_layer(name))
 
     # --- scheduler side -----------------------------------------------------------------
 
@@ -158,6 +163,12 @@ class KVTransfer:
             except Exception as exc:
                 self._load_error = exc
 
+    @property
+    def loading(self) -> bool:
+        """Whether the step begun loads blocks: it must run eagerly, so that each layer
+        waits for its loads (no step graph replay)."""
+        return self._metadata is not None and bool(self._metadata.loads)
+
     def _before_layer(self, name: str) -> None:
         metadata = self._metadata
         if metadata is not None and metadata.loads and self._load_error is None:
@@ -166,29 +177,36 @@ class KVTransfer:
             except Exception as exc:  # the step goes on; its loads count as failed
                 self._load_error = exc
 
-    def _after_layer(self, name: str) -> None:
-        metadata = self._metadata
-        if metadata is not None and metadata.saves:
-            try:
-                self.connector.save_kv_layer(name, self.kv_caches[name], metadata)
-            except Exception:
-                logger.warning("connector %s failed to save %s", self.connector.get_name(),
-                               name, exc_info=True)
-
-    def end_step(self) -> dict[Sequence, int]:
-        """Finish the step: wait for the saves; return, for each sequence whose loads
-        failed, how many of its leading tokens are valid. Under the ``fail`` policy the
-        error of each is kept for :meth:`pop_errors`."""
+    def end_step(self, completed: bool = True) -> dict[Sequence, int]:
+        """Finish the step: settle its loads, then save the blocks it filled (all of them,
+        but those of sequences whose loads failed; none when the step did not complete).
+        Returns, for each sequence whose loads failed, how many of its leading tokens are
+        valid. Under the ``fail`` policy the error of each is kept for
+        :meth:`pop_errors`."""
         metadata, loads = self._metadata, self._loads
         self._metadata, self._loads = None, []
-        if metadata is not None and metadata.saves:
-            try:
-                self.connector.wait_for_save()
-            except Exception:
-                logger.warning("connector %s failed to save blocks",
-                               self.connector.get_name(), exc_info=True)
-        if not loads:
-            return {}
+        rewind = self._settle_loads(loads) if loads else {}
+        if metadata is not None and completed:
+            self._save(metadata, {request_key(seq) for seq in rewind})
+        return rewind
+
+    def _save(self, metadata: ConnectorMetadata, void: set[str]) -> None:
+        """Save ``metadata.saves`` but the requests in ``void``, layer by layer."""
+        saves = {key: transfers for key, transfers in metadata.saves.items()
+                 if key not in void}
+        if not saves:
+            return
+        metadata = ConnectorMetadata(metadata.layout_fingerprint, saves=saves)
+        try:
+            for name, cache in self.kv_caches.items():
+                self.connector.save_kv_layer(name, cache, metadata)
+            self.connector.wait_for_save()
+        except Exception:
+            logger.warning("connector %s failed to save blocks", self.connector.get_name(),
+                           exc_info=True)
+
+    def _settle_loads(self, loads: list[tuple[Sequence, list[BlockTransfer]]]
+                      ) -> dict[Sequence, int]:
         failed = self._failed_blocks(loads)
         outcomes = [t.block_id in failed for _, transfers in loads for t in transfers]
         self.num_failed_blocks += sum(outcomes)

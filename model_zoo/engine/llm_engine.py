@@ -188,9 +188,11 @@ class LLMEngine:
         else:
             transfer.begin_step(batch)
             try:
-                tokens = self.runner.step(batch)
-            finally:
-                rewind = transfer.end_step()
+                tokens = self.runner.step(batch, replay=not transfer.loading)
+            except BaseException:
+                transfer.end_step(completed=False)
+                raise
+            rewind = transfer.end_step()
         self.num_steps += 1
         advanced = self.scheduler.update(batch, tokens, rewind)
         errors = transfer.pop_errors() if transfer else {}

@@ -147,14 +147,16 @@ class ModelRunner:
             [seq.block_table for seq in seqs])
 
     @torch.inference_mode()
-    def step(self, batch: ScheduledBatch) -> list[int]:
+    def step(self, batch: ScheduledBatch, replay: bool = True) -> list[int]:
         """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``.
 
+        ``replay=False`` runs it eagerly even when a step graph could serve it (the model's
+        Python, its layers' hooks included, runs: a step loading KV blocks needs that).
         The log-probabilities sequences asked for are appended to their ``logprobs`` and
         ``prompt_logprobs`` (taken from the logits before sampling changes them).
         """
         sampled = batch.sampled_seqs
-        logits = self._decode_logits(batch)
+        logits = self._decode_logits(batch) if replay else None
         if logits is None:
             inputs = self.prepare(batch.seqs, batch.num_new_tokens)
             hidden = self.forward(inputs)
