@@ -17,10 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors import safe_open
 
 import hwplug
 from hwplug.model_zoo.connectors.cpu_offload import CPUOffloadConnector
 from hwplug.model_zoo.connectors.shared_storage import SharedStorageConnector
+from hwplug.model_zoo.engine.block_hash import extend_block_hashes
 
 pytestmark = pytest.mark.slow  # the real model
 
@@ -82,3 +85,54 @@ def test_a_step_that_loads_waits_for_its_layers_with_step_graphs_on_or_off(
             assert llm.runner.graphs.replays > 0
     finally:
         llm.close()
+
+
+# --- a failed load --------------------------------------------------------------------------
+
+#: The first prompt's two blocks, then one more block and a token: a step that loads the
+#: first two also computes (and fills) the third.
+LONGER = PROMPTS[0][:2 * BLOCK] + [3000 + j for j in range(BLOCK + 1)]
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:200])
+
+
+def block_files(directory: Path) -> dict[str, Path]:
+    return {path.stem: path for path in directory.rglob("*.safetensors")}
+
+
+def stored_kv(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(path, framework="pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+def test_nothing_a_step_computed_over_a_failed_load_is_saved(tmp_path):
+    store, clean = tmp_path / "store", tmp_path / "clean"
+    writer = connected("shared_storage", store, connector=SharedStorageConnector)
+    try:
+        writer.generate(PROMPTS[:1], GREEDY)
+        hashes: list[str] = []
+        extend_block_hashes(hashes, writer.engine.root_hash, PROMPTS[0], BLOCK)
+    finally:
+        writer.close()
+    assert sorted(block_files(store)) == sorted(hashes)
+    recomputed = connected("shared_storage", clean, connector=SharedStorageConnector)
+    try:
+        want = recomputed.generate([LONGER], GREEDY)[0].token_ids
+    finally:
+        recomputed.close()
+    truncate(block_files(store)[hashes[1]])
+    reader = connected("shared_storage", store, connector=SharedStorageConnector,
+                       policy="recompute")
+    try:
+        assert reader.generate([LONGER], GREEDY)[0].token_ids == want
+        assert reader.engine.scheduler.kv_transfer.num_failed_blocks >= 1
+    finally:
+        reader.close()
+    # every block stored (the truncated one rewritten) is what recomputation gives
+    got, reference = block_files(store), block_files(clean)
+    assert sorted(got) == sorted(reference) and len(got) == 3
+    for block_hash, path in got.items():
+        for name, tensor in stored_kv(path).items():
+            assert torch.equal(tensor, stored_kv(reference[block_hash])[name]), block_hash

@@ -36,10 +36,14 @@ class HostBlockStore:
             return block
 
     def put(self, block_hash: str, block: Block) -> None:
-        """Keep ``block``, evicting the least recently used ones to stay within the cap."""
+        """Keep ``block`` (replacing one held under the same hash), evicting the least
+        recently used ones to stay within the cap."""
         size = sum(tensor.nbytes for tensor in block.values())
         with self._lock:
-            if block_hash in self._blocks or size > self.max_bytes:
+            replaced = self._blocks.pop(block_hash, None)
+            if replaced is not None:
+                self.nbytes -= sum(tensor.nbytes for tensor in replaced.values())
+            if size > self.max_bytes:
                 return
             while self.nbytes + size > self.max_bytes:
                 _, evicted = self._blocks.popitem(last=False)

@@ -11,9 +11,11 @@ store whole blocks (``_write_blocks``). This base:
   is done, so :meth:`wait_for_layer_load` returns as soon as the layer the
   model is about to run is in place;
 - records every block that could not be read, or failed a check, in any layer
-  (:meth:`get_block_ids_with_load_errors`), with the reason in the log;
-- saves by copying a layer's new blocks to host memory right after the layer wrote them
-  (blocks the store already has are skipped) and storing whole blocks in
+  (:meth:`get_block_ids_with_load_errors`), with the reason in the log; such a block is
+  no longer offered (:meth:`get_num_new_matched_tokens`) and the next save of its hash
+  replaces it, so a bad block is rewritten by its recomputation instead of failing again;
+- saves by copying a layer's new blocks to host memory when the engine hands the layer
+  over (blocks the store already holds, good, are skipped) and storing whole blocks in
   :meth:`wait_for_save`.
 
 A load that does not finish within ``load_timeout_s`` counts as failed; the thread is told
@@ -61,6 +63,9 @@ class LayerwiseConnector(Connector):
         self._layer_done: dict[str, threading.Event] = {}
         self._failed: set[int] = set()
         self._load_ids: list[int] = []
+        self._load_hashes: dict[int, str] = {}
+        #: Hashes of stored blocks that failed to load: offered no more, rewritten on save.
+        self._bad: set[str] = set()
         self._cancel = threading.Event()
         self._staged: dict[str, tuple[list[str], torch.Tensor]] = {}
 
@@ -92,6 +97,10 @@ class LayerwiseConnector(Connector):
         (raises :class:`~hwplug.connector.KVLayoutMismatchError` if they cannot be)."""
         return layout_converter(source, self.layout)(blocks, source, self.layout)
 
+    def _holds(self, block_hash: str) -> bool:
+        """Whether the store holds the block and it has not failed to load."""
+        return block_hash not in self._bad and self._contains(block_hash)
+
     # --- the Connector interface ------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: ConnectorRequest,
@@ -99,7 +108,7 @@ class LayerwiseConnector(Connector):
         size = self.layout.block_size
         found = 0
         for block_hash in request.block_hashes[num_computed_tokens // size:]:
-            if not self._contains(block_hash):
+            if not self._holds(block_hash):
                 break
             found += 1
         return found * size
@@ -107,6 +116,7 @@ class LayerwiseConnector(Connector):
     def start_load_kv(self, metadata: ConnectorMetadata, kv_caches: dict[str, Any]) -> None:
         transfers = [t for group in metadata.loads.values() for t in group]
         self._load_ids = [t.block_id for t in transfers]
+        self._load_hashes = {t.block_id: t.block_hash for t in transfers}
         self._failed = set()
         self._cancel.clear()
         self._layer_done = {name: threading.Event() for name in kv_caches}
@@ -123,7 +133,7 @@ class LayerwiseConnector(Connector):
             self._cancel.set()
             for other in self._layer_done.values():
                 other.set()
-            self._failed.update(self._load_ids)
+            self._mark_failed(self._load_ids)
             logger.warning("%s: loading %s took over %.0f s; its blocks count as failed",
                            self.get_name(), layer_name, self._load_timeout_s)
 
@@ -135,7 +145,7 @@ class LayerwiseConnector(Connector):
         unique: dict[str, int] = {}
         for group in metadata.saves.values():
             for transfer in group:
-                if transfer.block_hash not in unique and not self._contains(transfer.block_hash):
+                if transfer.block_hash not in unique and not self._holds(transfer.block_hash):
                     unique[transfer.block_hash] = transfer.block_id
         if unique:
             blocks = self.cache_layout.select_blocks(kv_layer, list(unique.values()))
@@ -150,6 +160,7 @@ class LayerwiseConnector(Connector):
         self._write_blocks({block_hash: {name: select(blocks, [j]) for name, (_, blocks)
                                          in staged.items()}
                             for j, block_hash in enumerate(hashes)})
+        self._bad.difference_update(hashes)
 
     # --- the load thread ------------------------------------------------------------------
 
@@ -199,4 +210,8 @@ class LayerwiseConnector(Connector):
     def _fail(self, block_ids: list[int], reason: str) -> None:
         logger.warning("%s: %d KV blocks not loaded: %s", self.get_name(), len(block_ids),
                        reason)
+        self._mark_failed(block_ids)
+
+    def _mark_failed(self, block_ids: list[int]) -> None:
         self._failed.update(block_ids)
+        self._bad.update(self._load_hashes[i] for i in block_ids if i in self._load_hashes)
