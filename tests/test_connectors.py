@@ -2,8 +2,8 @@
 
 Every output is compared with the same prompts run by a plain engine (no connector, no
 prefix cache). Faults are made where a real one would happen, in the store: block files
-are corrupted, truncated, deleted between lookup and load, or rewritten by an engine of
-another layout; each under the ``fail`` and the ``recompute`` policy.
+are corrupted, truncated, replaced by another block's file (valid layout and checksums),
+deleted between lookup and load, or rewritten by an engine of another layout; each under the ``fail`` and the ``recompute`` policy.
 """
 
 from __future__ import annotations
@@ -235,8 +235,14 @@ def foreign_dtype(path: Path) -> None:
     save_file(tensors, path, metadata={**metadata, LAYOUT_KEY: layout.to_json()})
 
 
+def another_blocks_kv(path: Path) -> None:
+    """Put another block's file (valid layout and checksums) under this block's name."""
+    other = next(p for p in sorted(path.parents[1].rglob("*.safetensors")) if p != path)
+    path.write_bytes(other.read_bytes())
+
+
 FAULTS = {"corrupt": corrupt, "truncated": truncate, "fingerprint": foreign_dtype,
-          "missing": None}
+          "another block": another_blocks_kv, "missing": None}
 
 
 @pytest.mark.parametrize("policy", ["fail", "recompute"])
@@ -270,7 +276,9 @@ def test_blocks_written_in_another_layout_are_converted(model_dir, prompts, expe
             convert = layout_converter(writer.connector.layout, other)
             tensors = {name: convert(handle.get_tensor(name), writer.connector.layout, other)
                        for name in handle.keys()}
-        save_file(tensors, path, metadata={LAYOUT_KEY: other.to_json(), CHECKSUMS_KEY: json.dumps(
+            metadata = handle.metadata()
+        save_file(tensors, path, metadata={**metadata, LAYOUT_KEY: other.to_json(),
+                                           CHECKSUMS_KEY: json.dumps(
             {name: checksum(tensor) for name, tensor in tensors.items()})})
     reader = llm_with(model_dir, "shared_storage", path=tmp_path)
     assert reader.generate(prompts[:1], GREEDY)[0].token_ids == expected[0]

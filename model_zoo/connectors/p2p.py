@@ -4,7 +4,9 @@ The ``producer`` engine runs prefills (e.g. ``max_tokens=1``): every block it fi
 kept in host memory (a byte-capped LRU tier, as in ``cpu_offload``) and served to its peer
 by a thread of its own. The ``consumer`` engine runs the decodes: for a request that
 starts, it asks the producer how many of the request's blocks it holds, then pulls them,
-layer by layer, into its own cache, and computes only the rest. Blocks are named by their
+layer by layer, into its own cache, and computes only the rest. The producer names the
+blocks it sends (their chained hashes, which name the model too); blocks that are not
+the ones asked for fail, and the connection is dropped. Blocks are named by their
 chained hashes, so both engines must load the same model (the hashes would not match
 otherwise) and nothing else needs to be shared.
 
@@ -151,7 +153,8 @@ class P2PConnector(LayerwiseConnector):
                 layers = [self.cache_layout.join_blocks([block[f"layers.{index}"]
                                                          for block in found])
                           for index in range(self.layout.num_layers)]
-                self._send_json({"count": len(found), "shape": list(layers[0].shape),
+                self._send_json({"count": len(found), "hashes": message["hashes"][:len(found)],
+                                 "shape": list(layers[0].shape),
                                  "dtype": self.layout.kv_cache_dtype})
                 for tensor in layers:
                     self._send_tensor(tensor)
@@ -205,8 +208,14 @@ class P2PConnector(LayerwiseConnector):
         except Exception as exc:
             self._broken = str(exc)
             raise
-        if header["count"]:
-            self._incoming = (header["count"], header["shape"], torch_dtype(header["dtype"]))
+        count = header["count"]
+        if count and header.get("hashes") != list(block_hashes[:count]):
+            # an answer to another request: the stream is out of step, nothing on it is ours
+            self._broken = (f"rank {self.peer} sent {count} blocks that are not the ones "
+                            f"asked for")
+            raise KVTransferError(f"p2p: {self._broken}")
+        if count:
+            self._incoming = (count, header["shape"], torch_dtype(header["dtype"]))
 
     def _read_layer(self, layer_name: str, block_hashes: Sequence[str]
                     ) -> list[torch.Tensor | None]:

@@ -4,11 +4,14 @@ Block ``h`` is ``<path>/<compatibility key>/<h[:2]>/<h>.safetensors`` with one t
 layer (``layers.0`` ...). The compatibility key is the layout fingerprint without the
 backend and layout names, so engines whose blocks convert into each other share files and
 others never see them. Each layer's tensor is the block as a one-block cache of the
-writer's layout. Each file's metadata holds the full :class:`KVLayout` that wrote it and a
-CRC-32 of every tensor; a reader checks both, converting through the reference layout (or
-a converter registered for the pair) when only the layout differs, so a corrupt, truncated, foreign or missing file
-is a failed block (the engine's ``kv_load_failure_policy`` decides what follows), never
-wrong attention. Files are written to a temporary name in the same directory and renamed,
+writer's layout. Each file's metadata holds the block's identity: its chained hash (which
+names the model too: the chain starts at the model's root hash), the full
+:class:`KVLayout` that wrote it (layout, dtype, geometry, fp8 scales) and a CRC-32 of every
+tensor. A reader checks all three, converting through the reference layout (or a
+converter registered for the pair) when only the layout differs, so a corrupt,
+truncated, foreign, missing or misplaced file (another block's KV under this block's
+name) is a failed block (the engine's ``kv_load_failure_policy`` decides what follows),
+never wrong attention. Files are written to a temporary name in the same directory and renamed,
 so a reader sees a whole block or none, and a second engine process started later reuses
 the first one's prefills. Options (``kv_connector_config``): ``path`` (required),
 ``load_timeout_s``.
@@ -38,6 +41,7 @@ from hwplug.model_zoo.connectors.layerwise import DEFAULT_LOAD_TIMEOUT_S, Layerw
 logger = logging.getLogger(__name__)
 
 LAYOUT_KEY = "hwplug_kv_layout"
+BLOCK_HASH_KEY = "hwplug_block_hash"
 CHECKSUMS_KEY = "hwplug_crc32"
 
 
@@ -89,9 +93,13 @@ class SharedStorageConnector(LayerwiseConnector):
             handle = self._files.enter_context(
                 safe_open(self._block_path(block_hash), framework="pt"))
             metadata = handle.metadata() or {}
+            if metadata.get(BLOCK_HASH_KEY) != block_hash:
+                raise ValueError(f"it holds the KV of block "
+                                 f"{str(metadata.get(BLOCK_HASH_KEY))[:12]}, not "
+                                 f"{block_hash[:12]}")
             return (handle, KVLayout.from_json(metadata[LAYOUT_KEY]),
                     json.loads(metadata[CHECKSUMS_KEY]))
-        except Exception as exc:  # missing, truncated, not safetensors, no metadata
+        except Exception as exc:  # missing, truncated, not safetensors, no metadata, foreign
             logger.warning("cannot open %s: %s", self._block_path(block_hash), exc)
             return None
 
@@ -122,7 +130,7 @@ class SharedStorageConnector(LayerwiseConnector):
         layout = self.layout.to_json()
         for block_hash, layers in blocks.items():
             tensors = {name: tensor.contiguous() for name, tensor in layers.items()}
-            metadata = {LAYOUT_KEY: layout, CHECKSUMS_KEY: json.dumps(
+            metadata = {BLOCK_HASH_KEY: block_hash, LAYOUT_KEY: layout, CHECKSUMS_KEY: json.dumps(
                 {name: checksum(tensor) for name, tensor in tensors.items()})}
             target = self._block_path(block_hash)
             target.parent.mkdir(exist_ok=True)
