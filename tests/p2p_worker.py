@@ -4,11 +4,13 @@
 (prefill, ``max_tokens=1``), rank 1 the consumer (decode), and reports through ``results``.
 ``FailingProducer`` is a producer whose process dies after sending ``_die_after`` layer
 tensors of a transfer: a transport error mid-transfer, as a crashed peer makes one.
+``SlowConsumer`` starts each load late: a peer slower than the model's first layers.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from typing import Any
 
@@ -16,6 +18,8 @@ import hwplug
 from hwplug.model_zoo.connectors.p2p import P2PConnector
 
 DECODE = hwplug.SamplingParams(max_tokens=6, ignore_eos=True)
+#: Run by a slow consumer first, so that its decode steps of two replay step graphs.
+WARM = [[2000, 2001, 2002], [3000, 3001, 3002]]
 
 
 class FailingProducer(P2PConnector):
@@ -32,6 +36,14 @@ class FailingProducer(P2PConnector):
         super()._send_tensor(tensor)
 
 
+class SlowConsumer(P2PConnector):
+    """Asks for a request's blocks only after a while."""
+
+    def _start_reading(self, block_hashes):
+        time.sleep(0.3)
+        super()._start_reading(block_hashes)
+
+
 def run(rank: int, port: int, model_dir: str, prompts: list[list[int]],
         options: dict[str, Any], results: Any, prefilled: Any) -> None:
     """Rank 0 prefills, then serves until the consumer closes (or its process dies);
@@ -40,11 +52,15 @@ def run(rank: int, port: int, model_dir: str, prompts: list[list[int]],
     role = "producer" if rank == 0 else "consumer"
     config = {"role": role, "rank": rank, "world_size": 2, "timeout_s": 60}
     connector = FailingProducer if role == "producer" and options.get("die") else "p2p"
+    slow = role == "consumer" and options.get("slow")
+    if slow:
+        connector = SlowConsumer
     policy = options.get("policy") if role == "consumer" else None
     try:
         llm = hwplug.LLM(model_dir, num_kv_blocks=64, kv_connector=connector,
                          kv_connector_config=config, kv_load_failure_policy=policy,
-                         block_size=options.get(f"block_size_{role}"))
+                         block_size=options.get(f"block_size_{role}"),
+                         step_graphs=options.get("step_graphs", True))
     except Exception as exc:
         results.put((role, "error", f"{type(exc).__name__}: {exc}"))
         return
@@ -55,6 +71,8 @@ def run(rank: int, port: int, model_dir: str, prompts: list[list[int]],
             llm.close()  # serves the consumer until it closes
             results.put((role, "done"))
             return
+        if slow:
+            llm.generate(WARM, DECODE)
         prefilled.wait(120)
         try:
             outcome = ("tokens", [o.token_ids for o in llm.generate(prompts, DECODE)])

@@ -1,7 +1,8 @@
 """Disaggregated prefill/decode: two engine processes joined by the ``p2p`` connector (gloo).
 
 The producer prefills (``max_tokens=1``), the consumer pulls those KV blocks and decodes;
-its greedy tokens must equal one plain engine's. Then the faults: the layouts of the two
+its greedy tokens must equal one plain engine's, also when the consumer's loads start
+late, with step graphs on and off. Then the faults: the layouts of the two
 sides disagree (both refuse before any block moves), and the producer dies in the middle
 of a transfer, under each failure policy. The consumer's second ``generate`` shows the
 engine keeps serving once its peer is gone.
@@ -63,6 +64,16 @@ def test_decode_engine_loads_the_prefill_engines_blocks(model_dir, prompts, expe
     reports = run_pair(model_dir, prompts)
     kind, tokens, again, loaded, failed = reports["consumer"]
     assert kind == "tokens" and tokens == expected and again == expected
+    assert loaded == 2 * 4 and failed == 0
+
+
+@pytest.mark.parametrize("step_graphs", [True, False], ids=["graphs", "eager"])
+def test_a_slow_peer_is_waited_for_with_step_graphs_on_or_off(model_dir, step_graphs):
+    # one token left after the load: a decode-shaped step, which must not replay a graph
+    prompts = random_prompts(1, 2, length=4 * 16 + 1)
+    reports = run_pair(model_dir, prompts, slow=True, step_graphs=step_graphs)
+    kind, tokens, again, loaded, failed = reports["consumer"]
+    assert kind == "tokens" and tokens == plain_tokens(model_dir, prompts, p2p_worker.DECODE)
     assert loaded == 2 * 4 and failed == 0
 
 
