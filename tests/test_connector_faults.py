@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kv_faults import truncate
 from safetensors import safe_open
 
 import hwplug
@@ -92,10 +93,6 @@ def test_a_step_that_loads_waits_for_its_layers_with_step_graphs_on_or_off(
 #: The first prompt's two blocks, then one more block and a token: a step that loads the
 #: first two also computes (and fills) the third.
 LONGER = PROMPTS[0][:2 * BLOCK] + [3000 + j for j in range(BLOCK + 1)]
-
-
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:200])
 
 
 def block_files(directory: Path) -> dict[str, Path]:

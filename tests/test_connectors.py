@@ -18,6 +18,7 @@ from pathlib import Path
 import kv_layouts
 import pytest
 import torch
+from kv_faults import Forgetful, another_blocks_kv, corrupt, truncate
 from kv_layouts import BLOCKS_LAST, HEADS_FIRST
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -37,7 +38,6 @@ from hwplug.connector import (
 from hwplug.model_zoo.connectors.shared_storage import (
     CHECKSUMS_KEY,
     LAYOUT_KEY,
-    SharedStorageConnector,
     checksum,
 )
 from hwplug.registry import current_source
@@ -207,25 +207,6 @@ def test_a_second_process_reuses_the_first_ones_prefills(model_dir, prompts, exp
 
 # --- faults ---------------------------------------------------------------------------------
 
-class Forgetful(SharedStorageConnector):
-    """A store that loses a block between the lookup and the load (another process
-    cleaned it up)."""
-
-    def _start_reading(self, block_hashes):
-        self._block_path(block_hashes[1]).unlink()
-        super()._start_reading(block_hashes)
-
-
-def corrupt(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[-100:-90] = bytes(10)  # tensor bytes: the header still parses
-    path.write_bytes(bytes(data))
-
-
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:200])
-
-
 def foreign_dtype(path: Path) -> None:
     """Rewrite the block as an engine of another KV dtype would have described it."""
     with safe_open(path, framework="pt") as handle:
@@ -233,12 +214,6 @@ def foreign_dtype(path: Path) -> None:
         metadata = handle.metadata()
     layout = replace(KVLayout.from_json(metadata[LAYOUT_KEY]), kv_cache_dtype="bfloat16")
     save_file(tensors, path, metadata={**metadata, LAYOUT_KEY: layout.to_json()})
-
-
-def another_blocks_kv(path: Path) -> None:
-    """Put another block's file (valid layout and checksums) under this block's name."""
-    other = next(p for p in sorted(path.parents[1].rglob("*.safetensors")) if p != path)
-    path.write_bytes(other.read_bytes())
 
 
 FAULTS = {"corrupt": corrupt, "truncated": truncate, "fingerprint": foreign_dtype,
