@@ -88,13 +88,18 @@ class CpuPlatform(Platform):
         return _NATIVE_CALLS
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
-        """Total and available memory: ``MemTotal`` and ``MemAvailable`` of
-        ``<HWPLUG_PROBE_ROOT>/proc/meminfo`` (free memory plus the page cache the kernel
-        can reclaim); where that file is missing (macOS), the ``sysconf`` page counts."""
-        meminfo = read_text(envs.HWPLUG_PROBE_ROOT / "proc/meminfo") or ""
-        fields = {name: int(kb) * 1024 for name, kb in _MEMINFO.findall(meminfo)}
-        if "MemTotal" in fields and "MemAvailable" in fields:
-            return MemoryInfo(total=fields["MemTotal"], free=fields["MemAvailable"])
-        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        free = os.sysconf("SC_AVPHYS_PAGES") * page_size
-        return MemoryInfo(total=pages * page_size, free=free)
+        """The host's memory (:func:`host_memory`)."""
+        return host_memory()
+
+
+def host_memory() -> MemoryInfo:
+    """Total and available memory: ``MemTotal`` and ``MemAvailable`` of
+    ``<HWPLUG_PROBE_ROOT>/proc/meminfo`` (free memory plus the page cache the kernel can
+    reclaim); where that file is missing (macOS), the ``sysconf`` page counts."""
+    meminfo = read_text(envs.HWPLUG_PROBE_ROOT / "proc/meminfo") or ""
+    fields = {name: int(kb) * 1024 for name, kb in _MEMINFO.findall(meminfo)}
+    if "MemTotal" in fields and "MemAvailable" in fields:
+        return MemoryInfo(total=fields["MemTotal"], free=fields["MemAvailable"])
+    pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    free = os.sysconf("SC_AVPHYS_PAGES") * page_size
+    return MemoryInfo(total=pages * page_size, free=free)

@@ -9,7 +9,6 @@ backend standing in for one (``JAX_PLATFORMS=cpu`` with ``HWPLUG_PLATFORM=tpu``)
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar
 
 from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
@@ -76,12 +75,13 @@ class TpuPlatform(Platform):
         return jax.__version__
 
     def memory_info(self, device_id: int = 0) -> MemoryInfo:
-        """The host's memory on the stand-in; else the chip's HBM as JAX reports it, or
-        the generation's HBM per chip (all free) when it reports nothing."""
+        """The host's memory on the stand-in (available memory, as the cpu platform counts
+        it); else the chip's HBM as JAX reports it, or the generation's HBM per chip (all
+        free) when it reports nothing."""
         if self._stands_in:
-            page = os.sysconf("SC_PAGE_SIZE")
-            return MemoryInfo(total=os.sysconf("SC_PHYS_PAGES") * page,
-                              free=os.sysconf("SC_AVPHYS_PAGES") * page)
+            from hwplug.platforms.cpu.platform import host_memory
+
+            return host_memory()
         tpus = _tpus()
         stats = tpus[device_id].memory_stats() if tpus else None
         if stats and "bytes_limit" in stats:
