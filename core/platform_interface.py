@@ -28,6 +28,8 @@ from hwplug.interface import StrictInterface
 from hwplug.platforms.device_names import canonical_device_name
 
 if TYPE_CHECKING:
+    import torch
+
     from hwplug.config import EngineConfig
     from hwplug.platforms.sighting import Sighting
     from hwplug.step_replay import StepRecorder
@@ -251,6 +253,14 @@ class Platform(StrictInterface):
         None, the default: every step runs eagerly and nothing is recorded. The CPU
         platform records the native kernel calls of its C kernels."""
         return None
+
+    def place_state(self, weights: Iterable[torch.Tensor], kv_caches: Iterable[torch.Tensor]
+                    ) -> None:
+        """Called once by an engine's model runner, before its first step, with its model's
+        parameters and buffers and its KV caches. A platform that computes where torch's
+        tensors do not live (the tpu platform: on JAX's device) keeps them there for the
+        engine's lifetime, so no weight or cache crosses per step; its cache ops then write
+        the device copy, not the KV caches' torch tensors. The default does nothing."""
 
     def execution_summary(self) -> str | None:
         """One line on how this process has run models so far, which ``hwplug generate``

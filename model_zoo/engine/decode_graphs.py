@@ -155,8 +155,8 @@ class DecodeGraphs:
         finally:
             inputs.pad()
         self._graphs[bucket] = (second, inputs)
-        logger.info("decode steps of up to %d sequences replay a step graph of %d native "
-                    "calls", bucket, len(second.calls))
+        logger.info("decode steps of up to %d sequences replay a recorded step (%s)", bucket,
+                    self.recorder.name)
         return second, inputs
 
     def _recording(self, inputs: _Inputs) -> RecordedStep:

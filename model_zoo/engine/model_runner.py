@@ -76,6 +76,7 @@ class ModelRunner:
         # hold finite values
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(model.num_layers)]
+        ctx.platform.place_state([*model.parameters(), *model.buffers()], self.kv_caches)
         #: The decode step graphs (None: every step runs eagerly).
         recorder = ctx.platform.step_recorder()
         self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(

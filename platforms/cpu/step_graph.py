@@ -147,7 +147,7 @@ def same_calls(first: StepGraph, second: StepGraph) -> None:
                 f"data, which a replay would not follow")
 
 
-class _OnlyAllocationsAndViews(TorchFunctionMode):
+class OnlyAllocationsAndViews(TorchFunctionMode):
     """Refuses any torch function but an allocation, one that reads a tensor's metadata,
     or one that returns views of its inputs without writing them; keeps the
     allocations."""
@@ -196,7 +196,7 @@ def record() -> Iterator[StepGraph]:
     graph = StepGraph()
     _state.calls = graph.calls
     try:
-        with _OnlyAllocationsAndViews(graph.tensors):
+        with OnlyAllocationsAndViews(graph.tensors):
             yield graph
     finally:
         _state.calls = None
