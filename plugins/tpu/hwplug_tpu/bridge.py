@@ -1,21 +1,42 @@
 """torch tensors <-> JAX arrays through DLPack, on the JAX device the plugin computes on.
 
-torch has no TPU device without torch_xla, so the model's tensors stay torch tensors on
-the host and each op of this plugin runs a jitted JAX function on JAX arrays that share
-their memory (DLPack: no copy on the host). When the JAX device is not the host (a
-TPU), every input is transferred to it and every output back, weights and KV caches
-included: correct, but far from what a TPU can do (see the plugin's README).
+torch has no TPU device without torch_xla, so the model's tensors are torch tensors on
+the host; the ops of this plugin run jitted JAX functions on :func:`device`. A tensor the
+engine placed there (its weights and KV caches, see below) is read from its device copy;
+any other is shared with JAX on the host (DLPack: no copy) and, when the device is not
+the host, transferred. Results come back the same way.
 
 Shapes are padded to buckets (:func:`bucket`, powers of two) before a jitted function
 sees them, so each function compiles once per bucket rather than once per batch shape.
+
+**Resident tensors.** The engine's model runner hands the tpu platform its model's
+parameters and buffers and its KV caches once
+(:meth:`hwplug_tpu.platform.TpuPlatform.place_state`); each is copied to :func:`device`
+(:func:`place`) and from then on the ops read that copy (:func:`to_jax` looks there
+first), so no weight or cache crosses per op or per step.
+
+- A weight is uploaded once and again only when its torch tensor was written since
+  (its version counter moved): weights are read-only between calls (the ``linear``
+  contract), so in practice once.
+- A KV cache's device copy is the cache: the cache ops replace it with the array they
+  computed (:func:`replace_cache`), and the torch tensor is not written any more.
+
+Entries are keyed by the torch tensor object and dropped when it is garbage collected,
+so engines created one after another in a process do not see each other's arrays.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
 
 import jax
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def bucket(n: int) -> int:
@@ -31,17 +52,29 @@ def host() -> jax.Device:
 
 @functools.cache
 def device() -> jax.Device:
-    """The device the ops compute on: JAX's first TPU when it has one, else the host."""
+    """The device the ops compute on: JAX's first TPU when it has one; else (JAX's CPU
+    standing in) JAX's last CPU device, which is not the host's when JAX has several
+    (``XLA_FLAGS=--xla_force_host_platform_device_count=2``): then every crossing between
+    torch's memory and the device is a real transfer, as on a TPU."""
     tpus = [d for d in jax.devices() if d.platform == "tpu"]
-    return tpus[0] if tpus else host()
+    return tpus[0] if tpus else jax.devices("cpu")[-1]
+
+
+def host_array(tensor: torch.Tensor) -> jax.Array:
+    """``tensor`` as a JAX array on :func:`host` sharing its memory (int64 as int32, JAX's
+    integer width without x64; a non-contiguous tensor is copied first)."""
+    shared = tensor.to(torch.int32) if tensor.dtype == torch.int64 else tensor.contiguous()
+    return jax.dlpack.from_dlpack(shared)
 
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
-    """``tensor`` as a JAX array on :func:`device` (int64 as int32, JAX's integer width
-    without x64). On the host it shares ``tensor``'s memory (a non-contiguous tensor is
-    copied first); elsewhere the data is transferred."""
-    shared = tensor.to(torch.int32) if tensor.dtype == torch.int64 else tensor.contiguous()
-    array = jax.dlpack.from_dlpack(shared)
+    """``tensor`` as a JAX array on :func:`device`: its resident copy when the engine
+    placed it there, else shared on the host (:func:`host_array`) and transferred when the
+    device is not the host."""
+    placed = resident(tensor)
+    if placed is not None:
+        return placed
+    array = host_array(tensor)
     target = device()
     return array if target == host() else jax.device_put(array, target)
 
@@ -61,3 +94,60 @@ def padded(tensor: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
         return tensor
     fill = tensor.new_full((extra, *tensor.shape[1:]), value)
     return torch.cat((tensor, fill))
+
+
+@dataclass
+class _Entry:
+    array: jax.Array
+    version: int
+    mutable: bool
+
+
+_entries: dict[int, _Entry] = {}
+_lock = threading.Lock()
+
+
+def _upload(tensor: torch.Tensor, target: jax.Device, copy: bool) -> jax.Array:
+    """``tensor`` on ``target``: its memory shared through DLPack when ``target`` is the host
+    and no ``copy`` is asked for, else copied."""
+    array = jax.device_put(host_array(tensor), target, may_alias=False if copy else None)
+    return array.block_until_ready()
+
+
+def place(tensor: torch.Tensor, target: jax.Device, *, mutable: bool = False) -> None:
+    """Keep ``tensor`` on ``target`` from now on; ``mutable``: a KV cache (its device copy is
+    the cache, see the module docstring), else a weight."""
+    key = id(tensor)
+    with _lock:
+        if key in _entries:
+            return
+        _entries[key] = _Entry(_upload(tensor, target, copy=mutable), tensor._version, mutable)
+    weakref.finalize(tensor, _entries.pop, key, None)
+
+
+def resident(tensor: torch.Tensor) -> jax.Array | None:
+    """The device array of a placed ``tensor`` (a weight written since it was placed is
+    uploaded again), or None when ``tensor`` was not placed."""
+    entry = _entries.get(id(tensor))
+    if entry is None:
+        return None
+    if not entry.mutable and entry.version != tensor._version:
+        logger.info("a resident weight %s was written: uploading it again",
+                    tuple(tensor.shape))
+        entry.array = _upload(tensor, next(iter(entry.array.devices())), copy=False)
+        entry.version = tensor._version
+    return entry.array
+
+
+def is_cache(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a placed KV cache (whose device copy is the cache)."""
+    entry = _entries.get(id(tensor))
+    return entry is not None and entry.mutable
+
+
+def replace_cache(cache: torch.Tensor, new: jax.Array) -> None:
+    """Make ``new`` the device copy of the placed KV cache ``cache``."""
+    entry = _entries[id(cache)]
+    if not entry.mutable:
+        raise TypeError("only a placed KV cache is replaced, not a weight")
+    entry.array = new

@@ -78,16 +78,33 @@ def gelu_and_mul(x: jax.Array, approximate: str) -> jax.Array:
 
 @jax.jit
 def linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None) -> jax.Array:
-    """``x [N, K] @ weight [N_out, K].T + bias``, accumulated in fp32."""
-    out = lax.dot_general(x, weight, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+    """``x [..., K] @ weight [N, K].T + bias``, accumulated in fp32."""
+    out = lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())),
+                          preferred_element_type=_F32)
     if bias is not None:
         out = out + bias.astype(_F32)
     return out.astype(x.dtype)
 
 
-@functools.partial(jax.jit, static_argnames="dtype")
-def interleaved_kv_rows(key: jax.Array, value: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """``key``/``value [T, Hkv, D]`` as cache rows ``[T, 2 * Hkv, D]`` in ``dtype``: KV head
-    ``h``'s key at head index ``2h``, its value at ``2h + 1``."""
-    rows = jnp.stack((key, value), axis=2)
-    return rows.reshape(key.shape[0], 2 * key.shape[1], key.shape[2]).astype(dtype)
+@jax.jit
+def embedding(ids: jax.Array, weight: jax.Array) -> jax.Array:
+    """Rows ``ids [T]`` of ``weight [V, H]``."""
+    return weight[ids]
+
+
+def _store_kv(kv_pages: jax.Array, key: jax.Array, value: jax.Array, slots: jax.Array
+              ) -> jax.Array:
+    """``kv_pages [num_blocks, block_size, 2 * Hkv, D]`` with ``key``/``value [T, Hkv, D]``
+    stored at ``slots [T]`` (interleaved: KV head ``h``'s key at head index ``2h``, its value
+    at ``2h + 1``; cast to the cache dtype); a negative slot is skipped."""
+    rows = jnp.stack((key, value), axis=2).reshape(key.shape[0], 2 * key.shape[1],
+                                                  key.shape[2]).astype(kv_pages.dtype)
+    flat = kv_pages.reshape(-1, *kv_pages.shape[2:])
+    slots = jnp.where(slots < 0, flat.shape[0], slots)  # out of range: dropped
+    return flat.at[slots].set(rows, mode="drop").reshape(kv_pages.shape)
+
+
+#: :func:`_store_kv` returning a new cache.
+store_kv = jax.jit(_store_kv)
+#: :func:`_store_kv` reusing the cache's buffer (the array passed in is consumed).
+store_kv_in_place = jax.jit(_store_kv, donate_argnums=0)

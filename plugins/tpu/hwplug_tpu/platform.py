@@ -1,19 +1,24 @@
 """``TpuPlatform``: Google TPUs, programmed through JAX rather than torch.
 
 The zoo's model code runs as torch on the host; every op it calls through the kernel
-registry runs as a jitted JAX function on the JAX device, its tensors shared with JAX
-through DLPack (:mod:`hwplug_tpu.bridge`). So torch tensors live on ``cpu`` (the
-platform's ``device_type``) and the compute happens where JAX runs: a TPU, or JAX's CPU
-backend standing in for one (``JAX_PLATFORMS=cpu`` with ``HWPLUG_PLATFORM=tpu``).
+registry runs as a jitted JAX function on the JAX device (:mod:`hwplug_tpu.bridge`). So
+torch tensors live on ``cpu`` (the platform's ``device_type``) and the compute happens
+where JAX runs: a TPU, or JAX's CPU backend standing in for one (``JAX_PLATFORMS=cpu``
+with ``HWPLUG_PLATFORM=tpu``). An engine's weights and KV caches are placed on that device
+once (:meth:`TpuPlatform.place_state`, :mod:`hwplug_tpu.bridge`).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.platform_interface import DeviceCapability, DeviceFacts, MemoryInfo, Platform
 from hwplug.platforms import tpu
 from hwplug_tpu.probe import JAX_BACKEND_DETAIL
+
+if TYPE_CHECKING:
+    import torch
 
 #: Device features the facts carry: which JAX backend the ops run on.
 JAX_TPU, JAX_CPU = "jax-tpu", "jax-cpu"
@@ -91,6 +96,18 @@ class TpuPlatform(Platform):
         if generation is None:
             return super().memory_info(device_id)
         return MemoryInfo(total=generation.hbm_gib * _GIB, free=generation.hbm_gib * _GIB)
+
+    def place_state(self, weights: Iterable[torch.Tensor], kv_caches: Iterable[torch.Tensor]
+                    ) -> None:
+        """Copy the engine's weights and KV caches to the JAX device the ops compute on, once:
+        the ops read them there from now on, and the cache ops write the device copies."""
+        from hwplug_tpu.bridge import device, place
+
+        target = device()
+        for weight in weights:
+            place(weight, target)
+        for cache in kv_caches:
+            place(cache, target, mutable=True)
 
     def execution_summary(self) -> str | None:
         from hwplug_tpu.compilations import compilations

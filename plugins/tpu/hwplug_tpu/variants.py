@@ -18,12 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
-import jax.numpy as jnp
 import torch
 
-from hwplug.dtypes import dtype_name
 from hwplug_tpu import jax_ops, rpa
-from hwplug_tpu.bridge import bucket, padded, to_jax, to_torch
+from hwplug_tpu.bridge import bucket, is_cache, padded, replace_cache, to_jax, to_torch
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -83,20 +81,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
 
 
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    n = ids.shape[0]
+    return to_torch(jax_ops.embedding(to_jax(padded(ids, bucket(n))), to_jax(weight)))[:n]
+
+
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor,
                       slot_mapping: torch.Tensor, params: PagedAttentionParams) -> None:
     """The ``reshape_and_cache`` op into an ``RPA_INTERLEAVED`` cache ``kv_pages
-    [num_blocks, block_size, 2 * Hkv, D]``: JAX builds the interleaved, cast cache rows of
-    the new tokens; they are stored into ``kv_pages`` (host memory) with one indexed copy.
-    (A JAX scatter would return a new cache: copying every page back each step costs more
-    than the rows.)"""
-    n = key.shape[0]
-    size = bucket(n)
-    rows = jax_ops.interleaved_kv_rows(to_jax(padded(key, size)), to_jax(padded(value, size)),
-                                       jnp.dtype(dtype_name(kv_pages.dtype)))
-    keep = slot_mapping >= 0
-    kv_pages.view(-1, *kv_pages.shape[2:]).index_copy_(0, slot_mapping[keep],
-                                                       to_torch(rows)[:n][keep])
+    [num_blocks, block_size, 2 * Hkv, D]``, in JAX: a cache the engine placed on the device
+    is replaced there by the written one (its buffer reused); any other is written back
+    into ``kv_pages``."""
+    size = bucket(key.shape[0])
+    rows = (to_jax(padded(key, size)), to_jax(padded(value, size)),
+            to_jax(padded(slot_mapping, size, -1)))
+    if is_cache(kv_pages):
+        replace_cache(kv_pages, jax_ops.store_kv_in_place(to_jax(kv_pages), *rows))
+    else:
+        kv_pages.copy_(to_torch(jax_ops.store_kv(to_jax(kv_pages), *rows)))
+    return None
 
 
 def cache_supported(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tensor,

@@ -16,8 +16,8 @@ import test_models_vs_transformers as on_any_platform
 from hwplug import kernels
 
 #: The ops a decoder calls, each of which the tpu platform must serve with its JAX variant.
-JAX_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "linear", "reshape_and_cache",
-           "paged_attention")
+JAX_OPS = ("embedding", "rms_norm", "rotary_embedding", "silu_and_mul", "linear",
+           "reshape_and_cache", "paged_attention")
 
 
 def assert_served_by_jax() -> None:
