@@ -5,7 +5,9 @@ registry runs as a jitted JAX function on the JAX device (:mod:`hwplug_tpu.bridg
 torch tensors live on ``cpu`` (the platform's ``device_type``) and the compute happens
 where JAX runs: a TPU, or JAX's CPU backend standing in for one (``JAX_PLATFORMS=cpu``
 with ``HWPLUG_PLATFORM=tpu``). An engine's weights and KV caches are placed on that device
-once (:meth:`TpuPlatform.place_state`, :mod:`hwplug_tpu.bridge`).
+once (:meth:`TpuPlatform.place_state`, :mod:`hwplug_tpu.bridge`), and its decode steps
+run as one compiled JAX function per batch bucket (:meth:`TpuPlatform.step_recorder`,
+:mod:`hwplug_tpu.step`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from hwplug_tpu.probe import JAX_BACKEND_DETAIL
 
 if TYPE_CHECKING:
     import torch
+
+    from hwplug_tpu.step import JaxStepRecorder
 
 #: Device features the facts carry: which JAX backend the ops run on.
 JAX_TPU, JAX_CPU = "jax-tpu", "jax-cpu"
@@ -109,10 +113,19 @@ class TpuPlatform(Platform):
         for cache in kv_caches:
             place(cache, target, mutable=True)
 
-    def execution_summary(self) -> str | None:
-        from hwplug_tpu.compilations import compilations
+    def step_recorder(self) -> JaxStepRecorder:
+        """Steps recorded as the JAX ops of this plugin's variants and compiled whole, one
+        XLA program per decode batch bucket (see :mod:`hwplug_tpu.step`)."""
+        from hwplug_tpu.step import RECORDER
 
-        return compilations().describe()
+        return RECORDER
+
+    def execution_summary(self) -> str | None:
+        """The XLA compilations so far and how many of them were whole steps."""
+        from hwplug_tpu.compilations import compilations
+        from hwplug_tpu.step import RECORDER
+
+        return f"{compilations().describe()}; {RECORDER.describe()}"
 
     def _generation(self) -> tpu.Generation | None:
         if self.sighting is None or self._stands_in:

@@ -10,6 +10,10 @@ width) to buckets too, so a decode step of a given bucket compiles once, not per
 ``*_supported`` functions are the per-call ``supports`` checks: an fp8 KV cache (k/v
 scales), non-causal attention or an unknown GELU form is declined, and the registry
 falls back to the next variant (the reference).
+
+While a step is recorded (:func:`hwplug_tpu.step.recording`), a variant computes nothing:
+it records its JAX function on the step's exact shapes (the step is compiled per bucket
+as a whole) and returns placeholders.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
+import jax.numpy as jnp
 import torch
 
 from hwplug_tpu import jax_ops, rpa
 from hwplug_tpu.bridge import bucket, is_cache, padded, replace_cache, to_jax, to_torch
+from hwplug_tpu.step import recording
 
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata, PagedAttentionParams
@@ -39,6 +45,9 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if (rec := recording()) is not None:
+        return (rec.call(jax_ops.rms_norm, x, weight, eps=eps) if residual is None else
+                rec.call(jax_ops.add_rms_norm, x, residual, weight, eps=eps))
     rows, n = _rows(x)
     if residual is None:
         return to_torch(jax_ops.rms_norm(to_jax(rows), to_jax(weight), eps))[:n].view(x.shape)
@@ -50,6 +59,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                      cos_sin_cache: torch.Tensor, is_neox: bool
                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    if (rec := recording()) is not None:
+        return rec.call(jax_ops.rotary_embedding, positions, query, key, cos_sin_cache,
+                        is_neox=is_neox)
     n = positions.shape[0]
     size = bucket(n)
     q, k = jax_ops.rotary_embedding(to_jax(padded(positions, size)),
@@ -59,11 +71,15 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if (rec := recording()) is not None:
+        return rec.call(jax_ops.silu_and_mul, x)
     rows, n = _rows(x)
     return to_torch(jax_ops.silu_and_mul(to_jax(rows)))[:n].view(*x.shape[:-1], -1)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    if (rec := recording()) is not None:
+        return rec.call(jax_ops.gelu_and_mul, x, approximate=approximate)
     rows, n = _rows(x)
     out = jax_ops.gelu_and_mul(to_jax(rows), approximate)
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
@@ -76,12 +92,16 @@ def gelu_supported(x: torch.Tensor, approximate: str = "none") -> str | None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
+    if (rec := recording()) is not None:
+        return rec.call(jax_ops.linear, x, weight, bias)
     rows, n = _rows(x)
     out = jax_ops.linear(to_jax(rows), to_jax(weight), None if bias is None else to_jax(bias))
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if (rec := recording()) is not None:
+        return rec.call(jax_ops.embedding, ids, weight)
     n = ids.shape[0]
     return to_torch(jax_ops.embedding(to_jax(padded(ids, bucket(n))), to_jax(weight)))[:n]
 
@@ -92,6 +112,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Te
     [num_blocks, block_size, 2 * Hkv, D]``, in JAX: a cache the engine placed on the device
     is replaced there by the written one (its buffer reused); any other is written back
     into ``kv_pages``."""
+    if (rec := recording()) is not None:
+        return rec.update(kv_pages, jax_ops.store_kv, key, value, slot_mapping)
     size = bucket(key.shape[0])
     rows = (to_jax(padded(key, size)), to_jax(padded(value, size)),
             to_jax(padded(slot_mapping, size, -1)))
@@ -122,6 +144,11 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
 
     def attention(query: torch.Tensor, kv_pages: torch.Tensor, metadata: AttentionMetadata,
                   params: PagedAttentionParams) -> torch.Tensor:
+        if (rec := recording()) is not None:  # every sequence of the step is real
+            return rec.call(_every_sequence, query, kv_pages, metadata.seq_lens,
+                            metadata.block_tables, metadata.query_start_loc, kernel=kernel,
+                            sm_scale=params.scale, sliding_window=params.sliding_window,
+                            soft_cap=params.soft_cap, max_q_len=bucket(metadata.max_query_len))
         seq_lens, block_tables = metadata.seq_lens, metadata.block_tables
         query_start_loc, num_seqs = metadata.query_start_loc, seq_lens.shape[0]
         if query.shape[0] == 0 or num_seqs == 0:
@@ -139,6 +166,15 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
 
     attention.__doc__ = f"``{kernel.__name__}`` on the interleaved cache."
     return attention
+
+
+def _every_sequence(queries: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array,
+                    page_indices: jax.Array, cu_q_lens: jax.Array, *,
+                    kernel: Callable[..., jax.Array], **options: object) -> jax.Array:
+    """``kernel`` over a batch whose every sequence is real (a recorded step's)."""
+    num_seqs = jnp.full((1,), kv_lens.shape[0], jnp.int32)
+    return kernel(queries, kv_pages, kv_lens, jnp.maximum(page_indices, 0), cu_q_lens,
+                  num_seqs, **options)
 
 
 #: The pure-JAX ragged paged attention, for any JAX backend.

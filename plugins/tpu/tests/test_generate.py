@@ -4,8 +4,10 @@
 Greedy completions of five chat prompts, batched, must be the cpu platform's, token for
 token (both in float32 on the dequantized weights: the platforms' default dtypes may
 differ, and the tpu platform, which has no GGUF kernels, dequantizes the GGUF by itself);
-a streamed prompt
-reports the XLA compilations the run made next to its speed.
+the decode steps replay one compiled step per batch bucket; a streamed prompt reports the
+XLA compilations the run made next to its speed. The tests' conftest gives JAX two CPU
+devices (``XLA_FLAGS``, inherited by the ``hwplug generate`` processes): the tpu platform
+computes on the second.
 """
 
 from __future__ import annotations
@@ -61,13 +63,21 @@ def test_five_prompts_give_the_cpu_platforms_greedy_tokens(prompts_file):
     assert tpu.stdout == cpu.stdout
     assert re.search(r"^(\d+) tokens in", tpu.stderr, re.M).group(1) == re.search(
         r"^(\d+) tokens in", cpu.stderr, re.M).group(1)
+    buckets = re.search(r"^step graphs: decode batches of up to ([\d, ]+) sequences replayed "
+                        r"\((\d+) steps\)$", tpu.stderr, re.M)
+    assert buckets and int(buckets.group(2)) > 0, tpu.stderr
+    compiled = re.search(r"; steps compiled whole: (\d+)$", tpu.stderr, re.M)
+    assert int(compiled.group(1)) == len(buckets.group(1).split(","))  # one per bucket
 
 
 def test_a_streamed_prompt_reports_its_compilations():
     out = generate("tpu", PROMPTS[0])
     lines = out.stderr.splitlines()
     speed = next(i for i, line in enumerate(lines) if "tokens/s" in line)
-    match = re.fullmatch(r"jax: (\d+) XLA compilations \(\d+\.\d s\)", lines[speed + 1])
+    match = re.fullmatch(r"jax: (\d+) XLA compilations \(\d+\.\d s\); steps compiled whole: 1",
+                         lines[speed + 1])
     assert match, lines
     assert 0 < int(match.group(1)) < 60  # per bucket, not per step
+    assert re.fullmatch(r"step graphs: decode batches of up to 1 sequences replayed \(\d+ "
+                        r"steps\)", lines[speed + 2]), lines
     assert "Paris" in out.stdout

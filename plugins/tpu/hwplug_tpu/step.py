@@ -1,0 +1,297 @@
+"""A model step compiled whole: the JAX ops of a recorded step composed into one jitted
+function (the tpu platform's :class:`~hwplug.step_replay.StepRecorder`).
+
+While :meth:`JaxStepRecorder.record` records, each of this plugin's kernel variants
+computes nothing: it hands its JAX function and arguments to the thread's
+:class:`Recording` (:func:`recording`) and returns torch placeholders of the result's shape
+(allocated, never written). A torch tensor an op receives is, in the recording, one of
+
+- a **weight** the engine placed on the device (:func:`hwplug_tpu.bridge.place`): an argument
+  of the compiled step, passed as the resident array;
+- a **KV cache** placed there: state, passed in and returned (its buffers donated), the
+  cache writes of the step updating it in order;
+- a **placeholder** an earlier op returned, or a view of one (the view is recomputed from
+  its offset, shape and strides);
+- anything else: an **input** of the step, read from the same torch tensor at every replay
+  (as with CUDA graphs, the caller refills static input tensors).
+
+As with the CPU's step graphs, the model may only allocate and take views in torch while
+recording (:class:`~hwplug.platforms.cpu.step_graph.OnlyAllocationsAndViews`): an op that
+falls back to a torch reference refuses the recording, naming it. A replay transfers the
+inputs to the device, runs the compiled step (one XLA program per recorded step, compiled
+at its first replay) and copies its outputs back into the placeholders the recorded step
+returned: those are the only transfers of a step.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.utils._pytree import tree_leaves
+
+from hwplug.errors import UnsupportedError
+from hwplug.platforms.cpu.step_graph import OnlyAllocationsAndViews
+from hwplug_tpu.bridge import device, host_array, is_cache, replace_cache, resident, to_torch
+
+_state = threading.local()  # .recording: the Recording of this thread, if any
+
+#: A reference to a value of the compiled step: ``("param" | "input" | "state" | "value",
+#: index)`` or ``("view", base, offset, shape, stride)``.
+Ref = tuple
+
+
+def recording() -> Recording | None:
+    """The step being recorded on this thread, or None (ops then compute)."""
+    return getattr(_state, "recording", None)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One recorded op: ``fn(*args, **static)``; its result replaces KV cache ``state``
+    when that is set, else its leaves are appended to the step's values."""
+
+    fn: Callable[..., Any]
+    args: tuple[Ref | None, ...]
+    static: tuple[tuple[str, Any], ...]
+    state: int | None
+
+    def signature(self) -> tuple[Any, ...]:
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        return (getattr(self.fn, "__module__", ""), name, self.args, self.static, self.state)
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for size, step in reversed(list(zip(shape, stride, strict=True))):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def strided_view(base: jax.Array, offset: int, shape: tuple[int, ...],
+                 stride: tuple[int, ...]) -> jax.Array:
+    """The torch view ``(offset, shape, stride)`` (in elements) of the contiguous ``base``:
+    a slice when it is contiguous or rows of contiguous blocks (a ``split`` along the last
+    dimension), else a gather."""
+    flat = base.reshape(-1)
+    count = math.prod(shape)
+    if _contiguous(shape, stride):
+        return flat[offset:offset + count].reshape(shape)
+    row, inner = stride[0], math.prod(shape[1:])
+    first, column = divmod(offset, row) if row else (0, offset)
+    if (row and flat.shape[0] % row == 0 and _contiguous(shape[1:], stride[1:])
+            and column + inner <= row):
+        rows = flat.reshape(-1, row)[first:first + shape[0], column:column + inner]
+        return rows.reshape(shape)
+    index = offset + sum(np.arange(size).reshape([-1 if d == i else 1 for d in
+                                                  range(len(shape))]) * step
+                         for i, (size, step) in enumerate(zip(shape, stride, strict=True)))
+    return flat[jnp.asarray(index, dtype=jnp.int32)]
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _aval(tensor: torch.Tensor | None) -> jax.ShapeDtypeStruct | None:
+    if tensor is None:
+        return None
+    dtype = jnp.int32 if tensor.dtype == torch.int64 else jnp.dtype(
+        str(tensor.dtype).removeprefix("torch."))
+    return jax.ShapeDtypeStruct(tuple(tensor.shape), dtype)
+
+
+class Recording:
+    """The ops of a step being recorded and what they read (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.params: list[torch.Tensor] = []
+        self.states: list[torch.Tensor] = []
+        self.inputs: list[torch.Tensor] = []
+        #: Placeholders and every tensor given a reference, kept alive (their ids stay
+        #: theirs), and the allocations the model made.
+        self.tensors: list[torch.Tensor] = []
+        self._refs: dict[int, Ref] = {}
+        self._bases: dict[int, tuple[torch.Tensor, Ref]] = {}
+        self._values = 0
+
+    def ref(self, tensor: torch.Tensor | None) -> Ref | None:
+        """The reference of ``tensor`` in the compiled step (made on first sight)."""
+        if tensor is None:
+            return None
+        found = self._refs.get(id(tensor))
+        if found is not None:
+            return found
+        base = self._bases.get(_storage(tensor))
+        if is_cache(tensor):
+            ref: Ref = ("state", len(self.states))
+            self.states.append(tensor)
+        elif resident(tensor) is not None:
+            ref = ("param", len(self.params))
+            self.params.append(tensor)
+        elif base is not None:
+            ref = ("view", base[1], tensor.storage_offset(), tuple(tensor.shape),
+                   tuple(tensor.stride()))
+        else:
+            ref = ("input", len(self.inputs))
+            self.inputs.append(tensor)
+            if tensor.storage_offset() == 0 and tensor.is_contiguous() and (
+                    tensor.numel() * tensor.element_size()
+                    == tensor.untyped_storage().nbytes()):
+                self._bases[_storage(tensor)] = (tensor, ref)
+        self._refs[id(tensor)] = ref
+        self.tensors.append(tensor)
+        return ref
+
+    def call(self, fn: Callable[..., Any], *tensors: torch.Tensor | None, **static: Any) -> Any:
+        """Record ``fn(*tensors, **static)`` (JAX arrays in, a pytree of arrays out); returns
+        torch placeholders shaped like its result."""
+        args = tuple(self.ref(t) for t in tensors)
+        shapes = jax.eval_shape(functools.partial(fn, **static), *map(_aval, tensors))
+        leaves, structure = jax.tree.flatten(shapes)
+        self.nodes.append(Node(fn, args, tuple(sorted(static.items())), None))
+        placeholders = []
+        for leaf in leaves:
+            tensor = torch.empty(leaf.shape, dtype=getattr(torch, jnp.dtype(leaf.dtype).name))
+            ref = ("value", self._values)
+            self._values += 1
+            self._refs[id(tensor)] = ref
+            self._bases[_storage(tensor)] = (tensor, ref)
+            self.tensors.append(tensor)
+            placeholders.append(tensor)
+        return jax.tree.unflatten(structure, placeholders)
+
+    def update(self, cache: torch.Tensor, fn: Callable[..., jax.Array],
+               *tensors: torch.Tensor, **static: Any) -> None:
+        """Record ``cache = fn(cache, *tensors, **static)`` on a placed KV cache."""
+        ref = self.ref(cache)
+        if ref[0] != "state":
+            raise UnsupportedError("a step writes a KV cache the engine did not place on the "
+                                   "JAX device")
+        self.nodes.append(Node(fn, tuple(self.ref(t) for t in tensors),
+                               tuple(sorted(static.items())), ref[1]))
+
+    def output(self, tensor: torch.Tensor) -> Ref:
+        """The reference of an output of the step: a value an op computed, or a view of one."""
+        ref = self._refs.get(id(tensor)) or self.ref(tensor)
+        if ref[0] not in ("value", "view"):
+            raise UnsupportedError(f"the step returns a tensor no JAX op computed ({ref[0]})")
+        return ref
+
+    def program(self, outputs: list[Ref]) -> Callable[..., Any]:
+        """The step as a function ``(params, states, inputs) -> (outputs, states)``."""
+        nodes = list(self.nodes)
+
+        def program(params: list, states: list, inputs: list) -> tuple[list, list]:
+            states, values = list(states), []
+            sources = {"param": params, "state": states, "input": inputs, "value": values}
+
+            def value(ref: Ref | None) -> jax.Array | None:
+                if ref is None:
+                    return None
+                if ref[0] == "view":
+                    return strided_view(value(ref[1]), *ref[2:])
+                return sources[ref[0]][ref[1]]
+
+            for node in nodes:
+                args = [value(ref) for ref in node.args]
+                if node.state is None:
+                    values.extend(jax.tree.leaves(node.fn(*args, **dict(node.static))))
+                else:
+                    states[node.state] = node.fn(states[node.state], *args,
+                                                 **dict(node.static))
+            return [value(ref) for ref in outputs], states
+
+        return program
+
+    def signature(self) -> tuple[Any, ...]:
+        """What two recordings of one step over different input contents share."""
+        return ([node.signature() for node in self.nodes], [id(t) for t in self.params],
+                [id(t) for t in self.states], [_aval(t) for t in self.inputs])
+
+
+class CompiledStep:
+    """A recorded step (:class:`~hwplug.step_replay.RecordedStep`): :meth:`replay` runs it as
+    one compiled XLA program."""
+
+    def __init__(self, recording: Recording, recorder: JaxStepRecorder) -> None:
+        self.recording, self.recorder = recording, recorder
+        self.outputs: Any = None
+        self._compiled: Any = None
+        self._outputs: list[torch.Tensor] = []
+
+    def replay(self) -> Any:
+        """Transfer the inputs, run the compiled step over the resident weights and KV
+        caches, copy the outputs back; returns :attr:`outputs`, now holding them."""
+        rec = self.recording
+        with jax.transfer_guard("allow"):  # the step's declared inputs
+            inputs = [jax.device_put(host_array(t), device()) for t in rec.inputs]
+        params = [resident(t) for t in rec.params]
+        states = [resident(t) for t in rec.states]
+        if self._compiled is None:
+            self._compile(params, states, inputs)
+        outputs, states = self._compiled(params, states, inputs)
+        for cache, new in zip(rec.states, states, strict=True):
+            replace_cache(cache, new)
+        with jax.transfer_guard("allow"):  # the step's declared outputs
+            for tensor, out in zip(self._outputs, outputs, strict=True):
+                tensor.copy_(to_torch(out))
+        return self.outputs
+
+    def _compile(self, params: list, states: list, inputs: list) -> None:
+        self._outputs = [t for t in tree_leaves(self.outputs) if isinstance(t, torch.Tensor)]
+        program = self.recording.program([self.recording.output(t) for t in self._outputs])
+        jitted = jax.jit(program, donate_argnums=1)
+        self._compiled = jitted.lower(params, states, inputs).compile()
+        self.recorder.compiled.append(tuple(tuple(t.shape) for t in self.recording.inputs))
+
+
+class JaxStepRecorder:
+    """Steps recorded as the JAX ops of this plugin's variants and compiled whole (see the
+    module docstring). :attr:`compiled` lists each compiled step by its inputs' shapes."""
+
+    name = "one compiled JAX function per step"
+
+    def __init__(self) -> None:
+        self.compiled: list[tuple[tuple[int, ...], ...]] = []
+
+    @contextmanager
+    def record(self) -> Iterator[CompiledStep]:
+        if recording() is not None:
+            raise UnsupportedError("step recordings do not nest: this thread is already "
+                                   "recording")
+        rec = Recording()
+        _state.recording = rec
+        try:
+            with OnlyAllocationsAndViews(rec.tensors):
+                yield CompiledStep(rec, self)
+        finally:
+            _state.recording = None
+        if not rec.nodes:
+            raise UnsupportedError("the step ran no JAX op")
+
+    def check_same(self, first: CompiledStep, second: CompiledStep) -> None:
+        one, other = first.recording.signature(), second.recording.signature()
+        if one != other:
+            raise UnsupportedError("the step's JAX ops changed between two recordings over "
+                                   "different inputs: what it computes depends on the data")
+
+    def describe(self) -> str:
+        """``"decode steps: 2 compiled (one per batch bucket)"``."""
+        return f"steps compiled whole: {len(self.compiled)}"
+
+
+#: The tpu platform's recorder.
+RECORDER = JaxStepRecorder()

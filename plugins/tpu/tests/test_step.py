@@ -1,0 +1,121 @@
+"""An engine on the tpu platform keeps its weights and KV caches on the JAX device, and a
+decode step runs as one compiled JAX function per batch bucket, crossing only its inputs
+and its logits.
+
+JAX's CPU backend stands in for the TPU with two devices (see ``conftest.py``): the
+platform computes on the second, so every crossing between torch's host memory and the
+device is a transfer JAX's transfer guard sees. SmolLM2 (the packaged model) in float32,
+a short context. The decode steps are driven through the runner's step graphs directly,
+on this thread (JAX's transfer guard is per thread; the engine's loop runs on another).
+"""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import torch
+
+import hwplug
+from hwplug import discovery
+from hwplug.attention import AttentionMetadata
+from hwplug.model_zoo.engine.model_runner import StepInputs, slot
+from hwplug_tpu.bridge import device, is_cache, resident
+from hwplug_tpu.compilations import compilations
+from hwplug_tpu.step import RECORDER
+
+pytestmark = pytest.mark.slow  # loads the real model
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JAX_PLATFORMS", "cpu")
+        env.setenv("HWPLUG_PLATFORM", "tpu")
+        discovery.reset()
+        engine = hwplug.LLM(None, dtype="float32", max_num_seqs=4, max_model_len=64,
+                            dequantize=True)
+        try:
+            yield engine
+        finally:
+            engine.close()
+            discovery.reset()
+
+
+def step_of(llm, tokens: list[int], length: int) -> tuple[list, list, list, list]:
+    """A decode step of ``len(tokens)`` sequences of ``length`` tokens (sequence i in
+    blocks of its own), as (tokens, positions, slots, block tables)."""
+    size = llm.runner.block_size
+    blocks = -(-length // size)
+    tables = [[i * blocks + j for j in range(blocks)] for i in range(len(tokens))]
+    position = length - 1
+    return tokens, [position] * len(tokens), [slot(t, position, size) for t in tables], tables
+
+
+def replayed(llm, tokens: list[int], length: int) -> torch.Tensor:
+    logits = llm.runner.graphs.logits(*step_of(llm, tokens, length))
+    assert logits is not None, llm.runner.graphs.refused
+    return logits.clone()
+
+
+def eager(llm, tokens: list[int], length: int) -> torch.Tensor:
+    """The same step op by op (each op a jitted JAX function, activations crossing)."""
+    ids, positions, slots, tables = step_of(llm, tokens, length)
+    n = len(ids)
+    metadata = AttentionMetadata(
+        torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
+        torch.full((n,), length, dtype=torch.int32), torch.arange(n + 1, dtype=torch.int32),
+        1, length)
+    inputs = StepInputs(torch.tensor(ids), torch.tensor(positions), metadata, None)
+    with torch.inference_mode():
+        return llm.runner.model.compute_logits(llm.runner.forward(inputs))
+
+
+def test_weights_and_kv_caches_live_on_the_second_jax_device(llm):
+    second = jax.devices("cpu")[1]  # conftest asks JAX for two CPU devices
+    assert device() == second
+    model = llm.runner.model
+    tensors = [*model.parameters(), *model.buffers()]
+    assert tensors and all(resident(t).devices() == {second} for t in tensors)
+    caches = llm.runner.kv_caches
+    assert all(is_cache(c) and resident(c).devices() == {second}
+               for c in caches)
+
+
+@pytest.mark.parametrize("guard", ["disallow", "disallow_explicit"])
+def test_a_decode_step_crosses_only_its_inputs_and_logits(llm, guard):
+    """Past the first replay (which compiles), a step under JAX's transfer guard: no
+    transfer, implicit or (``disallow_explicit``) explicit, besides the step's declared
+    inputs and outputs; the weights are the arrays placed once, the caches were updated
+    on the device; the logits are those of the same step run op by op."""
+    replayed(llm, [11, 12], 20)
+    weights = [resident(t) for t in llm.runner.model.parameters()]
+    caches = [resident(c) for c in llm.runner.kv_caches]
+    with jax.transfer_guard(guard):
+        logits = replayed(llm, [13, 14], 21)
+    assert all(resident(t) is w for t, w in zip(llm.runner.model.parameters(), weights,
+                                                     strict=True))
+    assert all(resident(c) is not old for c, old in zip(llm.runner.kv_caches, caches,
+                                                              strict=True))
+    torch.testing.assert_close(logits, eager(llm, [13, 14], 21), atol=2e-4, rtol=2e-4)
+
+
+def test_the_guard_catches_a_step_run_op_by_op(llm):
+    """The control: the same step op by op transfers its activations at every op."""
+    with jax.transfer_guard("disallow_explicit"), pytest.raises(Exception, match="ransfer"):
+        eager(llm, [13, 14], 21)
+
+
+def test_one_compilation_per_batch_bucket(llm):
+    """Batches of 3 and 4 sequences share the bucket of 4: it is compiled once, at its
+    first replay, and no later step of it compiles anything."""
+    counter, compiled = compilations(), len(RECORDER.compiled)
+    replayed(llm, [1, 2, 3], 10)
+    assert len(RECORDER.compiled) == compiled + 1
+    assert 4 in llm.runner.graphs.recorded
+    before = counter.count
+    for length in range(11, 40, 7):
+        replayed(llm, [4, 5, 6], length)
+    replayed(llm, [7, 8, 9, 10], 12)
+    assert counter.count == before
+    assert len(RECORDER.compiled) == compiled + 1
+    assert "steps compiled whole" in hwplug.current_platform().execution_summary()
