@@ -4,18 +4,22 @@ Without a TPU the plugin runs on JAX's CPU backend standing in for one, the docu
 way: ``JAX_PLATFORMS=cpu`` with ``HWPLUG_PLATFORM=tpu``, here with two JAX CPU devices
 (``XLA_FLAGS``, set below for the whole session) so that the plugin computes on one that
 is not the host's. ``stand_in`` is the platform discovery makes then, with the probe's
-stand-in sighting.
+stand-in sighting. This folder is put on ``sys.path`` for its test helpers
+(``pallas_interpreter``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from hwplug import discovery
 from hwplug_tpu.platform import TpuPlatform
 
+sys.path.insert(0, str(Path(__file__).parent))
 #: Two JAX CPU devices (set before JAX starts its backends): the stand-in computes on the
 #: second, apart from the host memory torch's tensors live in, as on a TPU.
 TWO_DEVICES = "--xla_force_host_platform_device_count=2"
