@@ -34,7 +34,7 @@ TPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="gelu_and_mul", name="jax", impl=_V + "gelu_and_mul",
          supports=_V + "gelu_supported", description=_JITTED),
     dict(op="linear", name="jax", impl=_V + "linear", description=_JITTED),
-    dict(op="embedding", name="jax", impl=_V + "embedding", dtypes=("int64", "int32"),
+    dict(op="embedding", name="jax", impl=_V + "embedding", dtypes=(),
          description=_JITTED),
     dict(op="reshape_and_cache", name="jax", impl=_V + "reshape_and_cache",
          supports=_V + "cache_supported", layouts=(LAYOUT,),

@@ -78,8 +78,8 @@ def test_conformance_on_jax_cpu(stand_in):
     report = run_conformance("tpu", Budget(kernel_examples=8, attention_examples=2))
     assert report.ok, report.summary()
     results = {r.check: r for r in report.results}
-    for op in ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "linear",
-               "reshape_and_cache", "paged_attention"):
+    for op in ("embedding", "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
+               "linear", "reshape_and_cache", "paged_attention"):
         assert results[f"kernel {op}/jax"].status == "passed", results[f"kernel {op}/jax"]
     assert "layout RPA_INTERLEAVED" in results["kernel paged_attention/jax"].detail
     assert results["kv layout RPA_INTERLEAVED"].status == "passed"
