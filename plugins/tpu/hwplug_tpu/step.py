@@ -16,8 +16,10 @@ computes nothing: it hands its JAX function and arguments to the thread's
   (as with CUDA graphs, the caller refills static input tensors).
 
 As with the CPU's step graphs, the model may only allocate and take views in torch while
-recording (:class:`~hwplug.platforms.cpu.step_graph.OnlyAllocationsAndViews`): an op that
-falls back to a torch reference refuses the recording, naming it. A replay transfers the
+recording (:class:`~hwplug.platforms.cpu.step_graph.OnlyAllocationsAndViews`), and here
+also change a tensor's dtype (``.float()``, ``.to(dtype)``, ...: recorded as a JAX cast,
+e.g. the LM head's float32 logits of a bfloat16 model): an op that falls back to a torch
+reference refuses the recording, naming it. A replay transfers the
 inputs to the device, runs the compiled step (one XLA program per recorded step, compiled
 at its first replay) and copies its outputs back into the placeholders the recorded step
 returned: those are the only transfers of a step.
@@ -110,6 +112,47 @@ def _aval(tensor: torch.Tensor | None) -> jax.ShapeDtypeStruct | None:
     dtype = jnp.int32 if tensor.dtype == torch.int64 else jnp.dtype(
         str(tensor.dtype).removeprefix("torch."))
     return jax.ShapeDtypeStruct(tuple(tensor.shape), dtype)
+
+
+#: Tensor methods that return a copy in another dtype, and that dtype (None: from the
+#: arguments, see :func:`_cast_to`).
+_CASTS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
+          "bfloat16": torch.bfloat16, "to": None, "type_as": None}
+
+
+def _cast_to(name: str, args: tuple, kwargs: dict) -> torch.dtype | None:
+    """The dtype a call of tensor method ``name`` casts ``args[0]`` to, or None when it is
+    no cast (or one to the same dtype)."""
+    if name not in _CASTS or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    dtype = _CASTS[name]
+    if name == "to":
+        given = [a for a in (*args[1:], kwargs.get("dtype")) if isinstance(a, torch.dtype)]
+        dtype = given[0] if given else None
+    elif name == "type_as" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        dtype = args[1].dtype
+    return dtype if dtype is not None and dtype != args[0].dtype else None
+
+
+def cast(x: jax.Array, *, dtype: str) -> jax.Array:
+    """``x`` in ``dtype`` (a recorded torch cast)."""
+    return x.astype(dtype)
+
+
+class _AllocationsViewsAndCasts(OnlyAllocationsAndViews):
+    """:class:`OnlyAllocationsAndViews` that records dtype casts into ``recording``."""
+
+    def __init__(self, recording: Recording) -> None:
+        super().__init__(recording.tensors)
+        self.recording = recording
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        dtype = _cast_to(getattr(func, "__name__", ""), args, kwargs)
+        if dtype is None:
+            return super().__torch_function__(func, types, args, kwargs)
+        return self.recording.call(cast, args[0], dtype=str(dtype).removeprefix("torch."))
 
 
 class Recording:
@@ -275,7 +318,7 @@ class JaxStepRecorder:
         rec = Recording()
         _state.recording = rec
         try:
-            with OnlyAllocationsAndViews(rec.tensors):
+            with _AllocationsViewsAndCasts(rec):
                 yield CompiledStep(rec, self)
         finally:
             _state.recording = None
