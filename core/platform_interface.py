@@ -257,10 +257,11 @@ class Platform(StrictInterface):
     def place_state(self, weights: Iterable[torch.Tensor], kv_caches: Iterable[torch.Tensor]
                     ) -> None:
         """Called once by an engine's model runner, before its first step, with its model's
-        parameters and buffers and its KV caches. A platform that computes where torch's
-        tensors do not live (the tpu platform: on JAX's device) keeps them there for the
-        engine's lifetime, so no weight or cache crosses per step; its cache ops then write
-        the device copy, not the KV caches' torch tensors. The default does nothing."""
+        parameters and buffers and its KV caches (none when a KV connector reads them in
+        torch). A platform that computes where torch's tensors do not live (the tpu
+        platform: on JAX's device) keeps them there for the engine's lifetime, so no weight
+        or cache crosses per step; its cache ops then write the device copy, not the KV
+        caches' torch tensors. The default does nothing."""
 
     def execution_summary(self) -> str | None:
         """One line on how this process has run models so far, which ``hwplug generate``

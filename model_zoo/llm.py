@@ -170,7 +170,8 @@ class LLM:
         graph_limits = GraphLimits(options.max_num_seqs, self.max_model_len) if (
             options.step_graphs and self.parallelism.tensor_parallel_size == 1) else None
         self.runner = ModelRunner(self.parallelism.engine_model(self.model, self.ctx, num_blocks),
-                                  self.ctx, num_blocks, generator, graph_limits)
+                                  self.ctx, num_blocks, generator, graph_limits,
+                                  host_kv_caches=options.kv_connector is not None)
         scheduler = Scheduler(self.block_manager, max_num_seqs=options.max_num_seqs,
                               max_num_batched_tokens=options.max_num_batched_tokens,
                               max_model_len=self.max_model_len,

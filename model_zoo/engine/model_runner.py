@@ -59,11 +59,14 @@ class ModelRunner:
     """Runs steps of ``model`` with ``num_blocks`` KV blocks per layer; decode steps of up
     to ``step_graphs.max_num_seqs`` sequences of up to ``max_model_len`` tokens replay step
     graphs when ``step_graphs`` is given and the platform has a step recorder (else
-    :attr:`graphs` is None and nothing is ever recorded)."""
+    :attr:`graphs` is None and nothing is ever recorded). The platform may keep the weights
+    and the KV caches on its device (:meth:`~hwplug.Platform.place_state`); with
+    ``host_kv_caches`` the caches stay in their torch tensors, for a reader outside the
+    model (a KV connector)."""
 
     def __init__(self, model: nn.Module, ctx: ModelContext, num_blocks: int,
                  generator: torch.Generator | None = None,
-                 step_graphs: GraphLimits | None = None) -> None:
+                 step_graphs: GraphLimits | None = None, host_kv_caches: bool = False) -> None:
         self.model, self.ctx = model, ctx
         self.device = ctx.device
         self.generator = generator
@@ -76,7 +79,10 @@ class ModelRunner:
         # hold finite values
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(model.num_layers)]
-        ctx.platform.place_state([*model.parameters(), *model.buffers()], self.kv_caches)
+        # the weights, and the caches unless something reads them in torch (a KV connector
+        # moving their blocks: host_kv_caches), where the platform computes
+        ctx.platform.place_state([*model.parameters(), *model.buffers()],
+                                 [] if host_kv_caches else self.kv_caches)
         #: The decode step graphs (None: every step runs eagerly).
         recorder = ctx.platform.step_recorder()
         self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(

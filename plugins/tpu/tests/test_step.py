@@ -119,3 +119,25 @@ def test_one_compilation_per_batch_bucket(llm):
     assert counter.count == before
     assert len(RECORDER.compiled) == compiled + 1
     assert "steps compiled whole" in hwplug.current_platform().execution_summary()
+
+
+def test_with_a_kv_connector_the_caches_stay_in_torch(llm, tmp_path):
+    """A KV connector moves blocks of the torch caches: an engine with one keeps its caches
+    there (its weights still on the device), writes them op by op (a recording refuses a
+    cache it cannot carry), and generates the resident engine's greedy tokens."""
+    def tokens(engine: hwplug.LLM) -> list[int]:
+        (out,) = engine.generate(["The capital of France is"],
+                                 hwplug.SamplingParams(max_tokens=4, ignore_eos=True))
+        return out.outputs[0].token_ids
+
+    other = hwplug.LLM(None, dtype="float32", max_num_seqs=4, max_model_len=64,
+                       dequantize=True, kv_connector="shared_storage",
+                       kv_connector_config={"path": str(tmp_path)})
+    try:
+        assert not any(is_cache(c) for c in other.runner.kv_caches)
+        assert all(resident(t) is not None for t in other.runner.model.parameters())
+        assert tokens(other) == tokens(llm)
+        assert all(c.any() for c in other.runner.kv_caches)
+        assert "did not place" in " ".join(other.runner.graphs.refused.values())
+    finally:
+        other.close()
