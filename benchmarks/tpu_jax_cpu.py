@@ -1,16 +1,24 @@
-"""hwplug-tpu on JAX's CPU backend vs the cpu platform: steady-state decode and compilations.
+"""hwplug-tpu on JAX's CPU backend: steady-state decode with one compiled step per batch
+bucket, against the per-op bridge and the cpu platform.
 
 A figure to watch, not a goal: JAX's CPU backend is not a TPU. Each side is a child
 process, since a platform is chosen once per process and applies its own process
-environment before torch loads: ``JAX_PLATFORMS=cpu HWPLUG_PLATFORM=tpu`` (every op a
-jitted JAX function, ``PALLAS_RPA`` attention) and ``HWPLUG_PLATFORM=cpu``. Children
-alternate between the sides ``--repeats`` times and the median is kept, so load from
-other processes hits both alike. In a child, SmolLM2 (float32 on both sides) generates
+environment before torch loads:
+
+- ``tpu step``: ``JAX_PLATFORMS=cpu HWPLUG_PLATFORM=tpu``, weights and KV caches resident
+  on the JAX device, each decode step one compiled XLA program per batch bucket;
+- ``tpu per-op``: the same with ``step_graphs=False``: every op a jitted JAX call with its
+  activations crossing to and from JAX, as the previous bridge ran every step;
+- ``cpu``: ``HWPLUG_PLATFORM=cpu`` (its own step graphs of native calls).
+
+Children alternate between the sides ``--repeats`` times and the median is kept, so load
+from other processes hits all alike. In a child, SmolLM2 (float32 everywhere) generates
 greedily from random prompts, ignoring EOS; a warm-up call of the same length first
 compiles every shape bucket the timed calls meet. Decode tokens/s is
 ``batch * (N - 1) / (T(N) - T(1))`` with ``T(n)`` the wall time of a generate call for
-``n`` new tokens, so prefill is excluded. The tpu side also reports the XLA compilations
-of its warm-up and of its timed calls (0 when no step recompiles).
+``n`` new tokens, so prefill is excluded. The tpu sides also report the XLA compilations of
+their warm-up and of their timed calls (0 when no step recompiles), and the tpu step side
+how many whole steps were compiled (one per batch bucket met).
 
     python benchmarks/tpu_jax_cpu.py
     python benchmarks/tpu_jax_cpu.py --batch-sizes 1 8 --new-tokens 64 --repeats 3
@@ -27,9 +35,11 @@ import subprocess
 import sys
 import time
 
-#: Each side's environment (on top of this process's, without these variables).
-SIDES = {"tpu": {"HWPLUG_PLATFORM": "tpu", "JAX_PLATFORMS": "cpu"},
-         "cpu": {"HWPLUG_PLATFORM": "cpu"}}
+_TPU = {"HWPLUG_PLATFORM": "tpu", "JAX_PLATFORMS": "cpu"}
+#: Each side's environment (on top of this process's, without these variables) and whether
+#: its decode steps replay recorded steps.
+SIDES = {"tpu step": (_TPU, True), "tpu per-op": (_TPU, False),
+         "cpu": ({"HWPLUG_PLATFORM": "cpu"}, True)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=16, help="tokens per prompt")
     parser.add_argument("--repeats", type=int, default=2, help="child processes per side")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-step-graphs", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -63,12 +74,14 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
     llm = hwplug.LLM(args.model, dtype="float32", max_num_seqs=max(args.batch_sizes),
-                     dequantize=True)
-    counter = None
+                     dequantize=True, step_graphs=not args.no_step_graphs,
+                     max_model_len=args.prompt_tokens + args.new_tokens)
+    counter, recorder = None, None
     if llm.platform == "tpu":
         from hwplug_tpu.compilations import compilations
+        from hwplug_tpu.step import RECORDER
 
-        counter = compilations()
+        counter, recorder = compilations(), RECORDER
     generator = torch.Generator().manual_seed(0)
     rates, compiled = {}, {"warm-up": 0, "timed": 0}
     for batch in args.batch_sizes:
@@ -87,17 +100,22 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         compiled["warm-up"] += warm - before
         compiled["timed"] += (counter.count if counter else 0) - warm
         rates[str(batch)] = batch * (args.new_tokens - 1) / (full - prefill)
-    return {"rates": rates, "compilations": compiled, "threads": torch.get_num_threads()}
+    graphs = llm.runner.graphs
+    return {"rates": rates, "compilations": compiled, "threads": torch.get_num_threads(),
+            "steps": len(recorder.compiled) if recorder else 0,
+            "buckets": graphs.recorded if graphs else []}
 
 
 def run_side(side: str, args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY",
                          "GOMP_SPINCOUNT")}
+    side_env, step_graphs = SIDES[side]
     command = [sys.executable, __file__, "--child", "--new-tokens", str(args.new_tokens),
                "--prompt-tokens", str(args.prompt_tokens), "--batch-sizes",
-               *map(str, args.batch_sizes), *(["--model", args.model] if args.model else [])]
-    result = subprocess.run(command, env={**env, **SIDES[side]}, capture_output=True, text=True,
+               *map(str, args.batch_sizes), *(["--model", args.model] if args.model else []),
+               *([] if step_graphs else ["--no-step-graphs"])]
+    result = subprocess.run(command, env={**env, **side_env}, capture_output=True, text=True,
                             check=False)
     if result.returncode:
         sys.exit(f"the {side} child failed:\n{result.stderr}")
@@ -113,18 +131,24 @@ def main() -> None:
     for repeat in range(args.repeats):
         for side in (SIDES if repeat % 2 == 0 else reversed(SIDES)):
             runs[side].append(run_side(side, args))
-    compiled = runs["tpu"][-1]["compilations"]
     print(f"CPU {cpu_model()} ({os.cpu_count()} logical CPUs), {runs['cpu'][0]['threads']} "
           f"torch threads; SmolLM2 float32, {args.new_tokens} new tokens after "
           f"{args.prompt_tokens}-token prompts; decode tokens/s, median of {args.repeats} "
           "processes per side")
-    print(f"tpu XLA compilations per process: {compiled['warm-up']} in the warm-up, "
-          f"{compiled['timed']} in the timed calls")
-    print(f"{'batch':>5} {'tpu (JAX CPU)':>14} {'cpu':>8} {'ratio':>7}")
+    for side in ("tpu step", "tpu per-op"):
+        last = runs[side][-1]
+        compiled = last["compilations"]
+        steps = (f" ({last['steps']} whole decode steps, batch buckets "
+                 f"{', '.join(map(str, last['buckets']))})" if last["steps"] else "")
+        print(f"{side}: XLA compilations per process: {compiled['warm-up']} in the warm-up"
+              f"{steps}, {compiled['timed']} in the timed calls")
+    print(f"{'batch':>5} {'tpu step':>9} {'tpu per-op':>11} {'step/per-op':>12} {'cpu':>8} "
+          f"{'step/cpu':>9}")
     for batch in map(str, args.batch_sizes):
-        tpu, cpu = (statistics.median(run["rates"][batch] for run in runs[side])
-                    for side in ("tpu", "cpu"))
-        print(f"{batch:>5} {tpu:>14.1f} {cpu:>8.1f} {tpu / cpu:>6.2f}x", flush=True)
+        step, per_op, cpu = (statistics.median(run["rates"][batch] for run in runs[side])
+                             for side in SIDES)
+        print(f"{batch:>5} {step:>9.1f} {per_op:>11.1f} {step / per_op:>11.2f}x {cpu:>8.1f} "
+              f"{step / cpu:>8.2f}x", flush=True)
 
 
 if __name__ == "__main__":
