@@ -28,6 +28,7 @@ returned: those are the only transfers of a step.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from hwplug.errors import UnsupportedError
 from hwplug.platforms.cpu.step_graph import OnlyAllocationsAndViews
 from hwplug_tpu.bridge import device, host_array, is_cache, replace_cache, resident, to_torch
 
+logger = logging.getLogger(__name__)
 _state = threading.local()  # .recording: the Recording of this thread, if any
 
 #: A reference to a value of the compiled step: ``("param" | "input" | "state" | "value",
@@ -298,7 +300,11 @@ class CompiledStep:
         program = self.recording.program([self.recording.output(t) for t in self._outputs])
         jitted = jax.jit(program, donate_argnums=1)
         self._compiled = jitted.lower(params, states, inputs).compile()
-        self.recorder.compiled.append(tuple(tuple(t.shape) for t in self.recording.inputs))
+        shapes = tuple(tuple(t.shape) for t in self.recording.inputs)
+        self.recorder.compiled.append(shapes)
+        logger.info("compiled a step of %d JAX ops over %d resident weights and %d KV caches; "
+                    "its inputs %s", len(self.recording.nodes), len(params), len(states),
+                    shapes)
 
 
 class JaxStepRecorder:
