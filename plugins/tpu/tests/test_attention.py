@@ -74,23 +74,24 @@ def test_the_torch_xla_path_is_a_tombstone(stand_in, name):
 @pytest.mark.slow
 def test_conformance_on_jax_cpu(stand_in):
     """The kit against hwplug-tpu on JAX's CPU backend (fewer examples than the CLI's
-    default, which the README shows green, to keep the test quick)."""
+    default, to keep the test quick): every JAX row matches and reads simulated (JAX CPU
+    stands in for the TPU), never passed."""
     report = run_conformance("tpu", Budget(kernel_examples=8, attention_examples=2))
     assert report.ok, report.summary()
     results = {r.check: r for r in report.results}
     for op in ("embedding", "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
                "linear", "reshape_and_cache", "paged_attention"):
-        assert results[f"kernel {op}/jax"].status == "passed", results[f"kernel {op}/jax"]
+        result = results[f"kernel {op}/jax"]
+        assert (result.status, result.simulation) == ("simulated", "JAX CPU"), result
     assert "layout RPA_INTERLEAVED" in results["kernel paged_attention/jax"].detail
-    assert results["kv layout RPA_INTERLEAVED"].status == "passed"
+    assert results["kv layout RPA_INTERLEAVED"].simulation == "JAX CPU"
     # only JAX's TPU kernel needs a TPU: not checked here, and the report says why
-    (pallas,) = report.not_checked
-    assert pallas.check == "kernel paged_attention/pallas"
+    (pallas,) = [r for r in report.not_checked if r.check == "kernel paged_attention/pallas"]
     assert "needs device feature jax-tpu (tpu has: jax-cpu)" in pallas.detail
     for scenario in ("prefill", "chunked prefill", "decode", "mixed batch", "GQA",
                      "sliding window", "soft cap"):
         result = results[f"attention PALLAS_RPA: {scenario}"]
-        assert result.status == "passed" and "layout RPA_INTERLEAVED" in result.detail
+        assert result.status == "simulated" and "layout RPA_INTERLEAVED" in result.detail
     assert results["attention PALLAS_RPA: non-causal"].status == "skipped"
     assert "numerical checks run on cpu" in results["setup"].detail
     detail = results["platform facts"].detail
