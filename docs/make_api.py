@@ -26,6 +26,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "hwplug.discovery", "hwplug.communicator"),
     "Kernels": ("hwplug.kernel_registry", "hwplug.kernel_registry.ops",
                 "hwplug.kernel_registry.ops_ggml", "hwplug.kernel_registry.ops_int4",
+                "hwplug.kernel_registry.ops_moe",
                 "hwplug.kernel_registry.reference", "hwplug.kernel_registry.reference.int4"),
     "Attention and KV-cache layouts": ("hwplug.attention", "hwplug.kv_cache_layout"),
     "Quantization": ("hwplug.quantization",),

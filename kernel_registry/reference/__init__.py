@@ -10,14 +10,18 @@ from hwplug.kernel_registry.reference.activation import gelu_and_mul, silu_and_m
 from hwplug.kernel_registry.reference.attention import paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache
 from hwplug.kernel_registry.reference.matmul import embedding, linear, scaled_mm
+from hwplug.kernel_registry.reference.moe import fused_moe, moe_experts, moe_topk
 from hwplug.kernel_registry.reference.norm import rms_norm
 from hwplug.kernel_registry.reference.rotary import build_cos_sin_cache, rotary_embedding
 
 __all__ = [
     "build_cos_sin_cache",
     "embedding",
+    "fused_moe",
     "gelu_and_mul",
     "linear",
+    "moe_experts",
+    "moe_topk",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",
