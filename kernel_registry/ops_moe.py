@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hwplug.kernel_registry.registry import kernels
 
-__all__ = ["fused_moe", "moe_experts", "moe_topk"]
+__all__ = ["fused_moe", "ggml_moe_experts", "moe_experts", "moe_topk"]
 
 _REF = "hwplug.kernel_registry.reference.moe:"
 _EXPERTS = {"float32": (2e-4, 2e-4), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
@@ -52,4 +52,17 @@ fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k,
           shared_w2 [H, S] | None = None) -> [T, H] in x.dtype
     moe_experts(x, w13, w2, *moe_topk(router_logits, top_k, renormalize, ...), activation)
     plus the shared experts' MLP shared_w2 @ act(gate) * up, unweighted, when given.
+""")
+
+ggml_moe_experts = kernels.define_op(
+    "ggml_moe_experts", _REF + "ggml_moe_experts",
+    tolerances={"float32": (6e-2, 1e-2), "float16": (6e-2, 1.2e-2), "bfloat16": (6e-2, 2e-2)},
+    doc="""
+ggml_moe_experts(x [T, H] float, w13 uint8 [E, 2I, row_bytes], w13_type: int,
+                 w2 uint8 [E, H, row_bytes], w2_type: int, topk_weights [T, k] fp32,
+                 topk_ids [T, k] int, activation="silu") -> [T, H] in x.dtype
+    moe_experts over GGUF blocks kept quantized: each expert's rows of llama.cpp's stacked
+    ffn_{gate,up}_exps (gate rows then up rows, one type) and ffn_down_exps tensors as the
+    file stores them. A variant may quantize activations as ggml_linear does; its
+    tolerances are ggml_linear's (outputs of unit rms for weights of rms K ** -0.5).
 """)

@@ -13,6 +13,7 @@ import torch
 
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry.reference.activation import gelu_and_mul, silu_and_mul
+from hwplug.kernel_registry.reference.ggml import dequantize
 
 #: Router scoring functions: ``softmax`` over all experts (Mixtral, Qwen-MoE) or an
 #: independent ``sigmoid`` per expert (DeepSeek-V3).
@@ -122,6 +123,25 @@ def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     return out
 
 
+def check_shared(shared_w13: torch.Tensor | None, shared_w2: torch.Tensor | None) -> None:
+    """Raise :class:`UnsupportedError` unless both shared-expert weights or neither are
+    given."""
+    if (shared_w13 is None) != (shared_w2 is None):
+        raise UnsupportedError("shared experts need both shared_w13 and shared_w2")
+
+
+def ggml_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_type: int, w2: torch.Tensor,
+                     w2_type: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                     activation: str = "silu") -> torch.Tensor:
+    """:func:`moe_experts` over GGUF blocks: ``w13 uint8 [E, 2I, row_bytes]`` of type
+    ``w13_type`` and ``w2 uint8 [E, H, row_bytes]`` of ``w2_type``, each expert's rows as
+    the file stores them. Dequantizes the chosen experts only."""
+    used, local = topk_ids.unique(return_inverse=True)
+    up = dequantize(w13[used].flatten(0, 1), w13_type).view(len(used), w13.shape[1], -1)
+    down = dequantize(w2[used].flatten(0, 1), w2_type).view(len(used), w2.shape[1], -1)
+    return moe_experts(x, up, down, topk_weights, local, activation)
+
+
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
               w2: torch.Tensor, top_k: int, renormalize: bool = True, *,
               scoring: str = "softmax", correction_bias: torch.Tensor | None = None,
@@ -135,8 +155,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
     weights, ids = moe_topk(router_logits, top_k, renormalize, scoring=scoring,
                             correction_bias=correction_bias, num_expert_group=num_expert_group,
                             topk_group=topk_group, routed_scaling_factor=routed_scaling_factor)
-    if (shared_w13 is None) != (shared_w2 is None):
-        raise UnsupportedError("shared experts need both shared_w13 and shared_w2")
+    check_shared(shared_w13, shared_w2)
     out = _experts(x, w13, w2, weights, ids, activation)
     if shared_w13 is not None:
         out += ACTIVATIONS[activation](x.float() @ shared_w13.float().T) @ shared_w2.float().T

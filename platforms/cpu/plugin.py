@@ -51,6 +51,8 @@ _FUSED_OPS = {
     "reshape_and_cache": ("reshape_and_cache", "cache_write_supported",
                           "every slot checked, then one memcpy per key and value row"),
 }
+_MOE = "hwplug.platforms.cpu.moe:"
+_GROUPED = "tokens grouped by expert, one MLP per active expert (experts without tokens "
 #: The variants hwplug adds over the references on CPUs (register_variant arguments). The
 #: C ops' impls are their methods' ``unchecked`` forms: the registry asks ``supports``
 #: before each call (:mod:`hwplug.platforms.cpu.checked_op`).
@@ -76,6 +78,15 @@ CPU_VARIANTS: list[dict[str, Any]] = [
           ("gemm_avx2", (2, None), 19, "C (avx2): 2-8 rows in dot-product tiles over the "
                                        "weight; from 9, 4 x 24 outer-product tiles over "
                                        "panels of the weight packed per call"))),
+    dict(op="moe_experts", name="grouped", impl=_MOE + "moe_experts",
+         supports=_MOE + "experts_supported", dtypes=FLOAT_DTYPES,
+         description=_GROUPED + "skipped) through the linear op"),
+    dict(op="fused_moe", name="grouped", impl=_MOE + "fused_moe",
+         supports=_MOE + "fused_supported", dtypes=FLOAT_DTYPES,
+         description="the moe_topk and moe_experts ops, shared experts through linear"),
+    dict(op="ggml_moe_experts", name="grouped", impl=_MOE + "ggml_moe_experts",
+         dtypes=FLOAT_DTYPES,
+         description=_GROUPED + "skipped) through ggml_linear on the quantized rows"),
     dict(op="rms_norm", name="torch_fused", impl=_KERNELS + "rms_norm", dtypes=FLOAT_DTYPES,
          description="torch's fused F.rms_norm"),
     dict(op="rotary_embedding", name="torch_fused", impl=_KERNELS + "rotary_embedding",

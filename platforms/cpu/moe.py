@@ -1,0 +1,105 @@
+"""The CPU platform's mixture-of-experts variants: tokens grouped by expert.
+
+:func:`grouped_experts` sorts the ``T * k`` (token, slot) pairs by expert once, gathers
+each expert's tokens into one contiguous run, and runs each *active* expert's MLP once
+over its run (experts no token chose are skipped; a decode step with top-8 runs 8 MLPs
+of one row each, whatever the expert count). The matmuls go through the registry's
+``linear`` op (the C GEMV/GEMM for fp32) or, for GGUF blocks, ``ggml_linear`` straight
+from the quantized expert rows; the weighted rows are summed back per token with one
+``index_add_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hwplug.kernel_registry import ops
+from hwplug.kernel_registry.ops_ggml import ggml_linear
+from hwplug.kernel_registry.ops_moe import moe_experts as moe_experts_op
+from hwplug.kernel_registry.ops_moe import moe_topk
+from hwplug.kernel_registry.reference.moe import check_experts, check_shared
+
+#: One expert's projection: ``(rows [n, in], expert) -> [n, out]``.
+Project = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def _gated(activation: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if activation == "silu":
+        return ops.silu_and_mul
+    return lambda h: ops.gelu_and_mul(h, "none")
+
+
+def grouped_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    num_experts: int, up: Project, down: Project, activation: str
+                    ) -> torch.Tensor:
+    """``moe_experts`` over projections ``up`` (gate and up rows) and ``down``, run once
+    per active expert on its tokens; returns ``[T, H]`` in ``x.dtype``."""
+    num_tokens, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    rows = x.index_select(0, order // k)
+    act = _gated(activation)
+    out_rows = torch.empty(rows.shape, dtype=torch.float32)
+    start = 0
+    for expert, count in enumerate(counts.tolist()):
+        if count:
+            run = rows[start:start + count]
+            out_rows[start:start + count] = down(act(up(run, expert)), expert)
+            start += count
+    out_rows *= topk_weights.reshape(-1)[order].unsqueeze(1).float()
+    out = torch.zeros((num_tokens, x.shape[1]), dtype=torch.float32)
+    out.index_add_(0, order // k, out_rows)
+    return out.to(x.dtype)
+
+
+def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                activation: str = "silu") -> torch.Tensor:
+    """The ``moe_experts`` op: :func:`grouped_experts` over the ``linear`` op."""
+    check_experts(x, w13, w2, topk_weights, topk_ids, activation)
+    return grouped_experts(x, topk_weights, topk_ids, w13.shape[0],
+                           lambda rows, e: ops.linear(rows, w13[e]),
+                           lambda rows, e: ops.linear(rows, w2[e]), activation)
+
+
+def experts_supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *args: Any,
+                      **kwargs: Any) -> str | None:
+    """Why :func:`moe_experts` declines a call, or None: weights in ``x``'s dtype."""
+    if w13.dtype != x.dtype or w2.dtype != x.dtype:
+        return f"needs w13 and w2 in x's dtype {x.dtype}, got {w13.dtype} and {w2.dtype}"
+    return None
+
+
+def fused_supported(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
+                    w2: torch.Tensor, *args: Any, **kwargs: Any) -> str | None:
+    """Why :func:`fused_moe` declines a call, or None (see :func:`experts_supported`)."""
+    return experts_supported(x, w13, w2)
+
+
+def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
+              w2: torch.Tensor, top_k: int, renormalize: bool = True, *,
+              activation: str = "silu", shared_w13: torch.Tensor | None = None,
+              shared_w2: torch.Tensor | None = None, **routing: Any) -> torch.Tensor:
+    """The ``fused_moe`` op as the registry's ``moe_topk`` and ``moe_experts``, plus the
+    shared experts through ``linear``."""
+    check_shared(shared_w13, shared_w2)
+    weights, ids = moe_topk(router_logits, top_k, renormalize, **routing)
+    out = moe_experts_op(x, w13, w2, weights, ids, activation)
+    if shared_w13 is None:
+        return out
+    shared = ops.linear(_gated(activation)(ops.linear(x, shared_w13)), shared_w2)
+    return out + shared
+
+
+def ggml_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_type: int, w2: torch.Tensor,
+                     w2_type: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                     activation: str = "silu") -> torch.Tensor:
+    """The ``ggml_moe_experts`` op: :func:`grouped_experts` over ``ggml_linear`` on each
+    active expert's quantized rows (kept quantized)."""
+    return grouped_experts(x, topk_weights, topk_ids, w13.shape[0],
+                           lambda rows, e: ggml_linear(rows, w13[e], w13_type),
+                           lambda rows, e: ggml_linear(rows, w2[e], w2_type), activation)
