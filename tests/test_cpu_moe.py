@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from hwplug import current_platform, kernels
-from hwplug.kernel_registry import ops_moe
+from hwplug.kernel_registry import moe_compose, ops_moe
 from hwplug.kernel_registry.reference import moe as reference
 from hwplug.kernel_registry.reference.ggml_weights import ggml_weight
 from hwplug.platforms.cpu import moe
@@ -59,7 +59,7 @@ def test_fused_moe_with_shared_experts_matches_the_reference(activation):
     x, logits = _inputs(6)
     routing = dict(scoring="sigmoid", correction_bias=torch.linspace(-0.2, 0.2, EXPERTS),
                    num_expert_group=4, topk_group=2, routed_scaling_factor=1.5)
-    got = moe.fused_moe(x, logits, w13, w2, 3, True, activation=activation,
+    got = moe_compose.fused_moe(x, logits, w13, w2, 3, True, activation=activation,
                         shared_w13=shared_w13, shared_w2=shared_w2, **routing)
     want = reference.fused_moe(x, logits, w13, w2, 3, True, activation=activation,
                                shared_w13=shared_w13, shared_w2=shared_w2, **routing)

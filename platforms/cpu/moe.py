@@ -17,19 +17,12 @@ from typing import Any
 import torch
 
 from hwplug.kernel_registry import ops
+from hwplug.kernel_registry.moe_compose import fused_supported, gated
 from hwplug.kernel_registry.ops_ggml import ggml_linear
-from hwplug.kernel_registry.ops_moe import moe_experts as moe_experts_op
-from hwplug.kernel_registry.ops_moe import moe_topk
-from hwplug.kernel_registry.reference.moe import check_experts, check_shared
+from hwplug.kernel_registry.reference.moe import check_experts
 
 #: One expert's projection: ``(rows [n, in], expert) -> [n, out]``.
 Project = Callable[[torch.Tensor, int], torch.Tensor]
-
-
-def _gated(activation: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if activation == "silu":
-        return ops.silu_and_mul
-    return lambda h: ops.gelu_and_mul(h, "none")
 
 
 def grouped_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -42,7 +35,7 @@ def grouped_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch
     order = flat.argsort(stable=True)
     counts = torch.bincount(flat, minlength=num_experts)
     rows = x.index_select(0, order // k)
-    act = _gated(activation)
+    act = gated(activation)
     out_rows = torch.empty(rows.shape, dtype=torch.float32)
     start = 0
     for expert, count in enumerate(counts.tolist()):
@@ -69,30 +62,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 def experts_supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *args: Any,
                       **kwargs: Any) -> str | None:
     """Why :func:`moe_experts` declines a call, or None: weights in ``x``'s dtype."""
-    if w13.dtype != x.dtype or w2.dtype != x.dtype:
-        return f"needs w13 and w2 in x's dtype {x.dtype}, got {w13.dtype} and {w2.dtype}"
-    return None
-
-
-def fused_supported(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
-                    w2: torch.Tensor, *args: Any, **kwargs: Any) -> str | None:
-    """Why :func:`fused_moe` declines a call, or None (see :func:`experts_supported`)."""
-    return experts_supported(x, w13, w2)
-
-
-def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
-              w2: torch.Tensor, top_k: int, renormalize: bool = True, *,
-              activation: str = "silu", shared_w13: torch.Tensor | None = None,
-              shared_w2: torch.Tensor | None = None, **routing: Any) -> torch.Tensor:
-    """The ``fused_moe`` op as the registry's ``moe_topk`` and ``moe_experts``, plus the
-    shared experts through ``linear``."""
-    check_shared(shared_w13, shared_w2)
-    weights, ids = moe_topk(router_logits, top_k, renormalize, **routing)
-    out = moe_experts_op(x, w13, w2, weights, ids, activation)
-    if shared_w13 is None:
-        return out
-    shared = ops.linear(_gated(activation)(ops.linear(x, shared_w13)), shared_w2)
-    return out + shared
+    return fused_supported(x, x, w13, w2)
 
 
 def ggml_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_type: int, w2: torch.Tensor,

@@ -52,6 +52,7 @@ _FUSED_OPS = {
                           "every slot checked, then one memcpy per key and value row"),
 }
 _MOE = "hwplug.platforms.cpu.moe:"
+_COMPOSED = "hwplug.kernel_registry.moe_compose:"
 _GROUPED = "tokens grouped by expert, one MLP per active expert (experts without tokens "
 #: The variants hwplug adds over the references on CPUs (register_variant arguments). The
 #: C ops' impls are their methods' ``unchecked`` forms: the registry asks ``supports``
@@ -81,8 +82,8 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="moe_experts", name="grouped", impl=_MOE + "moe_experts",
          supports=_MOE + "experts_supported", dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped) through the linear op"),
-    dict(op="fused_moe", name="grouped", impl=_MOE + "fused_moe",
-         supports=_MOE + "fused_supported", dtypes=FLOAT_DTYPES,
+    dict(op="fused_moe", name="grouped", impl=_COMPOSED + "fused_moe",
+         supports=_COMPOSED + "fused_supported", dtypes=FLOAT_DTYPES,
          description="the moe_topk and moe_experts ops, shared experts through linear"),
     dict(op="ggml_moe_experts", name="grouped", impl=_MOE + "ggml_moe_experts",
          dtypes=FLOAT_DTYPES,

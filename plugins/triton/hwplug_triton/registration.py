@@ -37,11 +37,14 @@ KERNEL_MODULES = {
     "ggml_linear": "ggml_linear",
     "ggml_embedding": "ggml_embedding",
     "scaled_mm": "scaled_mm",
+    "moe_experts": "moe",
+    "fused_moe": "fused_moe",
 }
 #: The layout-free ops (GGUF weights' dequantizing matmul and embedding among them) and the
 #: NHD attention pair: what every GPU plugin registers.
 NHD_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
-           "reshape_and_cache", "paged_attention", "ggml_linear", "ggml_embedding")
+           "reshape_and_cache", "paged_attention", "ggml_linear", "ggml_embedding",
+           "moe_experts", "fused_moe")
 #: The ops whose kernels dot fp8 tiles (register them with the device's fp8 gate).
 FP8_OPS = ("scaled_mm",)
 #: dtypes of each op's dispatch tensor that its kernel serves (others: the model dtypes):

@@ -20,6 +20,7 @@ paged_attention_decode    longest context (``max_seq_len``)
 paged_attention_prefill   head size
 ggml_matmul               activation rows M (``ggml_linear``)
 ggml_embedding            row width K
+moe_matmul                (token, expert) pairs ``T * k`` (``moe_experts``)
 fp8_matmul                activation rows M (``scaled_mm``)
 ========================  =============================================
 
@@ -62,6 +63,7 @@ CONFIG_KEYS: dict[str, frozenset[str]] = {
     "ggml_matmul": frozenset(
         {"block_m", "block_n", "block_k", "split_k", "group_m", "num_warps", "num_stages"}),
     "ggml_embedding": frozenset({"block_t", "block_k", "num_warps"}),
+    "moe_matmul": frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages"}),
     "fp8_matmul": frozenset(
         {"block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages"}),
 }
