@@ -19,6 +19,8 @@ hwplug_order = -100  # before every third-party plugin, so they may override
 _SERVED_BY = {
     "llama:LlamaForCausalLM": ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"),
     "qwen3:Qwen3ForCausalLM": ("Qwen3ForCausalLM",),
+    "moe:Qwen3MoeForCausalLM": ("Qwen3MoeForCausalLM",),
+    "moe:MixtralForCausalLM": ("MixtralForCausalLM",),
     "bert:BertModel": ("BertModel",),
 }
 BUILTIN_MODELS = {architecture: f"hwplug.model_zoo.models.{target}"

@@ -11,7 +11,7 @@ for Qwen2), per-layer sliding windows (Mistral's ``sliding_window``; Qwen2's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -43,6 +43,8 @@ FUSED_MODULES = {
     "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
     "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
 }
+#: Builds layer ``layer_idx``'s MLP block: ``(hf_config, ctx, layer_idx) -> module``.
+MakeMLP = Callable[[Any, ModelContext, int], nn.Module]
 #: Model types whose q/k/v projections always carry a bias, whatever ``attention_bias`` says.
 QKV_BIAS_MODEL_TYPES = ("qwen2",)
 
@@ -134,21 +136,28 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+def dense_mlp(hf_config: Any, ctx: ModelContext, layer_idx: int) -> nn.Module:
+    """:class:`LlamaMLP` for every layer (the default :data:`MakeMLP`)."""
+    return LlamaMLP(hf_config, ctx)
+
+
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks; the residual add is fused into the norms.
+    """Pre-norm attention and MLP blocks; the residual add is fused into the norms. The MLP
+    block is ``make_mlp(hf_config, ctx, layer_idx)`` (default :func:`dense_mlp`).
 
     ``forward(positions, hidden, residual, kv_cache, metadata) -> (hidden, residual)``;
     pass ``residual=None`` to the first layer (``hidden`` is then the embedding output).
     """
 
     def __init__(self, hf_config: Any, ctx: ModelContext, layer_idx: int,
-                 rotary: RotaryEmbedding, attention_cls: type[LlamaAttention]) -> None:
+                 rotary: RotaryEmbedding, attention_cls: type[LlamaAttention],
+                 make_mlp: MakeMLP | None = None) -> None:
         super().__init__()
         eps = hf_config.rms_norm_eps
         self.input_layernorm = RMSNorm(hf_config.hidden_size, eps, ctx)
         self.self_attn = attention_cls(hf_config, ctx, layer_idx, rotary)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps, ctx)
-        self.mlp = LlamaMLP(hf_config, ctx)
+        self.mlp = (make_mlp or dense_mlp)(hf_config, ctx, layer_idx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None, kv_cache: torch.Tensor,
@@ -166,13 +175,13 @@ class LlamaModel(nn.Module):
     """Embedding, decoder layers (one shared RoPE cache), final norm."""
 
     def __init__(self, hf_config: Any, ctx: ModelContext,
-                 attention_cls: type[LlamaAttention]) -> None:
+                 attention_cls: type[LlamaAttention], make_mlp: MakeMLP | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx,
                                            ctx.parallel, ctx.quant_method)
         rotary = RotaryEmbedding.from_config(hf_config, head_size(hf_config), ctx=ctx)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(hf_config, ctx, i, rotary, attention_cls)
+            LlamaDecoderLayer(hf_config, ctx, i, rotary, attention_cls, make_mlp)
             for i in range(hf_config.num_hidden_layers))
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx)
 
@@ -199,10 +208,15 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.num_layers = hf_config.num_hidden_layers
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.model = LlamaModel(hf_config, ctx, self.attention_cls)
+        self.model = LlamaModel(hf_config, ctx, self.attention_cls, self.make_mlp)
         self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, ctx,
                               tied_to=self.model.embed_tokens if self.tie_word_embeddings
                               else None, parallel=ctx.parallel, quant_method=ctx.quant_method)
+
+    @staticmethod
+    def make_mlp(hf_config: Any, ctx: ModelContext, layer_idx: int) -> nn.Module:
+        """Layer ``layer_idx``'s MLP block (subclasses swap it: mixtures of experts)."""
+        return dense_mlp(hf_config, ctx, layer_idx)
 
     @staticmethod
     def engine_config(hf_config: Any, dtype: str) -> EngineConfig:

@@ -1,0 +1,125 @@
+"""Qwen3-MoE and Mixtral against transformers' implementations holding the same weights.
+
+Tiny random configs with several experts and top-k > 1 (Qwen3-MoE with a dense layer
+among the sparse ones, renormalised and not): prefill and decode logits through the paged
+cache within FP32_ATOL of transformers' full-sequence logits, and greedy decoding gives
+transformers' tokens. Checkpoints with one tensor per expert (the published form, and
+Mixtral's ``block_sparse_moe`` names) load to the same model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_harness import InMemoryCheckpoint, PagedBatch
+from test_models_vs_transformers import (
+    FP32_ATOL,
+    assert_prefill_and_decode_match,
+    reference_and_ours,
+)
+from transformers import MixtralConfig, Qwen3MoeConfig
+
+from hwplug.errors import ModelError
+from hwplug.kernel_registry import ops_moe
+from hwplug.model_zoo.context import build_model
+from hwplug.model_zoo.layers.moe import FusedMoE
+
+TINY = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+CONFIGS = {
+    # layer 1 dense (mlp_only_layers), layers 0 and 2 sparse: 8 experts, top-3
+    "qwen3-moe": lambda: Qwen3MoeConfig(**TINY, architectures=["Qwen3MoeForCausalLM"],
+                                        head_dim=32, intermediate_size=96,
+                                        moe_intermediate_size=48, num_experts=8,
+                                        num_experts_per_tok=3, norm_topk_prob=True,
+                                        mlp_only_layers=[1]),
+    "qwen3-moe-unnormalised": lambda: Qwen3MoeConfig(
+        **TINY, architectures=["Qwen3MoeForCausalLM"], intermediate_size=96,
+        moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False),
+    "mixtral": lambda: MixtralConfig(**TINY, architectures=["MixtralForCausalLM"],
+                                     intermediate_size=80, num_local_experts=5,
+                                     num_experts_per_tok=2),
+}
+GREEDY_STEPS = 8
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_prefill_and_decode_match_transformers(name):
+    reference, model, ctx = reference_and_ours(CONFIGS[name]())
+    assert_prefill_and_decode_match(reference, model, ctx)
+    assert "grouped" in ops_moe.fused_moe.variants_used()
+
+
+def greedy(model, ctx, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` greedy tokens after ``prompt``, through the paged cache."""
+    batch = PagedBatch(ctx, model.num_layers, 1, len(prompt) + steps)
+    logits = model.compute_logits(batch.run(model, [prompt], [len(prompt)]))
+    tokens = prompt
+    for _ in range(steps):
+        tokens = torch.cat([tokens, logits[-1:].argmax(-1)])
+        logits = model.compute_logits(batch.run(model, [tokens[-1:]], [len(tokens)]))
+    return tokens[len(prompt):]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_greedy_tokens_are_transformers(name):
+    reference, model, ctx = reference_and_ours(CONFIGS[name]())
+    prompt = torch.tensor([3, 17, 99, 42, 5, 64])
+    with torch.inference_mode():
+        want = reference.generate(prompt[None], max_new_tokens=GREEDY_STEPS, do_sample=False,
+                                  min_new_tokens=GREEDY_STEPS)[0, len(prompt):]
+    assert torch.equal(greedy(model, ctx, prompt, GREEDY_STEPS), want)
+
+
+def _per_expert(state: dict[str, torch.Tensor], names: tuple[str, str, str], block: str
+                ) -> dict[str, torch.Tensor]:
+    """transformers' stacked experts as the published checkpoints store them."""
+    out = {}
+    for key, tensor in state.items():
+        prefix, _, param = key.rpartition(".")
+        if param == "gate_up_proj":
+            for e, rows in enumerate(tensor):
+                gate, up = rows.chunk(2)
+                out[f"{prefix}.{e}.{names[0]}.weight"] = gate
+                out[f"{prefix}.{e}.{names[1]}.weight"] = up
+        elif param == "down_proj" and prefix.endswith(".experts"):
+            for e, rows in enumerate(tensor):
+                out[f"{prefix}.{e}.{names[2]}.weight"] = rows
+        else:
+            out[key] = tensor
+    return {k.replace(".mlp.", f".{block}.") if ".mlp.gate" in k or ".experts." in k else k: v
+            for k, v in out.items()}
+
+
+@pytest.mark.parametrize("name, names, block", [
+    ("qwen3-moe", ("gate_proj", "up_proj", "down_proj"), "mlp"),
+    ("mixtral", ("w1", "w3", "w2"), "block_sparse_moe"),
+])
+def test_per_expert_checkpoints_load_to_the_same_model(name, names, block):
+    config = CONFIGS[name]()
+    reference, model, ctx = reference_and_ours(config)
+    state = _per_expert(reference.state_dict(), names, block)
+    assert not any(k.endswith("gate_up_proj") for k in state)
+    loaded, _ = build_model(InMemoryCheckpoint(config, state))
+    for ours, theirs in zip(model.state_dict().values(), loaded.state_dict().values(),
+                            strict=True):
+        assert torch.equal(ours, theirs)
+    prompt = torch.tensor([1, 2, 3])
+    outs = [m.compute_logits(PagedBatch(ctx, m.num_layers, 1, 3).run(m, [prompt], [3]))
+            for m in (model, loaded)]
+    torch.testing.assert_close(outs[0], outs[1], atol=FP32_ATOL, rtol=0)
+
+
+def test_a_checkpoint_missing_an_expert_names_it():
+    config = CONFIGS["qwen3-moe"]()
+    reference, _, _ = reference_and_ours(config)
+    state = _per_expert(reference.state_dict(), ("gate_proj", "up_proj", "down_proj"), "mlp")
+    del state["model.layers.2.mlp.experts.5.up_proj.weight"]
+    with pytest.raises(ModelError, match=r"model.layers.2.mlp.experts: up of expert 5"):
+        build_model(InMemoryCheckpoint(config, state))
+
+
+def test_the_sparse_layers_are_the_configs():
+    _, model, _ = reference_and_ours(CONFIGS["qwen3-moe"]())
+    kinds = [isinstance(layer.mlp, FusedMoE) for layer in model.model.layers]
+    assert kinds == [True, False, True]
