@@ -56,13 +56,17 @@ fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k,
 
 ggml_moe_experts = kernels.define_op(
     "ggml_moe_experts", _REF + "ggml_moe_experts",
-    tolerances={"float32": (6e-2, 1e-2), "float16": (6e-2, 1.2e-2), "bfloat16": (6e-2, 2e-2)},
+    tolerances={"float32": (1.2e-1, 2e-2), "float16": (1.2e-1, 2.4e-2),
+                "bfloat16": (1.2e-1, 4e-2)},
     doc="""
 ggml_moe_experts(x [T, H] float, w13 uint8 [E, 2I, row_bytes], w13_type: int,
                  w2 uint8 [E, H, row_bytes], w2_type: int, topk_weights [T, k] fp32,
                  topk_ids [T, k] int, activation="silu") -> [T, H] in x.dtype
     moe_experts over GGUF blocks kept quantized: each expert's rows of llama.cpp's stacked
     ffn_{gate,up}_exps (gate rows then up rows, one type) and ffn_down_exps tensors as the
-    file stores them. A variant may quantize activations as ggml_linear does; its
-    tolerances are ggml_linear's (outputs of unit rms for weights of rms K ** -0.5).
+    file stores them. A variant may quantize activations as ggml_linear does, before
+    each of its two matmuls: the tolerances are twice ggml_linear's (the first matmul's
+    error reaches the output through act(gate) * up and the down projection, both of
+    about unit gain for unit-rms inputs and weights of rms K ** -0.5; the second adds its
+    own). Measured: the cpu variant's worst error in bf16 was 0.062 over the kit's draws.
 """)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hwplug import ops
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
+from hwplug.conformance.moe_inputs import fused_moe, ggml_moe_experts, moe_experts, moe_topk
 from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, is_quantized_kv_cache
 from hwplug.errors import UnsupportedError
@@ -311,4 +312,8 @@ GENERATORS: dict[str, Generator] = {
     "ggml_linear": ggml,
     "ggml_embedding": ggml,
     "int4_linear": int4_linear,
+    "moe_topk": moe_topk,
+    "moe_experts": moe_experts,
+    "fused_moe": fused_moe,
+    "ggml_moe_experts": ggml_moe_experts,
 }
