@@ -19,12 +19,16 @@ from torch import nn
 
 from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
+from hwplug.kernel_registry.reference.ggml import row_values, type_name
 from hwplug.model_zoo.layers.linear import Linear
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext
 
-__all__ = ["FusedMoE", "MoEExperts", "stack_experts"]
+__all__ = ["FusedMoE", "GgufExperts", "MoEExperts", "stack_experts"]
+
+#: The quant methods whose experts :class:`FusedMoE` holds.
+QUANT_METHODS = ("unquantized", "gguf")
 
 #: Per-expert checkpoint names: ``<prefix>.experts.<e>.<projection>.weight``.
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\."
@@ -49,13 +53,60 @@ class MoEExperts(nn.Module):
             requires_grad=False)
 
 
+class GgufExpertStack(nn.Module):
+    """One stacked projection of GGUF experts: ``qweight`` (``uint8 [E, rows, row_bytes]``,
+    each expert's rows as the file stores them) and ``qweight_type``, taken as loaded (a
+    view of the mapped file stays one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name, dtype in (("qweight", torch.uint8), ("qweight_type", torch.int32)):
+            self.register_parameter(name, nn.Parameter(torch.empty(0, dtype=dtype),
+                                                       requires_grad=False))
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+        getattr(self, param_name).data = tensor
+
+    def checked(self, experts: int, rows: int, values: int) -> tuple[torch.Tensor, int]:
+        """``(qweight, type)``, after checking they hold ``experts`` x ``rows`` rows of
+        ``values`` values (:class:`ModelError` otherwise)."""
+        kind = int(self.qweight_type.reshape(-1)[0])
+        shape = tuple(self.qweight.shape)
+        if len(shape) != 3 or shape[:2] != (experts, rows) or \
+                row_values(kind, shape[2]) != values:
+            raise ModelError(f"GGUF experts of type {type_name(kind)} and shape {shape} do "
+                             f"not hold {experts} experts of {rows} rows of {values} values")
+        return self.qweight, kind
+
+
+class GgufExperts(nn.Module):
+    """``gate_up_proj`` and ``down_proj`` as :class:`GgufExpertStack`: the ``gguf`` quant
+    method's experts, multiplied by ``ggml_moe_experts`` in their blocks."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.sizes = (num_experts, hidden_size, intermediate_size)
+        self.gate_up_proj, self.down_proj = GgufExpertStack(), GgufExpertStack()
+        self._stacks: tuple[torch.Tensor, int, torch.Tensor, int] | None = None
+
+    def stacks(self) -> tuple[torch.Tensor, int, torch.Tensor, int]:
+        """``ggml_moe_experts``'s ``(w13, w13_type, w2, w2_type)``, checked once."""
+        if self._stacks is None:
+            experts, hidden, intermediate = self.sizes
+            self._stacks = (*self.gate_up_proj.checked(experts, 2 * intermediate, hidden),
+                            *self.down_proj.checked(experts, hidden, intermediate))
+        return self._stacks
+
+
 class FusedMoE(nn.Module):
     """``x [T, H]`` -> ``[T, H]``: router logits ``gate(x)``, then the ``fused_moe`` op.
 
     ``routing`` are ``moe_topk``'s options (``scoring``, ``num_expert_group``,
     ``topk_group``, ``routed_scaling_factor``); ``correction_bias=True`` adds the
     parameter ``gate.e_score_correction_bias [E]`` (DeepSeek-V3). ``activation`` is
-    ``silu`` or ``gelu``. Tensor parallelism (and expert parallelism) is not supported yet.
+    ``silu`` or ``gelu``. Under the ``gguf`` quant method the experts stay in their blocks
+    (:class:`GgufExperts`: ``moe_topk``, then ``ggml_moe_experts``); other quant methods
+    are refused. Tensor parallelism (and expert parallelism) is not supported yet.
     """
 
     def __init__(self, ctx: ModelContext, *, num_experts: int, top_k: int, hidden_size: int,
@@ -71,20 +122,36 @@ class FusedMoE(nn.Module):
         if correction_bias:
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
-        self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, ctx.dtype)
-        self.fused_moe = ctx.kernels.bind("fused_moe", dtype_name(ctx.dtype))
+        dtype, quant = dtype_name(ctx.dtype), ctx.quant_method.get_name()
+        if quant not in QUANT_METHODS:
+            raise UnsupportedError(f"{type(self).__name__}: experts of quant method {quant!r} "
+                                   f"are not supported; supported: {', '.join(QUANT_METHODS)}")
+        self.experts: nn.Module
+        if quant == "gguf":
+            self.experts = GgufExperts(num_experts, hidden_size, intermediate_size)
+            self.moe_topk = ctx.kernels.bind("moe_topk", dtype)
+            self.ggml_moe_experts = ctx.kernels.bind("ggml_moe_experts", dtype)
+        else:
+            self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, ctx.dtype)
+            self.fused_moe = ctx.kernels.bind("fused_moe", dtype)
+        self.sizes = (num_experts, hidden_size, intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = getattr(self.gate, "e_score_correction_bias", None)
-        return self.fused_moe(x, self.gate(x), self.experts.gate_up_proj,
-                              self.experts.down_proj, self.top_k, self.renormalize,
-                              activation=self.activation, correction_bias=bias,
-                              **self.routing)
+        logits = self.gate(x)
+        routing = {**self.routing,
+                   "correction_bias": getattr(self.gate, "e_score_correction_bias", None)}
+        if isinstance(self.experts, GgufExperts):
+            weights, ids = self.moe_topk(logits, self.top_k, self.renormalize, **routing)
+            return self.ggml_moe_experts(x, *self.experts.stacks(), weights, ids,
+                                         self.activation)
+        return self.fused_moe(x, logits, self.experts.gate_up_proj, self.experts.down_proj,
+                              self.top_k, self.renormalize, activation=self.activation,
+                              **routing)
 
     def extra_repr(self) -> str:
-        experts, rows, hidden = self.experts.gate_up_proj.shape
+        experts, hidden, intermediate = self.sizes
         return (f"experts={experts}, top_k={self.top_k}, hidden={hidden}, "
-                f"intermediate={rows // 2}, renormalize={self.renormalize}")
+                f"intermediate={intermediate}, renormalize={self.renormalize}")
 
 
 def stack_experts(weights: Iterable[tuple[str, torch.Tensor]], num_experts: int

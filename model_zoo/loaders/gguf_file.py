@@ -59,6 +59,7 @@ from hwplug.errors import ModelError
 from hwplug.kernel_registry.reference.ggml import nonfinite_scales
 from hwplug.model_zoo.loaders import cache
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint
+from hwplug.model_zoo.loaders.gguf_experts import ExpertBlocks, complete_config, expert_names
 from hwplug.model_zoo.loaders.hf_dir import (
     WEIGHTS_NAME,
     from_pretrained,
@@ -231,6 +232,7 @@ def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = T
     from transformers import AutoConfig, AutoTokenizer  # conversion only: a cached load skips
 
     config = from_pretrained(AutoConfig, "config", path.parent, gguf_file=path.name)
+    complete_config(config, reader)
     tokenizer = from_pretrained(AutoTokenizer, "tokenizer", path.parent, gguf_file=path.name)
     model_class, parameter_names = _causal_lm_skeleton(config, path)
     config.architectures = config.architectures or [model_class]
@@ -283,12 +285,14 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
     # Processors that merge or split tensors (MoE experts) store them in parsed["tensors"].
     parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}
     converted = ConvertedTensors(written=parsed["tensors"])
-    skipped = []
+    skipped, experts = [], ExpertBlocks()
     for tensor in reader.tensors:
         bad = nonfinite_scales(tensor.data, tensor.tensor_type)
         if bad:
             raise ModelError(f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}) has "
                              f"{bad} NaN or infinite block scales")
+        if not dequantize_all and experts.take(tensor, names, converted):
+            continue
         try:
             matrix = not dequantize_all and len(tensor.shape) == 2
             as_stored = matrix or (not dequantize_all and tensor.tensor_type ==
@@ -324,6 +328,7 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
         except Exception as exc:  # gguf and the processors raise many types on bad data
             raise ModelError(f"{path}: tensor {tensor.name} cannot be dequantised: "
                              f"{exc!r}") from exc
+    experts.check_done()
     if skipped:
         logger.info("%s: %d tensors have no %s parameter and are skipped: %s", path,
                     len(skipped), config.architectures[0], ", ".join(skipped))
@@ -372,7 +377,7 @@ def gguf_to_transformers_names(architecture: str, parameter_names: Iterable[str]
         raise ModelError(f"the installed gguf package does not know the GGUF architecture "
                          f"{architecture!r}")
     name_map = get_tensor_name_map(arch, num_layers)
-    mapping = {}
+    mapping = expert_names(parameter_names)
     for parameter in parameter_names:
         gguf_name = name_map.get_name(parameter, try_suffixes=(".weight", ".bias"))
         if gguf_name is not None:

@@ -1,0 +1,116 @@
+"""A tiny Qwen3-MoE written as a GGUF file, as llama.cpp's converter writes one: its tensor
+names (stacked ``ffn_{gate,up,down}_exps``, ``ffn_gate_inp``), its ``qwen3moe`` metadata and
+a byte-level GPT-2 tokenizer of :data:`VOCAB` tokens (the 256 bytes and one merge); quantized by llama.cpp's own quantizer."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFWriter, TokenType
+
+#: transformers' name (after ``model.layers.<i>.``) -> llama.cpp's (after ``blk.<i>.``).
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
+}
+#: Vocabulary size of the written files (a model written must have it).
+VOCAB = 257
+GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode table: token i is byte i as GPT-2's BPE spells it."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[byte] = chr(byte)
+        else:
+            chars[byte] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write_qwen3_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
+    """Write transformers ``Qwen3MoeForCausalLM`` ``model`` (vocabulary :data:`VOCAB`, no
+    mlp-only layers) to ``path`` as an F32 GGUF."""
+    config = model.config
+    writer = GGUFWriter(path, "qwen3moe")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_expert_count(config.num_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    tokens = _byte_tokens()
+    writer.add_token_list([*tokens, tokens[32] * 2])  # llama.cpp needs a merge
+    writer.add_token_types([TokenType.NORMAL] * VOCAB)
+    writer.add_token_merges([f"{tokens[32]} {tokens[32]}"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    for name, tensor in model.state_dict().items():
+        data = tensor.float().numpy()
+        if name in GLOBAL_NAMES:
+            writer.add_tensor(GLOBAL_NAMES[name], data)
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        if rest == "mlp.experts.gate_up_proj":
+            gate, up = np.split(data, 2, axis=1)
+            writer.add_tensor(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+            writer.add_tensor(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up))
+        else:
+            writer.add_tensor(f"blk.{layer}.{LAYER_NAMES[rest]}", data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def quantize_gguf(source: Path, out: Path, file_type: str) -> Path:
+    """``source`` quantized by llama.cpp (``llama_model_quantize``, file type
+    ``LLAMA_FTYPE_MOSTLY_<file_type>``) into ``out``."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(),
+                                            ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize -> {file_type} returned {status}")
+    return out
+
+
+def llama_cpp_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
+    """``steps`` greedy tokens after ``prompt`` by llama.cpp (argmax of its logits, end
+    tokens included)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    tokens = list(prompt)
+    llm.eval(tokens)
+    out = []
+    for _ in range(steps):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(token)
+        llm.eval([token])
+    return out
