@@ -1,10 +1,11 @@
-"""A tiny Qwen3-MoE as a GGUF file (llama.cpp's stacked ``ffn_{gate,up,down}_exps`` names and
-``qwen3moe`` metadata, written with the ``gguf`` writer): loaded kept in its blocks it agrees
-with the dequantized model, and in F32 hwplug, llama.cpp (llama-cpp-python) and transformers
-decode the same greedy tokens.
+"""Tiny Qwen3-MoE and Mixtral models as GGUF files (llama.cpp's stacked
+``ffn_{gate,up,down}_exps`` names and metadata: ``qwen3moe``, and ``llama`` with
+``expert_count`` for Mixtral, written with the ``gguf`` writer): loaded kept in their
+blocks they agree with the dequantized models, and in F32 hwplug, llama.cpp
+(llama-cpp-python) and transformers decode the same greedy tokens.
 
-The F32 file has the sizes of tests/test_moe_models.py's models; the quantized one is
-llama.cpp's Q4_K_M of a model with rows of 256 values (so the experts are K-quants)."""
+The F32 files are of tests/test_moe_models.py's sizes; the quantized ones are llama.cpp's
+Q4_K_M of models with rows of 256 values (so the experts are K-quants)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from gguf import GGMLQuantizationType as Q
 from model_harness import PagedBatch
 from test_models_vs_transformers import FP32_ATOL
 from tiny_models import randomize
-from tiny_moe_gguf import VOCAB, llama_cpp_greedy, quantize_gguf, write_qwen3_moe_gguf
-from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+from tiny_moe_gguf import VOCAB, llama_cpp_greedy, quantize_gguf, write_moe_gguf
+from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
 from hwplug.kernel_registry import ops_moe
 from hwplug.kernel_registry.reference.ggml import dequantize
@@ -28,8 +29,19 @@ from hwplug.model_zoo.loaders import load_checkpoint
 pytest.importorskip("llama_cpp")
 
 SIZES = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=VOCAB, max_position_embeddings=64, num_experts=4,
-             num_experts_per_tok=2, norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"])
+             vocab_size=VOCAB, max_position_embeddings=64, num_experts_per_tok=2)
+#: name -> (config class, its own settings, (small, K-quant) sizes).
+MODELS = {
+    "qwen3-moe": (Qwen3MoeConfig, dict(num_experts=4, norm_topk_prob=True,
+                                       architectures=["Qwen3MoeForCausalLM"]),
+                  (dict(hidden_size=64, head_dim=16, intermediate_size=96,
+                        moe_intermediate_size=32),
+                   dict(hidden_size=256, head_dim=64, intermediate_size=256,
+                        moe_intermediate_size=256))),
+    "mixtral": (MixtralConfig, dict(num_local_experts=4, architectures=["MixtralForCausalLM"]),
+                (dict(hidden_size=64, intermediate_size=48),
+                 dict(hidden_size=256, intermediate_size=256))),
+}
 PROMPT = [3, 17, 99, 42, 5, 64]
 STEPS = 8
 #: Kept K-quant blocks against the dequantized model: largest logit difference over the
@@ -37,18 +49,12 @@ STEPS = 8
 LOGIT_RTOL = 2e-2
 
 
-def _transformers_model(**sizes) -> torch.nn.Module:
-    config = Qwen3MoeConfig(**SIZES, **sizes)
+def _transformers_model(name: str, quantizable: bool) -> torch.nn.Module:
+    config_class, settings, sizes = MODELS[name]
+    config = config_class(**SIZES, **settings, **sizes[quantizable])
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    randomize(model, std=0.15 if sizes["hidden_size"] < 256 else 0.05)
+    randomize(model, std=0.05 if quantizable else 0.15)
     return model
-
-
-@pytest.fixture(scope="module")
-def f32_gguf(tmp_path_factory) -> tuple[torch.nn.Module, Path]:
-    model = _transformers_model(hidden_size=64, head_dim=16, intermediate_size=96,
-                                moe_intermediate_size=32)
-    return model, write_qwen3_moe_gguf(model, tmp_path_factory.mktemp("moe") / "tiny.gguf")
 
 
 def _greedy(path: Path, dequantize_all: bool = False) -> tuple[list[int], torch.Tensor]:
@@ -64,8 +70,10 @@ def _greedy(path: Path, dequantize_all: bool = False) -> tuple[list[int], torch.
     return tokens[len(PROMPT):].tolist(), prefill
 
 
-def test_f32_gguf_greedy_tokens_are_llama_cpps_and_transformers(f32_gguf):
-    reference, path = f32_gguf
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_f32_gguf_greedy_tokens_are_llama_cpps_and_transformers(name, tmp_path):
+    reference = _transformers_model(name, quantizable=False)
+    path = write_moe_gguf(reference, tmp_path / "f32.gguf")
     with torch.inference_mode():
         want = reference.generate(torch.tensor([PROMPT]), max_new_tokens=STEPS,
                                   min_new_tokens=STEPS, do_sample=False)[0, len(PROMPT):]
@@ -77,10 +85,9 @@ def test_f32_gguf_greedy_tokens_are_llama_cpps_and_transformers(f32_gguf):
     assert "grouped" in ops_moe.ggml_moe_experts.variants_used()  # kept in (F32) blocks
 
 
-def test_q4_k_m_experts_kept_in_blocks_agree_with_the_dequantized_model(tmp_path):
-    source = write_qwen3_moe_gguf(
-        _transformers_model(hidden_size=256, head_dim=64, intermediate_size=256,
-                            moe_intermediate_size=256), tmp_path / "f32.gguf")
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_q4_k_m_experts_kept_in_blocks_agree_with_the_dequantized_model(name, tmp_path):
+    source = write_moe_gguf(_transformers_model(name, quantizable=True), tmp_path / "f32.gguf")
     path = quantize_gguf(source, tmp_path / "q4_k_m.gguf", "Q4_K_M")
     kept, _ = build_model(load_checkpoint(path), dtype="float32")
     plain, _ = build_model(load_checkpoint(path, dequantize=True), dtype="float32")

@@ -1,5 +1,7 @@
-"""A tiny Qwen3-MoE written as a GGUF file, as llama.cpp's converter writes one: its tensor
-names (stacked ``ffn_{gate,up,down}_exps``, ``ffn_gate_inp``), its ``qwen3moe`` metadata and
+"""Tiny Qwen3-MoE and Mixtral models written as GGUF files, as llama.cpp's converter writes
+them: its tensor names (stacked ``ffn_{gate,up,down}_exps``, ``ffn_gate_inp``), its
+``qwen3moe`` metadata, or for Mixtral the ``llama`` architecture with ``expert_count`` and
+the query / key rows permuted as llama.cpp's Llama converter does; and
 a byte-level GPT-2 tokenizer of :data:`VOCAB` tokens (the 256 bytes and one merge); quantized by llama.cpp's own quantizer."""
 
 from __future__ import annotations
@@ -41,24 +43,34 @@ def _byte_tokens() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def write_qwen3_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
-    """Write transformers ``Qwen3MoeForCausalLM`` ``model`` (vocabulary :data:`VOCAB`, no
-    mlp-only layers) to ``path`` as an F32 GGUF."""
+def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's Llama converter's query / key row order (rotary halves interleaved)."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def write_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
+    """Write transformers ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM`` ``model``
+    (vocabulary :data:`VOCAB`, no mlp-only layers) to ``path`` as an F32 GGUF."""
     config = model.config
-    writer = GGUFWriter(path, "qwen3moe")
+    mixtral = config.model_type == "mixtral"
+    writer = GGUFWriter(path, "llama" if mixtral else "qwen3moe")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
+    head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_expert_count(config.num_experts)
+    writer.add_expert_count(config.num_local_experts if mixtral else config.num_experts)
     writer.add_expert_used_count(config.num_experts_per_tok)
-    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if not mixtral:
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     tokens = _byte_tokens()
@@ -73,6 +85,9 @@ def write_qwen3_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
             writer.add_tensor(GLOBAL_NAMES[name], data)
             continue
         _, _, layer, rest = name.split(".", 3)
+        if mixtral and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+            data = _permute(data, config.num_attention_heads if "q_proj" in rest
+                            else config.num_key_value_heads)
         if rest == "mlp.experts.gate_up_proj":
             gate, up = np.split(data, 2, axis=1)
             writer.add_tensor(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))

@@ -232,7 +232,7 @@ def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = T
     from transformers import AutoConfig, AutoTokenizer  # conversion only: a cached load skips
 
     config = from_pretrained(AutoConfig, "config", path.parent, gguf_file=path.name)
-    complete_config(config, reader)
+    config = complete_config(config, reader)
     tokenizer = from_pretrained(AutoTokenizer, "tokenizer", path.parent, gguf_file=path.name)
     model_class, parameter_names = _causal_lm_skeleton(config, path)
     config.architectures = config.architectures or [model_class]
@@ -291,7 +291,7 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
         if bad:
             raise ModelError(f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}) has "
                              f"{bad} NaN or infinite block scales")
-        if not dequantize_all and experts.take(tensor, names, converted):
+        if experts.take(tensor, names, converted, dequantize_all):
             continue
         try:
             matrix = not dequantize_all and len(tensor.shape) == 2
