@@ -123,3 +123,27 @@ def test_the_sparse_layers_are_the_configs():
     _, model, _ = reference_and_ours(CONFIGS["qwen3-moe"]())
     kinds = [isinstance(layer.mlp, FusedMoE) for layer in model.model.layers]
     assert kinds == [True, False, True]
+
+
+def test_a_saved_checkpoint_generates_transformers_tokens_through_llm(tmp_path):
+    """transformers' ``save_pretrained`` writes one tensor per expert (the published form);
+    the directory loads (its expert shapes checked against ``moe_intermediate_size``) and
+    ``LLM.generate`` decodes greedily, batched with another prompt, as transformers."""
+    from tiny_checkpoints import _tokenizer
+
+    from hwplug import LLM, SamplingParams
+
+    config = CONFIGS["qwen3-moe"]()
+    config.eos_token_id, config.bos_token_id = 1, 0
+    reference, _, _ = reference_and_ours(config)
+    reference.save_pretrained(tmp_path)
+    _tokenizer(config.vocab_size).save_pretrained(tmp_path)
+    prompts = [[5, 17, 3, 90, 41], [61, 7, 7]]
+    outputs = LLM(str(tmp_path)).generate(prompts, SamplingParams(max_tokens=GREEDY_STEPS,
+                                                                  temperature=0.0,
+                                                                  ignore_eos=True))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        with torch.inference_mode():
+            want = reference.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_STEPS,
+                                      min_new_tokens=GREEDY_STEPS, do_sample=False)
+        assert list(output.outputs[0].token_ids) == want[0, len(prompt):].tolist()

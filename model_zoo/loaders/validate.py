@@ -29,6 +29,7 @@ SIZE_LIMITS: dict[str, int] = {
     "num_hidden_layers": 1024,            # published models: under 200
     "hidden_size": 1 << 17,               # under 30k
     "intermediate_size": 1 << 20,         # under 100k
+    "moe_intermediate_size": 1 << 20,     # an expert's (Qwen-MoE, DeepSeek): under 10k
     "num_attention_heads": 1024,          # under 256
     "num_key_value_heads": 1024,
     "head_dim": 2048,                     # under 512
@@ -157,7 +158,7 @@ def check_tensors(sizes: Sizes, tensors: Mapping[str, TensorInfo], where: str) -
         rules = next((rules for suffix, rules in SHAPE_RULES.items()
                       if name == suffix or name.endswith(f".{suffix}")), ())
         for dim, what, size in rules:
-            expected_size = size(sizes)
+            expected_size = size(_sizes_of(name, sizes))
             if expected_size is not None and len(info.shape) > dim and \
                     info.shape[dim] != expected_size:
                 problems.append(f"tensor {name} in {info.file} has shape {info.shape}, but "
@@ -166,6 +167,15 @@ def check_tensors(sizes: Sizes, tensors: Mapping[str, TensorInfo], where: str) -
         raise ModelError(f"{where}: the tensors do not agree with the config: "
                          f"{'; '.join(problems[:5])}"
                          + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+
+
+def _sizes_of(name: str, sizes: Sizes) -> Sizes:
+    """The sizes tensor ``name``'s rules read: an expert's projections (``.experts.``) are
+    ``moe_intermediate_size`` wide where the config states it (its ``intermediate_size``
+    is then the dense layers')."""
+    if ".experts." in name and "moe_intermediate_size" in sizes:
+        return {**sizes, "intermediate_size": sizes["moe_intermediate_size"]}
+    return sizes
 
 
 def _span(indices: list[int]) -> str:
