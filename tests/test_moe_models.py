@@ -147,3 +147,36 @@ def test_a_saved_checkpoint_generates_transformers_tokens_through_llm(tmp_path):
             want = reference.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_STEPS,
                                       min_new_tokens=GREEDY_STEPS, do_sample=False)
         assert list(output.outputs[0].token_ids) == want[0, len(prompt):].tolist()
+
+
+def test_a_deepseek_v3_style_layer_matches_transformers_block():
+    """FusedMoE with sigmoid scores, a correction bias, grouped top-k (2 of 4 groups), a
+    routed scaling factor and a shared expert, loaded from transformers' DeepseekV3MoE."""
+    from transformers import DeepseekV3Config, LlamaConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    from hwplug.discovery import current_platform
+    from hwplug.model_zoo.context import create_context
+    from hwplug.model_zoo.layers import fused_target, load_named_weights
+    from hwplug.model_zoo.models.llama import FUSED_MODULES, LlamaForCausalLM
+
+    config = DeepseekV3Config(hidden_size=64, moe_intermediate_size=24, n_routed_experts=8,
+                              num_experts_per_tok=3, n_group=4, topk_group=2,
+                              n_shared_experts=1, routed_scaling_factor=2.5,
+                              norm_topk_prob=True)
+    block = DeepseekV3MoE(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor in [*block.parameters(), *block.buffers()]:
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.3)
+    ctx = create_context(LlamaForCausalLM, LlamaConfig(**TINY), current_platform())
+    layer = FusedMoE(ctx, num_experts=8, top_k=3, hidden_size=64, intermediate_size=24,
+                     scoring="sigmoid", correction_bias=True, num_expert_group=4, topk_group=2,
+                     routed_scaling_factor=2.5, shared_intermediate_size=24)
+    load_named_weights(layer, block.state_dict().items(),
+                       lambda name: fused_target(name, FUSED_MODULES))
+    x = torch.randn(9, 64, generator=generator)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), block(x[None])[0], atol=1e-5, rtol=1e-5)
+        layer.shared_experts.down_proj.weight.zero_()  # the shared expert counts
+        assert (layer(x) - block(x[None])[0]).abs().max() > 1e-2

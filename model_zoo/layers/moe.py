@@ -20,12 +20,13 @@ from torch import nn
 from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import row_values, type_name
-from hwplug.model_zoo.layers.linear import Linear
+from hwplug.model_zoo.layers.activation import SiluAndMul
+from hwplug.model_zoo.layers.linear import FusedLinear, Linear
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext
 
-__all__ = ["FusedMoE", "GgufExperts", "MoEExperts", "stack_experts"]
+__all__ = ["FusedMoE", "GgufExperts", "MoEExperts", "SharedExperts", "stack_experts"]
 
 #: The quant methods whose experts :class:`FusedMoE` holds.
 QUANT_METHODS = ("unquantized", "gguf")
@@ -98,20 +99,40 @@ class GgufExperts(nn.Module):
         return self._stacks
 
 
+class SharedExperts(nn.Module):
+    """The always-active experts of a DeepSeek-style block, as one gated MLP:
+    ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up fused into ``gate_up_proj``
+    (checkpoint names ``shared_experts.{gate,up,down}_proj.weight``; the model routes
+    ``gate_proj`` / ``up_proj`` to the shards), weights from the quant method."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, ctx: ModelContext) -> None:
+        super().__init__()
+        self.gate_up_proj = FusedLinear(hidden_size, {"gate": intermediate_size,
+                                                      "up": intermediate_size}, ctx)
+        self.act = SiluAndMul(ctx)
+        self.down_proj = Linear(intermediate_size, hidden_size, ctx)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
 class FusedMoE(nn.Module):
     """``x [T, H]`` -> ``[T, H]``: router logits ``gate(x)``, then the ``fused_moe`` op.
 
     ``routing`` are ``moe_topk``'s options (``scoring``, ``num_expert_group``,
     ``topk_group``, ``routed_scaling_factor``); ``correction_bias=True`` adds the
     parameter ``gate.e_score_correction_bias [E]`` (DeepSeek-V3). ``activation`` is
-    ``silu`` or ``gelu``. Under the ``gguf`` quant method the experts stay in their blocks
+    ``silu`` or ``gelu``. ``shared_intermediate_size`` adds ``shared_experts``
+    (:class:`SharedExperts`, DeepSeek's), whose output is added unweighted. Under the
+    ``gguf`` quant method the experts stay in their blocks
     (:class:`GgufExperts`: ``moe_topk``, then ``ggml_moe_experts``); other quant methods
     are refused. Tensor parallelism (and expert parallelism) is not supported yet.
     """
 
     def __init__(self, ctx: ModelContext, *, num_experts: int, top_k: int, hidden_size: int,
                  intermediate_size: int, renormalize: bool = True, activation: str = "silu",
-                 correction_bias: bool = False, **routing: Any) -> None:
+                 correction_bias: bool = False, shared_intermediate_size: int | None = None,
+                 **routing: Any) -> None:
         super().__init__()
         if ctx.parallel.size > 1:
             raise UnsupportedError(f"{type(self).__name__} runs on one rank: tensor and "
@@ -135,8 +156,15 @@ class FusedMoE(nn.Module):
             self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, ctx.dtype)
             self.fused_moe = ctx.kernels.bind("fused_moe", dtype)
         self.sizes = (num_experts, hidden_size, intermediate_size)
+        if shared_intermediate_size:
+            self.shared_experts = SharedExperts(hidden_size, shared_intermediate_size, ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._routed(x)
+        shared = getattr(self, "shared_experts", None)
+        return out if shared is None else out + shared(x)
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
         routing = {**self.routing,
                    "correction_bias": getattr(self.gate, "e_score_correction_bias", None)}
