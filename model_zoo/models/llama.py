@@ -36,7 +36,8 @@ from hwplug.model_zoo.layers import (
 from hwplug.model_zoo.layers.attention import kv_scale_target
 from hwplug.model_zoo.layers.weights import Target
 
-__all__ = ["LlamaAttention", "LlamaDecoderLayer", "LlamaForCausalLM", "LlamaMLP", "LlamaModel"]
+__all__ = ["LlamaAttention", "LlamaDecoderLayer", "LlamaForCausalLM", "LlamaMLP", "LlamaModel",
+           "MakeMLP", "dense_mlp"]
 
 #: Checkpoint module names that load into a shard of a fused module.
 FUSED_MODULES = {
