@@ -6,11 +6,15 @@ Expert weights are stacked (see :mod:`hwplug.kernel_registry.reference.moe`): ``
 choose exactly the reference's experts: routing weights are compared within fp32
 rounding and expert ids exactly, so a wrong expert or a missed renormalisation fails.
 
-Tolerances of the expert MLPs: two chained matmuls in fp32 whose summation order a
-variant may change (blocked GEMMs, threads); for unit-rms inputs and weights of rms
-``K ** -0.5`` the outputs are of unit rms and fp32 reorderings stay below 1e-5. bf16 and
-fp16 inputs add their own rounding of the intermediate activations (2^-9, 2^-12
-relative) where a variant keeps them in that dtype.
+Tolerances of the expert MLPs: two chained matmuls whose summation order a variant may
+change (blocked GEMMs, threads), and whose intermediate activations (``act(gate) * up``)
+and per-expert outputs a variant may keep in the input dtype, as the cpu platform's
+does. For the kit's inputs (unit-rms x, weights of rms ``K ** -0.5``; routing weights
+summing to up to 2.5 with scaling, up to 4 without renormalisation) that variant's
+largest errors over two runs of 150 draws per dtype were 4e-6 in fp32, 0.125 in bf16 and
+0.016 in fp16: a token's k contributions, each rounded to 8 (11) bits at its own
+magnitude, can cancel into a small sum, so the absolute term carries most of the bf16
+and fp16 tolerances. fp32's 2e-4 leaves room for TF32-class dot products.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from hwplug.kernel_registry.registry import kernels
 __all__ = ["fused_moe", "ggml_moe_experts", "moe_experts", "moe_topk"]
 
 _REF = "hwplug.kernel_registry.reference.moe:"
-_EXPERTS = {"float32": (2e-4, 2e-4), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+_EXPERTS = {"float32": (2e-4, 2e-4), "float16": (8e-3, 8e-3), "bfloat16": (1e-1, 4e-2)}
 
 moe_topk = kernels.define_op("moe_topk", _REF + "moe_topk",
                              tolerances={"float32": (1e-6, 1e-5), "float16": (1e-6, 1e-5),
@@ -56,8 +60,8 @@ fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k,
 
 ggml_moe_experts = kernels.define_op(
     "ggml_moe_experts", _REF + "ggml_moe_experts",
-    tolerances={"float32": (1.2e-1, 2e-2), "float16": (1.2e-1, 2.4e-2),
-                "bfloat16": (1.2e-1, 4e-2)},
+    tolerances={"float32": (4e-1, 2e-2), "float16": (4e-1, 2.4e-2),
+                "bfloat16": (4e-1, 4e-2)},
     doc="""
 ggml_moe_experts(x [T, H] float, w13 uint8 [E, 2I, row_bytes], w13_type: int,
                  w2 uint8 [E, H, row_bytes], w2_type: int, topk_weights [T, k] fp32,
@@ -65,8 +69,11 @@ ggml_moe_experts(x [T, H] float, w13 uint8 [E, 2I, row_bytes], w13_type: int,
     moe_experts over GGUF blocks kept quantized: each expert's rows of llama.cpp's stacked
     ffn_{gate,up}_exps (gate rows then up rows, one type) and ffn_down_exps tensors as the
     file stores them. A variant may quantize activations as ggml_linear does, before
-    each of its two matmuls: the tolerances are twice ggml_linear's (the first matmul's
-    error reaches the output through act(gate) * up and the down projection, both of
-    about unit gain for unit-rms inputs and weights of rms K ** -0.5; the second adds its
-    own). Measured: the cpu variant's worst error in bf16 was 0.062 over the kit's draws.
+    each of its two matmuls. The errors compound: the first matmul's reaches the output
+    through act(gate) * up (amplified by |silu(gate)| and |up|, up to ~3 for unit-rms
+    inputs), and the intermediate, a product of two normal-like values, has heavy tails,
+    so its int8 steps (max / 127 per 256) are coarse against its rms. Measured, the cpu
+    variant's largest error over 140 kit draws (outputs of rms 0.6-0.9) was 0.20 (Q6_K,
+    Q5_K among the worst); atol 0.4 is twice that. A wrong expert or a skipped slot
+    moves outputs by about their rms, over the whole row.
 """)
