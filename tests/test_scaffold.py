@@ -77,6 +77,7 @@ def test_info_shows_the_platform_when_its_device_is_present(plugin):
     assert (record["status"], record["distribution"]) == ("loaded", "hwplug-acme-npu")
     assert "ACME_NPU_ATTN" in data["registries"]["attention_backends"]
     assert "acme_npu" in data["registries"]["kernels"]["silu_and_mul"]
+    assert "acme_npu" in data["registries"]["kernels"]["moe_experts"]
 
 
 def test_probe_stays_inactive_without_the_device(plugin):
@@ -93,7 +94,8 @@ def test_conformance_kit_passes(plugin):
     data = json.loads(proc.stdout)
     assert proc.returncode == 0, [r for r in data["results"] if r["status"] == "failed"]
     passed = {r["check"] for r in data["results"] if r["status"] == "passed"}
-    assert {"kernel silu_and_mul/acme_npu", "attention ACME_NPU_ATTN: decode",
+    assert {"kernel silu_and_mul/acme_npu", "kernel moe_experts/acme_npu",
+            "attention ACME_NPU_ATTN: decode",
             "probe: cheap", "platform facts"} <= passed
 
 
