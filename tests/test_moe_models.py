@@ -180,3 +180,20 @@ def test_a_deepseek_v3_style_layer_matches_transformers_block():
         torch.testing.assert_close(layer(x), block(x[None])[0], atol=1e-5, rtol=1e-5)
         layer.shared_experts.down_proj.weight.zero_()  # the shared expert counts
         assert (layer(x) - block(x[None])[0]).abs().max() > 1e-2
+
+
+def test_experts_of_another_quant_method_are_refused_naming_the_supported_ones():
+    from dataclasses import replace
+
+    from transformers import LlamaConfig
+
+    from hwplug.discovery import current_platform
+    from hwplug.errors import UnsupportedError
+    from hwplug.model_zoo.context import create_context
+    from hwplug.model_zoo.models.llama import LlamaForCausalLM
+    from hwplug.model_zoo.quant_methods.scaled import Fp8LinearMethod
+
+    ctx = create_context(LlamaForCausalLM, LlamaConfig(**TINY), current_platform())
+    fp8 = replace(ctx, quant_method=Fp8LinearMethod.from_config(None))
+    with pytest.raises(UnsupportedError, match=r"quant method 'fp8' .* unquantized, gguf"):
+        FusedMoE(fp8, num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)

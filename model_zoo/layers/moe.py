@@ -137,16 +137,16 @@ class FusedMoE(nn.Module):
         if ctx.parallel.size > 1:
             raise UnsupportedError(f"{type(self).__name__} runs on one rank: tensor and "
                                    f"expert parallelism of experts is not supported yet")
+        dtype, quant = dtype_name(ctx.dtype), ctx.quant_method.get_name()
+        if quant not in QUANT_METHODS:
+            raise UnsupportedError(f"{type(self).__name__}: experts of quant method {quant!r} "
+                                   f"are not supported; supported: {', '.join(QUANT_METHODS)}")
         self.top_k, self.renormalize, self.activation = top_k, renormalize, activation
         self.routing = routing
         self.gate = Linear(hidden_size, num_experts, ctx)
         if correction_bias:
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
-        dtype, quant = dtype_name(ctx.dtype), ctx.quant_method.get_name()
-        if quant not in QUANT_METHODS:
-            raise UnsupportedError(f"{type(self).__name__}: experts of quant method {quant!r} "
-                                   f"are not supported; supported: {', '.join(QUANT_METHODS)}")
         self.experts: nn.Module
         if quant == "gguf":
             self.experts = GgufExperts(num_experts, hidden_size, intermediate_size)
