@@ -197,3 +197,19 @@ def test_experts_of_another_quant_method_are_refused_naming_the_supported_ones()
     fp8 = replace(ctx, quant_method=Fp8LinearMethod.from_config(None))
     with pytest.raises(UnsupportedError, match=r"quant method 'fp8' .* unquantized, gguf"):
         FusedMoE(fp8, num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+
+
+def test_deepseek_v3_expanded_attention_matches_transformers():
+    """MLA in its expanded form (q_lora, kv_lora, interleaved RoPE on a shared key), one
+    dense layer then MoE layers with grouped sigmoid routing and a shared expert."""
+    from transformers import DeepseekV3Config
+
+    config = DeepseekV3Config(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+        max_position_embeddings=64, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=3,
+        n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, rope_scaling=None,
+        architectures=["DeepseekV3ForCausalLM"])
+    assert_prefill_and_decode_match(*reference_and_ours(config))

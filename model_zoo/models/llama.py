@@ -100,6 +100,11 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, self.head_size,
                               sliding_window=layer_sliding_window(hf_config, layer_idx))
 
+    @staticmethod
+    def rope_is_neox(hf_config: Any) -> bool:
+        """Whether the model's shared RoPE pairs halves (neox) rather than neighbours."""
+        return True
+
     def _project_qkv(self, hidden: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``hidden [T, hidden]`` -> q ``[T, Hq, D]``, k and v ``[T, Hkv, D]`` (pre-RoPE)."""
@@ -180,7 +185,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx,
                                            ctx.parallel, ctx.quant_method)
-        rotary = RotaryEmbedding.from_config(hf_config, head_size(hf_config), ctx=ctx)
+        rotary = RotaryEmbedding.from_config(hf_config, head_size(hf_config),
+                                             attention_cls.rope_is_neox(hf_config), ctx=ctx)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(hf_config, ctx, i, rotary, attention_cls, make_mlp)
             for i in range(hf_config.num_hidden_layers))

@@ -26,7 +26,7 @@ from hwplug.model_zoo.layers.moe import FusedMoE, stack_experts
 from hwplug.model_zoo.models.llama import LlamaForCausalLM, dense_mlp
 from hwplug.model_zoo.models.qwen3 import Qwen3ForCausalLM
 
-__all__ = ["MixtralForCausalLM", "Qwen3MoeForCausalLM", "sparse_moe"]
+__all__ = ["MixtralForCausalLM", "MoeWeights", "Qwen3MoeForCausalLM", "sparse_moe"]
 
 
 def sparse_moe(hf_config: Any, ctx: ModelContext, *, num_experts: int,
@@ -42,7 +42,7 @@ def sparse_moe(hf_config: Any, ctx: ModelContext, *, num_experts: int,
                     renormalize=renormalize)
 
 
-class _MoeWeights:
+class MoeWeights:
     """Loads checkpoints whose experts come stacked or one tensor per expert."""
 
     num_experts: int
@@ -56,7 +56,7 @@ class _MoeWeights:
         return iter(weights)
 
 
-class Qwen3MoeForCausalLM(_MoeWeights, Qwen3ForCausalLM):
+class Qwen3MoeForCausalLM(MoeWeights, Qwen3ForCausalLM):
     """Qwen3-MoE causal LM (same interface as :class:`LlamaForCausalLM`)."""
 
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
@@ -74,7 +74,7 @@ class Qwen3MoeForCausalLM(_MoeWeights, Qwen3ForCausalLM):
                           renormalize=bool(hf_config.norm_topk_prob))
 
 
-class MixtralForCausalLM(_MoeWeights, LlamaForCausalLM):
+class MixtralForCausalLM(MoeWeights, LlamaForCausalLM):
     """Mixtral causal LM (same interface as :class:`LlamaForCausalLM`)."""
 
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:

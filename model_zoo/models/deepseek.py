@@ -1,0 +1,127 @@
+"""DeepSeek-V3 (and V2-shaped configs): multi-head latent attention, computed in its
+expanded form, and a mixture of experts with sigmoid routing, a correction bias, grouped
+top-k and a shared expert.
+
+Registered for ``DeepseekV3ForCausalLM``. Attention projects the hidden state to a latent
+``c_kv`` (``kv_lora_rank``) plus one shared rotary key (``qk_rope_head_dim``), and
+expands the latent per head with ``kv_b_proj`` into the no-position key part and the
+value; queries come from ``q_proj`` or, with ``q_lora_rank``, ``q_b_proj(norm(q_a_proj))``.
+This first form caches the *expanded* keys and values in the standard paged cache: each
+head's key is ``[k_nope, k_pe]`` (``qk_nope_head_dim + qk_rope_head_dim``) and its value is
+zero-padded to that size (the output's padding is dropped), so every attention backend
+serves it. The compressed-latent cache and the absorbed decode of MLA proper are not here
+yet. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or halves; YaRN
+scaling is not supported yet. Layers below ``first_k_dense_replace`` have a dense MLP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hwplug.attention import AttentionMetadata
+from hwplug.config import EngineConfig
+from hwplug.errors import ModelError
+from hwplug.model_zoo.context import ModelContext
+from hwplug.model_zoo.layers import Attention, Linear, RMSNorm, RotaryEmbedding
+from hwplug.model_zoo.layers.moe import FusedMoE
+from hwplug.model_zoo.models.llama import LlamaForCausalLM, dense_mlp
+from hwplug.model_zoo.models.moe import MoeWeights
+
+__all__ = ["DeepseekV3Attention", "DeepseekV3ForCausalLM"]
+
+
+class DeepseekV3Attention(nn.Module):
+    """Latent attention in its expanded form (see the module docstring).
+
+    ``forward(positions [T], hidden [T, hidden], kv_cache, metadata) -> [T, hidden]``.
+    """
+
+    def __init__(self, hf_config: Any, ctx: ModelContext, layer_idx: int,
+                 rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        if ctx.parallel.size > 1:
+            raise ModelError("DeepSeek attention runs on one rank (no tensor parallelism yet)")
+        self.num_heads, hidden = hf_config.num_attention_heads, hf_config.hidden_size
+        self.nope, self.rope = hf_config.qk_nope_head_dim, hf_config.qk_rope_head_dim
+        self.v_head, self.kv_lora = hf_config.v_head_dim, hf_config.kv_lora_rank
+        self.head_size = self.nope + self.rope
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        q_rows = self.num_heads * self.head_size
+        if hf_config.q_lora_rank:
+            self.q_a_proj = Linear(hidden, hf_config.q_lora_rank, ctx, bias=bias)
+            self.q_a_layernorm = RMSNorm(hf_config.q_lora_rank, hf_config.rms_norm_eps, ctx)
+            self.q_b_proj = Linear(hf_config.q_lora_rank, q_rows, ctx)
+        else:
+            self.q_proj = Linear(hidden, q_rows, ctx)
+        self.kv_a_proj_with_mqa = Linear(hidden, self.kv_lora + self.rope, ctx, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora, hf_config.rms_norm_eps, ctx)
+        self.kv_b_proj = Linear(self.kv_lora, self.num_heads * (self.nope + self.v_head), ctx)
+        self.o_proj = Linear(self.num_heads * self.v_head, hidden, ctx, bias=bias)
+        self.rotary_emb = rotary
+        self.attn = Attention(ctx, self.num_heads, self.num_heads, self.head_size)
+
+    @staticmethod
+    def rope_is_neox(hf_config: Any) -> bool:
+        """DeepSeek rotates interleaved pairs (gptj order) unless ``rope_interleave`` is
+        false."""
+        return getattr(hf_config, "rope_interleave", True) is False
+
+    def _queries(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "q_proj"):
+            return self.q_proj(hidden)
+        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q = self._queries(hidden).view(tokens, self.num_heads, self.head_size)
+        latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora, self.rope], -1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(tokens, self.num_heads, -1)
+        k_nope, v = kv.split([self.nope, self.v_head], -1)
+        q_nope, q_pe = q.split([self.nope, self.rope], -1)
+        q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(),
+                                     k_pe.reshape(tokens, 1, self.rope).contiguous())
+        q = torch.cat([q_nope, q_pe], -1)
+        k = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1)], -1)
+        v = nn.functional.pad(v, (0, self.head_size - self.v_head))
+        out = self.attn(q, k, v, kv_cache, metadata).view(tokens, self.num_heads, -1)
+        return self.o_proj(out[..., :self.v_head].reshape(tokens, -1))
+
+
+class DeepseekV3ForCausalLM(MoeWeights, LlamaForCausalLM):
+    """DeepSeek-V3 causal LM (same interface as :class:`LlamaForCausalLM`)."""
+
+    attention_cls = DeepseekV3Attention  # type: ignore[assignment]
+
+    def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
+        scaling = getattr(hf_config, "rope_scaling", None) or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+            raise ModelError(f"DeepSeek RoPE scaling {scaling!r} is not supported yet")
+        self.num_experts = hf_config.n_routed_experts
+        super().__init__(hf_config, ctx)
+
+    @staticmethod
+    def make_mlp(hf_config: Any, ctx: ModelContext, layer_idx: int) -> nn.Module:
+        if layer_idx < hf_config.first_k_dense_replace:
+            return dense_mlp(hf_config, ctx, layer_idx)
+        shared = hf_config.n_shared_experts
+        return FusedMoE(ctx, num_experts=hf_config.n_routed_experts,
+                        top_k=hf_config.num_experts_per_tok,
+                        hidden_size=hf_config.hidden_size,
+                        intermediate_size=hf_config.moe_intermediate_size,
+                        renormalize=bool(hf_config.norm_topk_prob), scoring="sigmoid",
+                        correction_bias=True, num_expert_group=hf_config.n_group,
+                        topk_group=hf_config.topk_group,
+                        routed_scaling_factor=hf_config.routed_scaling_factor,
+                        shared_intermediate_size=(hf_config.moe_intermediate_size * shared
+                                                  if shared else None))
+
+    @staticmethod
+    def engine_config(hf_config: Any, dtype: str) -> EngineConfig:
+        """Expanded attention: every head its own key and value of ``qk_head_dim``."""
+        heads = hf_config.num_attention_heads
+        return EngineConfig(num_heads=heads, num_kv_heads=heads, dtype=dtype,
+                            head_size=hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim)
