@@ -1,9 +1,11 @@
-"""Qwen3-MoE and Mixtral against transformers' implementations holding the same weights.
+"""Qwen3-MoE, Mixtral and DeepSeek-V3 against transformers' implementations holding the
+same weights.
 
 Tiny random configs with several experts and top-k > 1 (Qwen3-MoE with a dense layer
-among the sparse ones, renormalised and not): prefill and decode logits through the paged
-cache within FP32_ATOL of transformers' full-sequence logits, and greedy decoding gives
-transformers' tokens. Checkpoints with one tensor per expert (the published form, and
+among the sparse ones, renormalised and not; DeepSeek-V3's latent attention, expanded,
+and grouped sigmoid routing with a shared expert): prefill and decode logits through the
+paged cache within FP32_ATOL of transformers' full-sequence logits, and greedy decoding
+gives transformers' tokens. Checkpoints with one tensor per expert (the published form, and
 Mixtral's ``block_sparse_moe`` names) load to the same model.
 """
 
@@ -17,7 +19,7 @@ from test_models_vs_transformers import (
     assert_prefill_and_decode_match,
     reference_and_ours,
 )
-from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
 
 from hwplug.errors import ModelError
 from hwplug.kernel_registry import ops_moe
@@ -39,6 +41,15 @@ CONFIGS = {
     "mixtral": lambda: MixtralConfig(**TINY, architectures=["MixtralForCausalLM"],
                                      intermediate_size=80, num_local_experts=5,
                                      num_experts_per_tok=2),
+    # latent attention (expanded form: q_lora, kv_lora, interleaved RoPE on a shared key),
+    # layer 0 dense, then grouped sigmoid routing (2 of 4 groups) with a shared expert
+    "deepseek-v3": lambda: DeepseekV3Config(
+        **{**TINY, "num_key_value_heads": 4}, architectures=["DeepseekV3ForCausalLM"],
+        intermediate_size=96, moe_intermediate_size=24, q_lora_rank=32, kv_lora_rank=24,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_scaling=None),
 }
 GREEDY_STEPS = 8
 
@@ -198,18 +209,3 @@ def test_experts_of_another_quant_method_are_refused_naming_the_supported_ones()
     with pytest.raises(UnsupportedError, match=r"quant method 'fp8' .* unquantized, gguf"):
         FusedMoE(fp8, num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
 
-
-def test_deepseek_v3_expanded_attention_matches_transformers():
-    """MLA in its expanded form (q_lora, kv_lora, interleaved RoPE on a shared key), one
-    dense layer then MoE layers with grouped sigmoid routing and a shared expert."""
-    from transformers import DeepseekV3Config
-
-    config = DeepseekV3Config(
-        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
-        max_position_embeddings=64, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16,
-        qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=3,
-        n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
-        routed_scaling_factor=2.5, norm_topk_prob=True, rope_scaling=None,
-        architectures=["DeepseekV3ForCausalLM"])
-    assert_prefill_and_decode_match(*reference_and_ours(config))
