@@ -21,7 +21,7 @@ _SERVED_BY = {
     "qwen3:Qwen3ForCausalLM": ("Qwen3ForCausalLM",),
     "moe:Qwen3MoeForCausalLM": ("Qwen3MoeForCausalLM",),
     "moe:MixtralForCausalLM": ("MixtralForCausalLM",),
-    "deepseek:DeepseekV3ForCausalLM": ("DeepseekV3ForCausalLM",),
+    "deepseek:DeepseekV3ForCausalLM": ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"),
     "bert:BertModel": ("BertModel",),
 }
 BUILTIN_MODELS = {architecture: f"hwplug.model_zoo.models.{target}"

@@ -19,7 +19,7 @@ from test_models_vs_transformers import (
     assert_prefill_and_decode_match,
     reference_and_ours,
 )
-from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+from transformers import DeepseekV2Config, DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
 
 from hwplug.errors import ModelError
 from hwplug.kernel_registry import ops_moe
@@ -49,6 +49,14 @@ CONFIGS = {
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
         num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_scaling=None),
+    # V2: softmax routing, not renormalised, best 2 of 4 groups by their best expert
+    "deepseek-v2": lambda: DeepseekV2Config(
+        **{**TINY, "num_key_value_heads": 4}, architectures=["DeepseekV2ForCausalLM"],
+        intermediate_size=96, moe_intermediate_size=24, q_lora_rank=None, kv_lora_rank=24,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=3, n_group=4, topk_group=2, topk_method="group_limited_greedy",
+        n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=1.5,
         rope_scaling=None),
 }
 GREEDY_STEPS = 8

@@ -2,7 +2,8 @@
 expanded form, and a mixture of experts with sigmoid routing, a correction bias, grouped
 top-k and a shared expert.
 
-Registered for ``DeepseekV3ForCausalLM``. Attention projects the hidden state to a latent
+Registered for ``DeepseekV3ForCausalLM`` and ``DeepseekV2ForCausalLM`` (the same blocks;
+V2 routes by softmax, see :func:`moe_routing`). Attention projects the hidden state to a latent
 ``c_kv`` (``kv_lora_rank``) plus one shared rotary key (``qk_rope_head_dim``), and
 expands the latent per head with ``kv_b_proj`` into the no-position key part and the
 value; queries come from ``q_proj`` or, with ``q_lora_rank``, ``q_b_proj(norm(q_a_proj))``.
@@ -27,10 +28,11 @@ from hwplug.errors import ModelError
 from hwplug.model_zoo.context import ModelContext
 from hwplug.model_zoo.layers import Attention, Linear, RMSNorm, RotaryEmbedding
 from hwplug.model_zoo.layers.moe import FusedMoE
+from hwplug.model_zoo.layers.weights import Target
 from hwplug.model_zoo.models.llama import LlamaForCausalLM, dense_mlp
 from hwplug.model_zoo.models.moe import MoeWeights
 
-__all__ = ["DeepseekV3Attention", "DeepseekV3ForCausalLM"]
+__all__ = ["DeepseekV3Attention", "DeepseekV3ForCausalLM", "moe_routing"]
 
 
 class DeepseekV3Attention(nn.Module):
@@ -91,8 +93,28 @@ class DeepseekV3Attention(nn.Module):
         return self.o_proj(out[..., :self.v_head].reshape(tokens, -1))
 
 
+def moe_routing(hf_config: Any) -> dict[str, Any]:
+    """:class:`FusedMoE`'s routing options of a DeepSeek config: V3's sigmoid scores with a
+    correction bias and grouped top-k (a group scored by its best two); V2's softmax over
+    all experts, never renormalised, grouped (a group scored by its best) for
+    ``topk_method`` ``group_limited_greedy``. transformers masks the other groups' scores
+    to 0 in V2, to -inf in V3: the same choice, softmax scores being positive."""
+    if hf_config.model_type == "deepseek_v2":
+        method = hf_config.topk_method
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ModelError(f"DeepSeek-V2 topk_method {method!r} is not one of greedy, "
+                             "group_limited_greedy")
+        grouped = method == "group_limited_greedy"
+        return dict(scoring="softmax", renormalize=False,
+                    num_expert_group=hf_config.n_group if grouped else None,
+                    topk_group=hf_config.topk_group if grouped else None)
+    return dict(scoring="sigmoid", renormalize=bool(hf_config.norm_topk_prob),
+                correction_bias=True, num_expert_group=hf_config.n_group,
+                topk_group=hf_config.topk_group)
+
+
 class DeepseekV3ForCausalLM(MoeWeights, LlamaForCausalLM):
-    """DeepSeek-V3 causal LM (same interface as :class:`LlamaForCausalLM`)."""
+    """DeepSeek-V3 (and V2) causal LM (same interface as :class:`LlamaForCausalLM`)."""
 
     attention_cls = DeepseekV3Attention  # type: ignore[assignment]
 
@@ -112,12 +134,17 @@ class DeepseekV3ForCausalLM(MoeWeights, LlamaForCausalLM):
                         top_k=hf_config.num_experts_per_tok,
                         hidden_size=hf_config.hidden_size,
                         intermediate_size=hf_config.moe_intermediate_size,
-                        renormalize=bool(hf_config.norm_topk_prob), scoring="sigmoid",
-                        correction_bias=True, num_expert_group=hf_config.n_group,
-                        topk_group=hf_config.topk_group,
-                        routed_scaling_factor=hf_config.routed_scaling_factor,
                         shared_intermediate_size=(hf_config.moe_intermediate_size * shared
-                                                  if shared else None))
+                                                  if shared else None),
+                        routed_scaling_factor=hf_config.routed_scaling_factor,
+                        **moe_routing(hf_config))
+
+    def _checkpoint_target(self, name: str) -> Target | None:
+        """Llama's, except ``q_proj`` (without ``q_lora_rank``) is a layer of its own, not
+        a shard of a fused q/k/v projection."""
+        if name.endswith(".self_attn.q_proj.weight"):
+            return name, None
+        return super()._checkpoint_target(name)
 
     @staticmethod
     def engine_config(hf_config: Any, dtype: str) -> EngineConfig:
