@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hwplug import registries
@@ -80,6 +80,44 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    _rows: AttentionMetadata | None = field(default=None, init=False, repr=False,
+                                            compare=False)
+
+    def decode_rows(self, num_tokens: int) -> AttentionMetadata:
+        """This step's ``num_tokens`` queries as one decode row each, for causal attention.
+
+        Row ``t`` (query ``j`` of sequence ``i``, which has ``q_i`` queries) is a sequence
+        of its own: context ``seq_lens[i] - q_i + j + 1`` tokens (up to and including its
+        own position) in sequence ``i``'s blocks. Under a causal mask (with or without a
+        sliding window) each query sees exactly the keys of its row, so a kernel that
+        serves decode-only batches serves any causal batch through it: a speculative
+        verify step (``k + 1`` queries per sequence on an existing context) or a short
+        prefill chunk. Returns ``self`` for a decode-only batch; otherwise computed on the
+        device without a host sync, once per metadata (every layer of a step shares it).
+        The rows' ``slot_mapping`` is this step's. Read-only: mutating this metadata's
+        tensors afterwards leaves the rows stale.
+        """
+        num_seqs = self.seq_lens.shape[0]
+        if self.max_query_len == 1 and num_tokens == num_seqs:
+            return self
+        if self._rows is None or self._rows.seq_lens.shape[0] != num_tokens:
+            import torch
+
+            device = self.seq_lens.device
+            starts = self.query_start_loc[:-1].long()
+            query_lens = self.query_start_loc[1:].long() - starts
+            seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens,
+                                          output_size=num_tokens)
+            offsets = torch.arange(num_tokens, device=device) - starts[seq]
+            lens = self.seq_lens.long()[seq] - query_lens[seq] + offsets + 1
+            self._rows = AttentionMetadata(
+                slot_mapping=self.slot_mapping,
+                block_tables=self.block_tables.index_select(0, seq),
+                seq_lens=lens.to(torch.int32),
+                query_start_loc=torch.arange(num_tokens + 1, dtype=torch.int32,
+                                             device=device),
+                max_query_len=1, max_seq_len=self.max_seq_len)
+        return self._rows
 
 
 @dataclass(frozen=True)

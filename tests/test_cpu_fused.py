@@ -73,13 +73,15 @@ def test_rotary_embedding_full_and_partial_on_strided_heads(fresh_discovery, nam
 
 
 def decode_batch(seed: int, seq_lens: list[int], block_size: int, kv_heads: int, group: int,
-                 head_size: int = 64, pad: int = 0):
-    """A decode batch (one new token per sequence) over shuffled blocks: query, cache and
-    metadata."""
+                 head_size: int = 64, pad: int = 0, query_lens: list[int] | None = None):
+    """A decode batch (one new token per sequence; ``query_lens[i]`` for a speculative
+    verify step) over shuffled blocks: query, cache and metadata."""
     generator = torch.Generator().manual_seed(seed)
     layout = BlockLayout.shuffled(generator, seq_lens, block_size)
-    batch = PagedBatch.build(layout, [Step(n - 1, 1) for n in seq_lens], pad=pad)
-    query = torch.randn(len(seq_lens), kv_heads * group, head_size, generator=generator)
+    query_lens = query_lens or [1] * len(seq_lens)
+    batch = PagedBatch.build(layout, [Step(n - q, q) for n, q in zip(seq_lens, query_lens,
+                                                                      strict=True)], pad=pad)
+    query = torch.randn(sum(query_lens), kv_heads * group, head_size, generator=generator)
     kv_cache = torch.randn(2, layout.num_blocks, block_size, kv_heads, head_size,
                            generator=generator)
     return query, kv_cache, batch.metadata()
@@ -94,6 +96,15 @@ def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
         check("paged_attention", name, *batch, PagedAttentionParams(0.125, True, window, cap))
     batch = decode_batch(5, [3000, 700], 32, hkv, hq // hkv, head_size=128)  # threads
     check("paged_attention", name, *batch, PagedAttentionParams(128 ** -0.5, causal=False))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_a_verify_step_runs_as_one_decode_row_per_query(fresh_discovery, name):
+    """k + 1 causal queries per sequence (a speculative verify step), next to a sequence
+    without proposals, match the reference; so does a sliding window."""
+    batch = decode_batch(3, [37, 5, 64, 21], 16, 3, 3, pad=-1, query_lens=[5, 1, 3, 16])
+    for window in (None, 4):
+        check("paged_attention", name, *batch, PagedAttentionParams(0.125, True, window))
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -161,8 +172,10 @@ def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh
     query, kv_cache, metadata = decode_batch(0, [20, 9], 8, 2, 2)
     params = PagedAttentionParams(0.125)
     attention = variant("paged_attention", "fused_avx2")
-    assert "decode-only" in attention.supports(query, kv_cache,
-                                               replace(metadata, max_query_len=2), params)
+    assert "under a causal mask" in attention.supports(
+        query, kv_cache, replace(metadata, max_query_len=2), replace(params, causal=False))
+    assert "up to 16 queries per sequence" in attention.supports(
+        query, kv_cache, replace(metadata, max_query_len=17), params)
     fp8 = kv_cache.to(torch.float8_e4m3fn)
     assert "fp8 not done" in attention.supports(query, fp8, metadata, params)
     assert "fp8 not done" in attention.supports(query, kv_cache, metadata,

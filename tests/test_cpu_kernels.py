@@ -161,7 +161,7 @@ def test_sdpa_decode_matches_reference(fresh_discovery, causal, window):
                                atol=atol, rtol=rtol)
 
 
-def test_sdpa_decode_declines_prefill_and_soft_cap(fresh_discovery):
+def test_sdpa_decode_serves_verify_steps_and_declines_the_rest(fresh_discovery):
     current_platform()  # discovery registers the variants
     chosen = kernels.get("paged_attention/sdpa_decode")
     chosen.load()
@@ -169,7 +169,14 @@ def test_sdpa_decode_declines_prefill_and_soft_cap(fresh_discovery):
     tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
     params = PagedAttentionParams(0.25)
     prefill = (query, kv_cache, _metadata(tables, lens, [4], 20), params)
-    assert "decode-only" in chosen.supports(*prefill)
+    assert "under a causal mask" in chosen.supports(*prefill[:3], PagedAttentionParams(0.25,
+                                                                                      False))
+    assert "up to 16 queries" in chosen.supports(torch.randn(17, 2, 16), kv_cache,
+                                                 _metadata(tables, lens, [17], 20), params)
+    # four causal queries on a context (a verify step): one decode row each
+    assert chosen.supports(*prefill) is None
+    torch.testing.assert_close(chosen.impl(*prefill), reference.paged_attention(*prefill),
+                               atol=2e-3, rtol=2e-3)
     decode = _metadata(tables, lens, [1], 20)
     assert "soft cap" in chosen.supports(query[:1], kv_cache, decode,
                                          PagedAttentionParams(0.25, soft_cap=30.0))

@@ -1,9 +1,10 @@
 """Attention backends against the reference semantics, through their own KV layout.
 
-Each scenario (prefill, chunked prefill, decode, a mixed batch, GQA, sliding window,
-soft cap, non-causal) runs a sequence of engine steps through the backend exactly as an
-engine would: the cache is allocated with the backend's ``kv_cache_shape``, new K/V go in
-through its own path (``forward`` when ``updates_kv_cache_in_forward``, else
+Each scenario (prefill, chunked prefill, decode, a speculative verify step of several
+queries per decoding sequence, a mixed batch, GQA, sliding window, soft cap, non-causal)
+runs a sequence of engine steps through the backend exactly as an engine would: the
+cache is allocated with the backend's ``kv_cache_shape``, new K/V go in through its own
+path (``forward`` when ``updates_kv_cache_in_forward``, else
 ``write_kv_cache`` then ``forward``), and a later step attends to what earlier steps
 wrote. Every step's output is compared with the pure-torch references
 (``reshape_and_cache`` into an ``NHD`` cache, then ``paged_attention``) within the
@@ -40,7 +41,7 @@ from hwplug.attention import (
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.execution import Observed, observing, ran_on
 from hwplug.conformance.explore import CannotRun, Failure, first_failure, guarded, judge
-from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step
+from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step, verify_step
 from hwplug.conformance.result import Check, CheckResult, Outcome, Status
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import DTYPE_NAMES, torch_dtype
@@ -58,6 +59,7 @@ def _two_steps(first: st.SearchStrategy[int], second: st.SearchStrategy[int]
 _PREFILL = _two_steps(st.just(0), st.integers(1, 24))
 _CHUNKED = _two_steps(st.integers(1, 16), st.integers(2, 12))
 _DECODE = _two_steps(st.integers(1, 40), st.just(1))
+_VERIFY = verify_step().map(lambda s: (Step(0, s.context), Step(s.context, s.new)))
 _MIXED = st.one_of(_PREFILL, _CHUNKED, _DECODE,
                    mixed_step().map(lambda s: (Step(0, s.context), Step(s.context, s.new))))
 
@@ -79,6 +81,7 @@ SCENARIOS = (
     Scenario("prefill", _PREFILL),
     Scenario("chunked prefill", _CHUNKED),
     Scenario("decode", _DECODE),
+    Scenario("speculative verify", _VERIFY),
     Scenario("mixed batch", _MIXED),
     Scenario("GQA", _MIXED, ("supports_causal", "supports_gqa"), gqa=True),
     Scenario("sliding window", _MIXED, ("supports_causal", "supports_sliding_window"),

@@ -209,6 +209,12 @@ def decode_step() -> st.SearchStrategy[Step]:
     return st.builds(Step, st.integers(1, 40), st.just(1))
 
 
+def verify_step() -> st.SearchStrategy[Step]:
+    """A speculative verify step: up to 6 new tokens (k + 1, or 1 without proposals) after
+    a short context."""
+    return st.builds(Step, st.integers(1, 40), st.integers(1, 6))
+
+
 def mixed_step() -> st.SearchStrategy[Step]:
     """A prefill, a chunked-prefill chunk or a decode step, with a short context."""
     return st.one_of(st.builds(Step, st.just(0), st.integers(1, 24)),
@@ -218,11 +224,13 @@ def mixed_step() -> st.SearchStrategy[Step]:
 
 @st.composite
 def paged_attention(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    """A mixed or a decode-only batch (about half each) over a random cache, its KV cache
-    often in the query's dtype; ``tokens`` is unused (T is the sum of query lengths), so a
-    variant limited by num_tokens declines the batches outside its range."""
+    """A mixed, a speculative verify or a decode-only batch (about a third each) over a
+    random cache, its KV cache often in the query's dtype; ``tokens`` is unused (T is the
+    sum of query lengths), so a variant limited by num_tokens declines the batches outside
+    its range."""
     rng = seeded(draw)
     steps = draw(st.lists(mixed_step(), min_size=1, max_size=3)
+                 | st.lists(verify_step(), min_size=1, max_size=4)
                  | st.lists(decode_step(), min_size=1, max_size=4))
     num_kv_heads, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
     head_size = draw(st.sampled_from((16, 32, 64, 80, 128)))

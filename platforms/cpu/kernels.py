@@ -25,6 +25,10 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: a 2-core EPYC, fp32, SmolLM2 heads (9 query / 3 KV, D 64), time vs the reference:
 #: 0.69x at 3.8 MiB, 0.80x at 7.5 MiB, 0.92x at 12 MiB, 1.1-1.2x at 24 MiB.
 MAX_GATHER_BYTES = 16 << 20
+#: Most queries per sequence the decode variants take, as one decode row per query token
+#: (:meth:`~hwplug.attention.AttentionMetadata.decode_rows`): a speculative verify step's
+#: ``k + 1`` tokens. Longer chunks are prefill, where the reference's dense path wins.
+MAX_ROWS_QUERY = 16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -88,19 +92,33 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
         half.index_copy_(0, slots, stored)
 
 
+def rows_problem(query: torch.Tensor, metadata: AttentionMetadata,
+                 params: PagedAttentionParams) -> str | None:
+    """Why a decode kernel cannot serve a call as decode rows (one per query token), or
+    None: a decode-only batch, or a causal one of at most :data:`MAX_ROWS_QUERY` queries
+    per sequence (a speculative verify step)."""
+    if metadata.max_query_len == 1 and query.shape[0] == metadata.seq_lens.shape[0]:
+        return None
+    if metadata.max_query_len > MAX_ROWS_QUERY:
+        return (f"serves decode and verify batches (up to {MAX_ROWS_QUERY} queries per "
+                f"sequence), got {metadata.max_query_len}")
+    if not params.causal:
+        return "serves several queries per sequence only under a causal mask"
+    return None
+
+
 def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
                      params: PagedAttentionParams) -> str | None:
     """Why :func:`decode_attention` declines a call, or None."""
-    seq_lens = metadata.seq_lens
-    if metadata.max_query_len != 1 or query.shape[0] != seq_lens.shape[0]:
-        return "serves decode-only batches (max_query_len=1, one query per sequence)"
+    if problem := rows_problem(query, metadata, params):
+        return problem
     if params.soft_cap is not None:
         return "no soft cap (SDPA has none)"
     if kv_cache.dtype != query.dtype and kv_cache.dtype not in FP8_DTYPES:
         return (f"needs the KV cache in the query's dtype or fp8 ({kv_cache.dtype} != "
                 f"{query.dtype})")
     block_size, num_kv_heads, head_size = kv_cache.shape[2:]
-    gathered = (2 * seq_lens.shape[0] * -(-metadata.max_seq_len // block_size) * block_size
+    gathered = (2 * query.shape[0] * -(-metadata.max_seq_len // block_size) * block_size
                 * num_kv_heads * head_size * kv_cache.element_size())
     if gathered > MAX_GATHER_BYTES:
         return f"would gather {gathered >> 20} MiB of K/V (> {MAX_GATHER_BYTES >> 20} MiB)"
@@ -111,8 +129,10 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atte
                      params: PagedAttentionParams) -> torch.Tensor:
     """The ``paged_attention`` op for decode batches: gather each sequence's blocks, then
     one ``scaled_dot_product_attention`` call with a key mask (the query is the last
-    token, so causal and non-causal see the same keys). An fp8 cache is dequantised with
-    its scales after the gather."""
+    token, so causal and non-causal see the same keys). A causal batch of several queries
+    per sequence runs as one decode row per query (``metadata.decode_rows``). An fp8
+    cache is dequantised with its scales after the gather."""
+    metadata = metadata.decode_rows(query.shape[0])
     num_seqs, block_size = query.shape[0], kv_cache.shape[2]
     num_blocks = -(-metadata.max_seq_len // block_size)
     tables = metadata.block_tables[:, :num_blocks].clamp(min=0).flatten()

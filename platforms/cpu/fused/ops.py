@@ -27,6 +27,7 @@ import torch
 from hwplug.errors import UnsupportedError
 from hwplug.platforms.cpu.checked_op import checked
 from hwplug.platforms.cpu.ggml import build
+from hwplug.platforms.cpu.kernels import rows_problem
 from hwplug.platforms.cpu.step_graph import native_call
 
 if TYPE_CHECKING:
@@ -98,7 +99,9 @@ class FusedKernels(build.Library):
     def paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
                         metadata: AttentionMetadata, params: PagedAttentionParams
                         ) -> torch.Tensor:
-        """The decode ``paged_attention`` op on calls :func:`decode_supported` accepts."""
+        """The decode ``paged_attention`` op on calls :func:`decode_supported` accepts (a
+        verify step as one decode row per query: ``metadata.decode_rows``)."""
+        metadata = metadata.decode_rows(query.shape[0])
         _, num_blocks, block_size, kv_heads, size = kv_cache.shape
         block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
         out = torch.empty((query.shape[0], query.shape[1], size), dtype=query.dtype)
@@ -217,8 +220,8 @@ def rotary_supported(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
                      params: PagedAttentionParams) -> str | None:
     """Why the C decode ``paged_attention`` declines a call, or None."""
-    if metadata.max_query_len != 1 or query.shape[0] != metadata.seq_lens.shape[0]:
-        return "serves decode-only batches (max_query_len=1, one query per sequence)"
+    if problem := rows_problem(query, metadata, params):
+        return problem
     if kv_cache.dtype != torch.float32 or params.k_scale is not None or \
             params.v_scale is not None:
         return f"needs an fp32 KV cache without k/v scales (fp8 not done), got {kv_cache.dtype}"
