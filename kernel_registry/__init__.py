@@ -13,6 +13,7 @@ from hwplug.kernel_registry import (  # they define ops on `kernels`
     ops_ggml,  # noqa: F401  (GGUF-quantized linear and embedding)
     ops_int4,  # noqa: F401  (group-wise int4 linear)
     ops_moe,  # noqa: F401  (mixture of experts)
+    ops_sampling,  # noqa: F401  (speculative decoding's rejection sampler)
 )
 from hwplug.kernel_registry.plan import BoundOp, KernelPlan, KernelPolicy
 from hwplug.kernel_registry.registry import REFERENCE, Explanation, KernelRegistry, kernels

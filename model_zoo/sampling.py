@@ -20,6 +20,7 @@ import torch
 
 from hwplug.checks import MAX_SEED, is_integer
 from hwplug.errors import ConfigError
+from hwplug.kernel_registry.reference.sampling import truncate
 
 __all__ = ["MAX_SEED", "SamplingParams", "StructuredOutput"]
 
@@ -246,18 +247,9 @@ def _apply_repetition_penalty(logits: torch.Tensor, token_ids: Sequence[int],
 
 def _truncate(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """``logits`` with tokens outside each row's top-k / top-p set at ``-inf``."""
-    vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k or vocab for p in params], device=logits.device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype,
-                         device=logits.device)
-    ordered, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device)
-    removed = rank[None, :] >= top_k[:, None]
-    ordered = ordered.masked_fill(removed, float("-inf"))
-    probs = ordered.softmax(dim=-1)
-    # keep a token while the mass before it is below top_p (the first token always stays)
-    removed |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
-    return logits.scatter(1, order, ordered.masked_fill(removed, float("-inf")))
+    top_k = torch.tensor([p.top_k or 0 for p in params], device=logits.device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=logits.device)
+    return truncate(logits, top_k, top_p)
 
 
 def _draw(probs: torch.Tensor, rows: Sequence[SamplingRow],
