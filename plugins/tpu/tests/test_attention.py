@@ -88,8 +88,8 @@ def test_conformance_on_jax_cpu(stand_in):
     # only JAX's TPU kernel needs a TPU: not checked here, and the report says why
     (pallas,) = [r for r in report.not_checked if r.check == "kernel paged_attention/pallas"]
     assert "needs device feature jax-tpu (tpu has: jax-cpu)" in pallas.detail
-    for scenario in ("prefill", "chunked prefill", "decode", "mixed batch", "GQA",
-                     "sliding window", "soft cap"):
+    for scenario in ("prefill", "chunked prefill", "decode", "speculative verify",
+                     "mixed batch", "GQA", "sliding window", "soft cap"):
         result = results[f"attention PALLAS_RPA: {scenario}"]
         assert result.status == "simulated" and "layout RPA_INTERLEAVED" in result.detail
     assert results["attention PALLAS_RPA: non-causal"].status == "skipped"

@@ -1,7 +1,8 @@
 """hwplug-triton's paged attention (layout NHD) against the reference op.
 
-Decode, prefill, chunked prefill and mixed batches over shuffled block tables, GQA and
-head sizes that are not powers of two, sliding windows, soft caps, non-causal attention,
+Decode, prefill, chunked prefill, speculative verify (k + 1 queries per decoding
+sequence) and mixed batches over shuffled block tables, GQA and head sizes that are not
+powers of two, sliding windows, soft caps, non-causal attention,
 the split-KV decode path, and fp8 caches read with per-tensor or per-head scales. Every
 output must match ``reference.paged_attention`` within the op's tolerance. (The same
 kernels over ROCm's layout are tested with hwplug-rocm-aiter.)

@@ -143,11 +143,13 @@ BATCHES = {
     "prefill": ([511, 1024], [511, 1024]),
     "chunked": ([128, 300], [2000, 700]),
     "mixed": ([1, 500, 0, 64, 1, 1], [2047, 500, 9, 1000, 1, 3000]),
+    "verify": ([5, 5, 1, 3, 5, 2], [6, 300, 1025, 2048, 4000, 17]),  # speculative: k + 1
 } if ON_GPU else {
     "decode": ([1, 1, 1, 1], [1, 17, 40, 70]),
     "prefill": ([9, 33], [9, 33]),
     "chunked": ([8, 20], [30, 50]),
     "mixed": ([1, 12, 0, 5, 1], [23, 12, 7, 40, 1]),
+    "verify": ([5, 3, 1, 5], [9, 20, 40, 70]),  # a speculative verify step: k + 1 queries
 }
 #: (query heads, KV heads, head size): GQA, MQA, head sizes that are not powers of two.
 HEADS = [(32, 8, 128), (16, 2, 64), (8, 1, 256), (12, 4, 96)] if ON_GPU else \
