@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["hookimpl", "hwplug_platform_resolved", "hwplug_register_attention_backends",
            "hwplug_register_connectors", "hwplug_register_kernels",
            "hwplug_register_kv_layouts", "hwplug_register_models",
-           "hwplug_register_quant_methods"]
+           "hwplug_register_proposers", "hwplug_register_quant_methods"]
 
 PROJECT = "hwplug"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -81,6 +81,13 @@ def hwplug_register_connectors(registry: Any) -> None:
 @hookspec
 def hwplug_register_models(registry: Any) -> None:
     """Register model architectures: ``registry.register("LlamaForCausalLM", "mod:Class")``."""
+
+
+@hookspec
+def hwplug_register_proposers(registry: Any) -> None:
+    """Register speculative decoding's proposers: ``registry.register("ngram",
+    "mod:Class")``, a :class:`hwplug.model_zoo.speculative.Proposer` subclass; the name is
+    what ``speculative_config={"method": name}`` selects."""
 
 
 @hookspec

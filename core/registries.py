@@ -16,7 +16,8 @@ from typing import Any
 from hwplug.errors import PluginError
 from hwplug.registry import Registry
 
-__all__ = ["attention_backends", "connectors", "kv_layouts", "models", "quant_methods"]
+__all__ = ["attention_backends", "connectors", "kv_layouts", "models", "proposers",
+           "quant_methods"]
 
 #: What fills the process registries before their first read: discovery (once per process;
 #: ``hwplug.discovery.reset`` makes the next read run it again). Named, not imported:
@@ -32,6 +33,8 @@ attention_backends: Registry[Any] = Registry("attention backend", DISCOVERY)
 quant_methods: Registry[Any] = Registry("quantization method", DISCOVERY)
 connectors: Registry[Any] = Registry("connector", DISCOVERY)
 models: Registry[Any] = Registry("model architecture", DISCOVERY)
+#: Speculative decoding's proposers by method name (``speculative_config={"method": ...}``).
+proposers: Registry[Any] = Registry("speculative proposer", DISCOVERY)
 
 #: Registration hook name -> the registry its implementations fill.
 _BY_HOOK: dict[str, Registry[Any]] = {
@@ -40,6 +43,7 @@ _BY_HOOK: dict[str, Registry[Any]] = {
     "hwplug_register_quant_methods": quant_methods,
     "hwplug_register_connectors": connectors,
     "hwplug_register_models": models,
+    "hwplug_register_proposers": proposers,
 }
 #: Every registration hook, in the order discovery calls them (layouts first: backends
 #: and kernel variants name them).
@@ -50,6 +54,7 @@ REGISTRATION_HOOKS = (
     "hwplug_register_quant_methods",
     "hwplug_register_connectors",
     "hwplug_register_models",
+    "hwplug_register_proposers",
 )
 
 

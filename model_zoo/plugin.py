@@ -1,4 +1,5 @@
-"""hwplug hooks of the model zoo: its architectures, quant methods and KV connectors.
+"""hwplug hooks of the model zoo: its architectures, quant methods, KV connectors and
+speculative decoding's proposers.
 
 Loaded like any plugin (entry point ``hwplug-models`` of group ``hwplug.plugins`` in
 hwplug's own distribution). Architectures registered in code before discovery keep their
@@ -68,3 +69,16 @@ def hwplug_register_models(registry: Any) -> None:
     for arch, target in BUILTIN_MODELS.items():
         if arch not in registry:
             registry.register(arch, target)
+
+
+_PROPOSERS = "hwplug.model_zoo.speculative."
+BUILTIN_PROPOSERS = {
+    "ngram": _PROPOSERS + "ngram:NgramProposer",
+    "draft_model": _PROPOSERS + "draft_model:DraftModelProposer",
+}
+
+
+@hookimpl
+def hwplug_register_proposers(registry: Any) -> None:
+    for name, target in BUILTIN_PROPOSERS.items():
+        registry.register(name, target)

@@ -142,14 +142,21 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release all of ``seq``'s blocks and empty its table; cached ones stay cached."""
-        for block in reversed(seq.block_table):
+        self.trim(seq, 0)
+        seq.num_cached_blocks = 0
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release ``seq``'s blocks past those holding its first ``num_tokens`` tokens (a
+        verify step's rejected proposals: their slots hold KV of tokens the sequence does
+        not have, never registered in the prefix cache)."""
+        keep = self.blocks_for(num_tokens)
+        for block in reversed(seq.block_table[keep:]):
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 self._free[block] = None
                 if self._hash[block] is None:  # holds nothing reusable: reuse it first
                     self._free.move_to_end(block, last=False)
-        seq.block_table.clear()
-        seq.num_cached_blocks = 0
+        del seq.block_table[keep:]
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; False (nothing done) while any block is in use."""
