@@ -40,12 +40,14 @@ from hwplug.model_zoo.engine.engine_loop import EngineLoop, RequestHandle, TextS
 from hwplug.model_zoo.engine.kv_events import KVEventBus
 from hwplug.model_zoo.engine.kv_transfer import KVTransfer, build_connector, engine_kv_layout
 from hwplug.model_zoo.engine.model_runner import GraphLimits
+from hwplug.model_zoo.engine.speculation import build_speculator
 from hwplug.model_zoo.engine.zmq_events import ZmqEventPublisher
 from hwplug.model_zoo.llm_config import LLMConfig, ResolvedConfig, signature
 from hwplug.model_zoo.llm_parallel import Parallelism
 from hwplug.model_zoo.loaders.memory import plan_kv_cache, resolve_max_model_len
 from hwplug.model_zoo.loaders.resolve import why_dequantized
 from hwplug.model_zoo.sampling import SamplingParams
+from hwplug.model_zoo.speculative import ProposerTarget
 from hwplug.model_zoo.weights_report import summarize, weight_storage
 from hwplug.platform_interface import Platform
 
@@ -176,10 +178,12 @@ class LLM:
                               max_num_batched_tokens=options.max_num_batched_tokens,
                               max_model_len=self.max_model_len,
                               eos_token_ids=checkpoint.eos_token_ids)
+        speculator = build_speculator(options.speculative_config, ProposerTarget(
+            options, self.ctx, int(self.hf_config.vocab_size), num_blocks, self.max_model_len))
         self.engine = LLMEngine(
             self.runner, scheduler, self.tokenizer, vocab_size=int(self.hf_config.vocab_size),
             root_hash=root_hash(model_key(self.hf_config.to_dict(), checkpoint.files,
-                                          config.dtype)))
+                                          config.dtype)), speculator=speculator)
         self.connector: Connector | None = None
         if options.kv_connector is not None:
             self.connector = build_connector(
@@ -204,7 +208,8 @@ class LLM:
             num_kv_blocks=num_blocks,
             kv_cache=f"{self.kv_cache_plan.describe()}; max_model_len {self.max_model_len}: "
                      f"{why_length}",
-            step_graphs=self._step_graphs_state(options, platform))
+            step_graphs=self._step_graphs_state(options, platform),
+            speculative=speculator.describe() if speculator else "off")
         self._loop.engine = self.engine
 
     def _step_graphs_state(self, options: LLMConfig, platform: Platform) -> str:

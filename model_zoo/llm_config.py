@@ -92,6 +92,16 @@ def _json_mapping(text: str) -> Any:
         raise ConfigError(f"not valid JSON ({exc}): {text[:60]!r}") from None
 
 
+def _speculative(name: str, value: Any) -> Any:
+    """None, or a ``speculative_config`` mapping its proposer accepts (a dict copy)."""
+    if value is None:
+        return None
+    from hwplug.model_zoo.speculative.config import SpeculativeConfig
+
+    SpeculativeConfig.create(name, value)
+    return dict(value)
+
+
 def _int_or_fraction(text: str) -> int | float:
     try:
         return int(text)
@@ -178,6 +188,10 @@ class LLMConfig:
     step_graphs: bool = option(
         True, "replay recorded decode steps where the platform can (docs/generation.md)",
         checks.boolean)
+    speculative_config: Mapping[str, Any] | None = option(
+        None, 'speculative decoding: {"method": "ngram" or "draft_model", '
+        '"num_speculative_tokens": k, and the method\'s options} (CLI: JSON, or @file holding '
+        'it; docs/generation.md)', _speculative, parse=_json_mapping, metavar="JSON")
 
     @classmethod
     def create(cls, **values: Any) -> LLMConfig:
@@ -240,7 +254,7 @@ class ResolvedConfig:
     and what the platform settled (dtypes, attention backend, block size, quant method,
     how the weights are held (in place or in memory; what is dequantized and why), the
     longest sequence and the KV cache with why that size, whether decode steps replay,
-    and why not)."""
+    and why not, and speculative decoding's proposer)."""
 
     options: LLMConfig
     platform: str
@@ -254,6 +268,8 @@ class ResolvedConfig:
     num_kv_blocks: int
     kv_cache: str
     step_graphs: str
+    #: Speculative decoding's proposer and k, or "off".
+    speculative: str = "off"
 
     def describe(self) -> dict[str, Any]:
         """Plain data: the settled values, then the options given."""

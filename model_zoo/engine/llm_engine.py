@@ -26,6 +26,7 @@ from hwplug.model_zoo.engine.model_runner import ModelRunner
 from hwplug.model_zoo.engine.output import CompletionOutput, Detokenizer, Logprob, Output
 from hwplug.model_zoo.engine.scheduler import Scheduler
 from hwplug.model_zoo.engine.sequence import ROOT_HASH, FinishReason, Sequence
+from hwplug.model_zoo.engine.speculation import Speculator
 from hwplug.model_zoo.engine.structured import Grammars
 from hwplug.model_zoo.sampling import SamplingParams
 
@@ -64,7 +65,7 @@ class RequestUpdate:
 class EngineStats:
     """A snapshot of the engine's load: sequences running and waiting, KV blocks in use
     of the cache's total, prompt tokens looked up in the prefix cache and found there,
-    preemptions so far, and steps run."""
+    preemptions so far, steps run, and speculative decoding's counts."""
 
     num_running: int
     num_waiting: int
@@ -74,6 +75,24 @@ class EngineStats:
     prefix_hit_tokens: int
     num_preemptions: int
     num_steps: int
+    #: Speculative decoding: tokens proposed and verified, of them accepted, and
+    #: verifications (one sequence's verify step each).
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verifications: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted share of the proposed tokens (None: nothing proposed)."""
+        return (self.spec_accepted_tokens / self.spec_proposed_tokens
+                if self.spec_proposed_tokens else None)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens a verify step gives a sequence on average: its accepted proposals plus
+        the target's own token (None: no verification)."""
+        return (1 + self.spec_accepted_tokens / self.spec_verifications
+                if self.spec_verifications else None)
 
 
 @dataclass
@@ -90,8 +109,11 @@ class LLMEngine:
     model whose vocabulary holds ``vocab_size`` tokens."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Any,
-                 vocab_size: int, root_hash: str = ROOT_HASH) -> None:
+                 vocab_size: int, root_hash: str = ROOT_HASH,
+                 speculator: Speculator | None = None) -> None:
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
+        #: Speculative decoding's proposals and counts (None: off).
+        self.speculator = speculator
         self.vocab_size = vocab_size
         #: The parent hash of every sequence's first KV block (names the model).
         self.root_hash = root_hash
@@ -165,19 +187,25 @@ class LLMEngine:
         """The engine's load now. Reads counters only, so any thread may call it while the
         engine's thread steps (the values may then be a step apart from each other)."""
         scheduler, blocks = self.scheduler, self.scheduler.block_manager
+        spec = self.speculator
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
             kv_blocks_used=blocks.num_blocks - blocks.num_free_blocks,
             kv_blocks_total=blocks.num_blocks,
             prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
             prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-            num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps)
+            num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps,
+            spec_proposed_tokens=spec.num_proposed if spec else 0,
+            spec_accepted_tokens=spec.num_accepted if spec else 0,
+            spec_verifications=spec.num_verified if spec else 0)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestUpdate]:
         """One step; an update for each request that got tokens."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self.max_model_len)
         batch = self.scheduler.schedule()
         if not batch:
             raise ModelError("no waiting request fits the free KV cache and nothing is "
@@ -194,25 +222,32 @@ class LLMEngine:
                 raise
             rewind = transfer.end_step()
         self.num_steps += 1
+        if self.speculator is not None:
+            self.speculator.record(batch.sampled_seqs, tokens)
         advanced = self.scheduler.update(batch, tokens, rewind)
         errors = transfer.pop_errors() if transfer else {}
         updates = {request_id: RequestUpdate(request_id, error=error)
                    for request_id, error in errors.items()}
         for request_id in errors:
             self.abort(request_id)
-        for seq in advanced:
+        for seq, new in advanced:
             if seq.request_id in errors:
                 continue
             request = self._requests[seq.request_id]
             detokenizer = request.detokenizers[seq.index]
-            if detokenizer.add_token(seq.token_ids[-1]) and not seq.is_finished:
-                seq.stop_reason = detokenizer.stop_reason
-                self.scheduler.finish(seq, FinishReason.STOP)
+            for count, token in enumerate(new, 1):
+                if detokenizer.add_token(token) and not seq.is_finished:
+                    del seq.token_ids[seq.num_tokens - (len(new) - count):]  # past the stop
+                    new = new[:count]
+                    seq.stop_reason = detokenizer.stop_reason
+                    self.scheduler.finish(seq, FinishReason.STOP)
+                    break
             if seq.guide is not None and not seq.is_finished and (
                     not seq.guide.accept(seq.token_ids[-1]) or seq.guide.done):
                 self.scheduler.finish(seq, FinishReason.STOP)  # the structure is complete
             update = updates.setdefault(seq.request_id, RequestUpdate(seq.request_id))
-            update.samples.append(self._sample_delta(seq, detokenizer.stream(seq.is_finished)))
+            update.samples.append(self._sample_delta(seq, new,
+                                                     detokenizer.stream(seq.is_finished)))
             if len(request.seqs) == 1:
                 update.delta = update.samples[-1].text
         for update in updates.values():
@@ -263,11 +298,12 @@ class LLMEngine:
                       outputs=completions, prompt=request.prompt,
                       prompt_logprobs=prompt_logprobs)
 
-    def _sample_delta(self, seq: Sequence, text: str) -> SampleDelta:
-        """What this step added to ``seq`` (one token; its logprobs row when it has one)."""
+    def _sample_delta(self, seq: Sequence, tokens: list[int], text: str) -> SampleDelta:
+        """What this step added to ``seq``: ``tokens`` (one, or a verify step's), the
+        logprobs row of the one when it has one."""
         logprobs = None if seq.logprobs is None else [self._logprobs(seq.logprobs[-1])]
         finished = seq.is_finished
-        return SampleDelta(seq.index, text, [seq.token_ids[-1]], logprobs,
+        return SampleDelta(seq.index, text, tokens, logprobs,
                            str(seq.finish_reason) if finished else None,
                            seq.stop_reason if finished else None)
 

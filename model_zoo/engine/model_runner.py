@@ -26,6 +26,7 @@ from hwplug.model_zoo.engine.decode_graphs import DecodeGraphs
 from hwplug.model_zoo.engine.logprobs import record_prompt_logprobs, top_logprobs
 from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
+from hwplug.model_zoo.engine.speculation import verify
 from hwplug.model_zoo.sampling import SamplingRow, sample
 
 
@@ -91,7 +92,8 @@ class ModelRunner:
 
     def prepare(self, seqs: Seq[Sequence], num_new_tokens: Seq[int]) -> StepInputs:
         """Inputs of a step in which ``seqs[i]`` computes its next ``num_new_tokens[i]``
-        tokens (their blocks must be allocated)."""
+        tokens (their blocks must be allocated), its ``spec_token_ids`` after its tokens.
+        A sequence that samples has one sample row, or ``k + 1`` with ``k`` proposals."""
         block_size = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -103,13 +105,15 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + num_new
             table = seq.block_table
-            input_ids += seq.token_ids[start:end]
+            proposed = seq.spec_token_ids
+            tokens = seq.token_ids + proposed if proposed else seq.token_ids
+            input_ids += tokens[start:end]
             positions += range(start, end)
             slots += [slot(table, p, block_size) for p in range(start, end)]
             seq_lens.append(end)
             starts.append(starts[-1] + num_new)
-            if end == seq.num_tokens:
-                sample_rows.append(starts[-1] - 1)
+            if end == len(tokens):  # a verify step scores every proposal and the next
+                sample_rows += range(starts[-1] - 1 - len(proposed), starts[-1])
         width = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
         device = self.device
@@ -154,8 +158,10 @@ class ModelRunner:
             [seq.block_table for seq in seqs])
 
     @torch.inference_mode()
-    def step(self, batch: ScheduledBatch, replay: bool = True) -> list[int]:
-        """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``.
+    def step(self, batch: ScheduledBatch, replay: bool = True) -> list[int | list[int]]:
+        """Run ``batch``; returns the next token of each of ``batch.sampled_seqs``, or
+        for one with proposals (``spec_token_ids``) the tokens its verification keeps
+        (:func:`~hwplug.model_zoo.engine.speculation.verify`).
 
         ``replay=False`` runs it eagerly even when a step graph could serve it (the model's
         Python, its layers' hooks included, runs: a step loading KV blocks needs that).
@@ -174,6 +180,12 @@ class ModelRunner:
             if inputs.sample_rows is not None:
                 hidden = hidden[inputs.sample_rows]
             logits = self.model.compute_logits(hidden)
+        if any(seq.spec_token_ids for seq in sampled):
+            return verify(logits, sampled, self.generator, self._sample)
+        return self._sample(logits, sampled)
+
+    def _sample(self, logits: torch.Tensor, sampled: list[Sequence]) -> list[int]:
+        """The next token of each of ``sampled`` from its row of ``logits``."""
         wanted = [i for i, seq in enumerate(sampled) if seq.logprobs is not None]
         raw = logits[wanted] if wanted else None  # a copy: sample() edits logits in place
         for i, seq in enumerate(sampled):

@@ -2,8 +2,9 @@
 
 Continuous batching with chunked prefill. Every step has a budget of
 ``max_num_batched_tokens`` tokens. Running sequences are served first, oldest first,
-each with all its uncomputed tokens (1 for a decoding sequence; the rest of its prompt
-for one still in prefill) or what is left of the budget, so a long prompt is split
+each with all its uncomputed tokens (1 for a decoding sequence, plus the tokens proposed
+for it to verify under speculative decoding; the rest of its prompt for one still in
+prefill) or what is left of the budget (proposals that do not fit are dropped), so a long prompt is split
 across steps while the other sequences keep decoding in the same mixed batch. Then
 waiting sequences join, first come first served, while the budget, ``max_num_seqs`` and
 the free KV blocks allow. When a running sequence needs a block and none is free, the
@@ -11,7 +12,9 @@ newest running sequence is preempted: its blocks are freed and it goes back to t
 of the waiting queue, to be recomputed later (its output so far is kept).
 
 After the step, :meth:`Scheduler.update` records the computed tokens, appends the
-sampled ones and finishes sequences on EOS, a stop token, ``max_tokens`` or the model's
+sampled ones (after a verify step: the accepted proposals and the token that follows
+them; the blocks of the rejected ones are given back, and only accepted tokens enter the
+prefix cache) and finishes sequences on EOS, a stop token, ``max_tokens`` or the model's
 context length; :meth:`Scheduler.finish` finishes one for a reason found outside
 (a stop string).
 """
@@ -39,8 +42,9 @@ logger = logging.getLogger(__name__)
 class ScheduledBatch:
     """One step: ``seqs[i]`` computes its next ``num_new_tokens[i]`` tokens.
 
-    ``sampled[i]`` is True when those tokens reach the end of ``seqs[i]``, so the step
-    yields its next token (False while a prompt is still being prefilled in chunks).
+    ``sampled[i]`` is True when those tokens reach the end of ``seqs[i]`` (its
+    ``spec_token_ids`` included), so the step yields its next token, or tokens after a
+    verify step (False while a prompt is still being prefilled in chunks).
     """
 
     seqs: list[Sequence] = field(default_factory=list)
@@ -50,7 +54,8 @@ class ScheduledBatch:
     def add(self, seq: Sequence, num_new_tokens: int) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
-        self.sampled.append(num_new_tokens == seq.num_uncomputed_tokens)
+        self.sampled.append(num_new_tokens == seq.num_uncomputed_tokens
+                            + len(seq.spec_token_ids))
 
     @property
     def num_tokens(self) -> int:
@@ -109,7 +114,8 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = min(seq.num_uncomputed_tokens + len(seq.spec_token_ids), budget)
+            del seq.spec_token_ids[max(num_new - seq.num_uncomputed_tokens, 0):]
             if not self._allocate_or_preempt(seq, num_new):
                 break  # seq itself was the newest and was preempted
             batch.add(seq, num_new)
@@ -155,15 +161,19 @@ class Scheduler:
                      seq.seq_id, seq.num_tokens)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids.clear()
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def update(self, batch: ScheduledBatch, tokens: Seq[int],
-               rewind: Mapping[Sequence, int] | None = None) -> list[Sequence]:
+    def update(self, batch: ScheduledBatch, tokens: Seq[int | Seq[int]],
+               rewind: Mapping[Sequence, int] | None = None
+               ) -> list[tuple[Sequence, list[int]]]:
         """Record a finished step: ``tokens[j]`` is the next token of
-        ``batch.sampled_seqs[j]``; newly full blocks enter the prefix cache. Returns the
-        sequences that got a token (some now finished).
+        ``batch.sampled_seqs[j]``, or the tokens its verify step accepted (its proposals
+        that the target kept, then one of the target's own); newly full blocks of computed
+        tokens enter the prefix cache. Returns each sequence that got tokens with the
+        tokens it kept (fewer when one of them finished it; some now finished).
 
         ``rewind`` maps sequences whose step is void (KV blocks that failed to load) to
         how many leading tokens of theirs are still valid: they go back to that point,
@@ -173,21 +183,39 @@ class Scheduler:
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             if seq in rewind:
                 seq.num_computed_tokens = rewind[seq]
+                seq.spec_token_ids.clear()
                 continue
-            seq.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(seq)
+            seq.num_computed_tokens += num_new - len(seq.spec_token_ids)
+            if not seq.spec_token_ids:
+                self.block_manager.cache_full_blocks(seq)
         advanced = []
-        for seq, token in zip(batch.sampled_seqs, tokens, strict=True):
+        for seq, sampled in zip(batch.sampled_seqs, tokens, strict=True):
             if seq in rewind:
                 if seq.logprobs:  # the runner recorded the dropped token's
                     seq.logprobs.pop()
                 continue
-            seq.token_ids.append(token)
-            advanced.append(seq)
-            reason = self._finish_reason(seq, token)
+            kept, reason = self._append(seq, [sampled] if isinstance(sampled, int)
+                                        else list(sampled))
+            if seq.spec_token_ids:
+                seq.spec_token_ids.clear()
+                # the step computed the accepted proposals' KV; the last token's is next
+                seq.num_computed_tokens = seq.num_tokens - 1
+                self.block_manager.cache_full_blocks(seq)
+                self.block_manager.trim(seq, seq.num_tokens)
+            advanced.append((seq, kept))
             if reason is not None:
                 self.finish(seq, reason)
         return advanced
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> tuple[list[int], FinishReason | None]:
+        """Append ``tokens`` to ``seq`` up to the first that finishes it; returns those
+        appended and the reason it finished (None: it goes on)."""
+        for count, token in enumerate(tokens, 1):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                return tokens[:count], reason
+        return tokens, None
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         params = seq.sampling

@@ -82,6 +82,9 @@ class Sequence:
     num_cached_blocks: int = 0
     #: Where the output is in its structured-output grammar (``sampling.structured``).
     guide: Guide | None = field(default=None, repr=False)
+    #: Tokens a speculative proposer put after ``token_ids`` for the next step to verify
+    #: (a decoding sequence only; not part of ``token_ids`` until accepted).
+    spec_token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
