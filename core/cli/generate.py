@@ -3,7 +3,8 @@
 After the text, stderr gets one line of speed (tokens/s, time to first token), the
 platform's execution summary when it gives one (e.g. JIT compilations), one line on step
 graphs (the decode batch sizes replayed and how many steps were; the sizes that ran
-eagerly and why; ``off``), and one line of
+eagerly and why; ``off``), under ``--speculative-config`` one line of its acceptance rate
+and mean accepted length (tokens per verify step), and one line of
 where it ran: the platform, the attention backend, the dtype and KV-cache dtype, the
 weights' quantization method (``gguf``, ``fp8``, ``unquantized``...), the parallelism
 (``tensor-parallel 2``) and the kernel variants that served each op the run called (rank
@@ -146,6 +147,14 @@ def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
     graphs = llm.runner.graphs
     console.print(graphs.describe() if graphs else f"step graphs: {llm.config.step_graphs}",
                   highlight=False, soft_wrap=True)
+    if llm.config.speculative != "off":
+        stats = llm.engine.stats()
+        rate, length = stats.acceptance_rate, stats.mean_accepted_length
+        console.print(f"speculative decoding ({llm.config.speculative}): "
+                      + (f"{stats.spec_accepted_tokens} of {stats.spec_proposed_tokens} "
+                         f"proposed tokens accepted ({rate:.0%}), {length:.2f} tokens per "
+                         f"verify step" if rate is not None else "nothing proposed"),
+                      highlight=False, soft_wrap=True)
     used = ", ".join(f"{name}={'+'.join(sorted(variants))}"
                      for name, variants in llm.ctx.kernels.used().items())
     parallel = llm.parallelism.describe()

@@ -58,7 +58,13 @@ class _EngineCollector(Collector):
                  stats.prefix_hit_tokens),
                 ("hwplug_preemptions", "sequences preempted for lack of KV blocks",
                  stats.num_preemptions),
-                ("hwplug_engine_steps", "engine steps run", stats.num_steps)):
+                ("hwplug_engine_steps", "engine steps run", stats.num_steps),
+                ("hwplug_spec_proposed_tokens", "speculative decoding: tokens proposed and "
+                 "verified", stats.spec_proposed_tokens),
+                ("hwplug_spec_accepted_tokens", "speculative decoding: proposed tokens "
+                 "accepted", stats.spec_accepted_tokens),
+                ("hwplug_spec_verifications", "speculative decoding: verify steps, one per "
+                 "sequence", stats.spec_verifications)):
             yield CounterMetricFamily(name, help_text, value=value)
 
 
