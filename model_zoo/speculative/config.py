@@ -35,7 +35,7 @@ class SpeculativeConfig:
         registered methods, the valid ``k`` or the proposer's options."""
         given = dict(checks.mapping()(name, value))
         method = given.pop("method", None)
-        known = registries.proposers.names()
+        known = sorted(registries.proposers.names())
         if method not in known:
             raise ConfigError(f"{name}['method'] must be one of {', '.join(known)}, got "
                               f"{method!r}")

@@ -1,0 +1,135 @@
+"""Speculative decoding end to end (issue 31, item 5), and its engine parts.
+
+Greedy output with speculation equals greedy output without it, token for token, for the
+packaged SmolLM2 on 20 prompts, with both proposers (the draft: SmolLM2 cut to its first 8
+layers), at batch 1 (one prompt at a time) and batch 8. Then, without a model: prompt
+lookup, the scheduler's verify steps (k + 1 tokens, rejected proposals' blocks given back,
+only accepted tokens in the prefix cache) and the config's errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import hwplug
+from hwplug.errors import ConfigError
+from hwplug.model_zoo.engine.block_manager import BlockManager
+from hwplug.model_zoo.engine.scheduler import Scheduler
+from hwplug.model_zoo.engine.sequence import Sequence
+from hwplug.model_zoo.llm_config import LLMConfig
+from hwplug.model_zoo.sampling import SamplingParams
+from hwplug.model_zoo.speculative.ngram import lookup
+
+PROMPTS = [
+    "Repeat exactly: the cat sat on the mat. the cat sat on the mat.",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+    "Count: one, two, three, four, five, six, seven,",
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "Quote the sentence 'All models are wrong, but some are useful.' and explain it.",
+    "List the days of the week: Monday, Tuesday, Wednesday,",
+    "for i in range(10):\n    print(i)\nfor j in range(10):\n",
+    "Once upon a time, there was a little robot who",
+    "Translate to French: good morning, good evening, good night.",
+    "The alphabet: a b c d e f g h i j k",
+    "Explain photosynthesis in one sentence.",
+    "<html><body><p>Hello</p><p>World</p><p>",
+    "What is 12 times 12?",
+    "Rename x to count in: x = 0\nx += 1\nprint(x)\n\nResult:\n",
+    "Summarise: 'The meeting is moved to Friday. The meeting room is 4B.'",
+    "Why is the sky blue?",
+    "1, 1, 2, 3, 5, 8, 13, 21,",
+    "import os\nimport sys\nimport json\nimport",
+    "Tell me a joke about programmers.",
+]
+GREEDY = hwplug.SamplingParams(max_tokens=8)
+OPTIONS = {"max_num_seqs": 8, "max_model_len": 256}
+SPECULATIVE = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
+               "draft_model": {"method": "draft_model", "num_speculative_tokens": 3,
+                               "num_layers": 8}}
+
+
+def generate(llm: hwplug.LLM, batch: int) -> list[list[int]]:
+    """Greedy tokens of every prompt, ``batch`` prompts at a time."""
+    return [output.outputs[0].token_ids for start in range(0, len(PROMPTS), batch)
+            for output in llm.generate(PROMPTS[start:start + batch], GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[list[int]]:
+    llm = hwplug.LLM(**OPTIONS)
+    try:
+        return generate(llm, 8)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("method", sorted(SPECULATIVE))
+def test_greedy_output_is_the_same_with_speculation(expected, method):
+    llm = hwplug.LLM(**OPTIONS, speculative_config=SPECULATIVE[method])
+    try:
+        assert llm.config.speculative.startswith(method)
+        for batch in (1, 8):
+            assert generate(llm, batch) == expected, (method, batch)
+        stats = llm.engine.stats()
+        # proposals were verified, some accepted and some rejected (both paths ran)
+        assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+        assert stats.mean_accepted_length == 1 + (stats.spec_accepted_tokens
+                                                  / stats.spec_verifications)
+        assert stats.kv_blocks_used == 0  # every block given back, rejected ones included
+    finally:
+        llm.close()
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    assert lookup(tokens, 2, 4, 3) == [7, 8, 5]  # "2 3" last seen before 7 8 5
+    assert lookup(tokens, 1, 1, 2) == [7, 8]  # "3" -> the latest earlier 3
+    assert lookup(tokens + [4], 1, 3, 2) == []  # 4 never appeared before
+    assert lookup([5, 6, 5, 6], 2, 2, 5) == [5, 6]  # up to the end of the tokens
+
+
+def test_a_verify_step_keeps_accepted_tokens_and_gives_back_rejected_blocks():
+    blocks = BlockManager(8, 4)
+    scheduler = Scheduler(blocks, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    seq = Sequence([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=20))
+    scheduler.add(seq)
+    scheduler.update(scheduler.schedule(), [7])  # prefill: 6 computed, token 7 sampled
+    seq.spec_token_ids = [8, 9, 10, 11, 12, 13]
+    batch = scheduler.schedule()
+    assert batch.num_new_tokens == [7] and batch.sampled == [True]
+    assert len(seq.block_table) == 4  # 13 tokens: 4 blocks of 4
+    # the target kept 8 and 9, then chose 20 itself
+    ((advanced, kept),) = scheduler.update(batch, [[8, 9, 20]])
+    assert advanced is seq and kept == [8, 9, 20]
+    assert seq.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 20] and seq.spec_token_ids == []
+    assert seq.num_computed_tokens == 9  # 20 is computed in the next step
+    assert len(seq.block_table) == 3 and blocks.num_free_blocks == 5
+    # full blocks of accepted tokens are cached under their hashes; nothing past them
+    assert seq.num_cached_blocks == 2 and blocks.num_cached_blocks == 2
+
+
+def test_proposals_the_token_budget_cannot_take_are_dropped():
+    blocks = BlockManager(8, 4)
+    scheduler = Scheduler(blocks, max_num_seqs=2, max_num_batched_tokens=3, max_model_len=64)
+    seq = Sequence([1, 2], SamplingParams(max_tokens=20))
+    scheduler.add(seq)
+    scheduler.update(scheduler.schedule(), [3])
+    seq.spec_token_ids = [4, 5, 6, 7]
+    batch = scheduler.schedule()
+    assert batch.num_new_tokens == [3] and seq.spec_token_ids == [4, 5]
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"method": "eagle", "num_speculative_tokens": 2}, "must be one of draft_model, ngram"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "an integer in \\[1, 15\\]"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "n": 3},
+     "no option n; options: method, num_speculative_tokens, prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5},
+     "prompt_lookup_min \\(5\\) must be <= prompt_lookup_max \\(4\\)"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "num_layers": 0},
+     "num_layers'\\] must be None"),
+])
+def test_a_bad_speculative_config_names_the_valid_choices(config, message):
+    with pytest.raises(ConfigError, match=message):
+        LLMConfig.create(speculative_config=config)
