@@ -140,3 +140,21 @@ def test_an_empty_batch_and_the_reference_is_what_the_op_serves():
     from hwplug.kernel_registry import kernels
 
     assert kernels.op("rejection_sample").tolerances == {"float32": (0.0, 0.0)}
+
+
+def test_greedy_rows_beside_sampled_ones_and_with_draft_probabilities_stay_greedy():
+    """The general path (a sampled row in the batch, or draft probabilities given) gives a
+    greedy row's point mass the same "accept while the argmax matches" result."""
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(9, 30, generator=gen)  # three sequences of two proposals each
+    best = logits.argmax(dim=-1).tolist()
+    drafts = [best[0], best[1], best[3], (best[4] + 1) % 30, 5, 6]
+    want = [greedy_loop(logits[0:3], drafts[0:2]), greedy_loop(logits[3:6], drafts[2:4])]
+    mixed = rejection_sample(logits, torch.tensor(drafts), [2, 2, 2], None,
+                             torch.tensor([0.0, 0.0, 1.0]), torch.zeros(3, dtype=torch.int64),
+                             torch.ones(3), [None] * 3)
+    q = torch.softmax(torch.randn(6, 30, generator=gen), dim=-1)
+    with_q = rejection_sample(logits, torch.tensor(drafts), [2, 2, 2], q, torch.zeros(3),
+                              torch.zeros(3, dtype=torch.int64), torch.ones(3), [None] * 3)
+    for out in (mixed, with_q):
+        assert out[0].tolist() == want[0] and out[1].tolist()[:2] == want[1]

@@ -85,20 +85,26 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
     starts = torch.cumsum(counts + 1, 0) - (counts + 1)
     cols = torch.arange(width, device=device)
     rows = starts[:, None] + torch.minimum(cols[None, :], counts[:, None])
-    params = [t.to(device)[:, None].expand(num_seqs, width).reshape(-1)
-              for t in (temperature, top_k, top_p)]
-    probs = target_probs(target_logits[rows.reshape(-1)], *params).view(num_seqs, width, -1)
-
     drafts = torch.zeros((num_seqs, width - 1), dtype=torch.int64, device=device)
     proposed = cols[None, :width - 1] < counts[:, None]  # [B, K]
     drafts[proposed] = draft_token_ids.long()
+    if draft_probs is None and not bool((temperature > 0).any()):
+        # greedy: accept while the argmax matches, then the argmax (no softmax needed)
+        best = target_logits[rows.reshape(-1)].argmax(dim=-1).view(num_seqs, width)
+        accept = (drafts == best[:, :-1]) & proposed
+        num_accepted = accept.long().cumprod(dim=1).sum(dim=1)
+        return _tokens(drafts, num_accepted, best.gather(1, num_accepted[:, None]).squeeze(1))
+
+    params = [t.to(device)[:, None].expand(num_seqs, width).reshape(-1)
+              for t in (temperature, top_k, top_p)]
+    probs = target_probs(target_logits[rows.reshape(-1)], *params).view(num_seqs, width, -1)
     p_draft = probs[:, :-1].gather(2, drafts[..., None]).squeeze(2)  # p(x) [B, K]
-    if draft_probs is None:
-        q = torch.zeros_like(probs[:, :-1]).scatter_(2, drafts[..., None], 1.0)
+    if draft_probs is None:  # a point mass on each proposal: q(x) = 1
+        q_draft = torch.ones_like(p_draft)
     else:
         q = torch.zeros_like(probs[:, :-1])
         q[proposed] = draft_probs.float()
-    q_draft = q.gather(2, drafts[..., None]).squeeze(2)
+        q_draft = q.gather(2, drafts[..., None]).squeeze(2)
     accept = (_uniform((num_seqs, width - 1), generators, device) * q_draft < p_draft) & proposed
     num_accepted = accept.long().cumprod(dim=1).sum(dim=1)  # [B]
 
@@ -106,16 +112,26 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
     at = num_accepted[:, None, None].expand(-1, 1, probs.shape[-1])
     final = probs.gather(1, at).squeeze(1)
     rejected = num_accepted < counts
-    q_at = torch.cat((q, torch.zeros_like(probs[:, :1])), dim=1).gather(1, at).squeeze(1)
-    residual = (final - q_at).clamp_(min=0)
+    if draft_probs is None:  # max(0, p - point mass at x): p without x
+        rejected_token = torch.cat((drafts, drafts[:, :1]), dim=1).gather(
+            1, num_accepted[:, None])
+        residual = final.scatter(1, rejected_token, 0.0)
+    else:
+        q_at = torch.cat((q, torch.zeros_like(probs[:, :1])), dim=1).gather(1, at).squeeze(1)
+        residual = (final - q_at).clamp_(min=0)
     mass = residual.sum(dim=-1, keepdim=True)
     use_residual = (rejected[:, None] & (mass > 0))
     final = torch.where(use_residual, residual / mass.clamp(min=1e-30), final)
     noise = _uniform(tuple(final.shape), generators, device, exponential=True)
-    last = (final / noise).argmax(dim=-1)  # the exponential race: a draw from ``final``
+    return _tokens(drafts, num_accepted, (final / noise).argmax(dim=-1))  # exponential race
 
-    out = torch.full((num_seqs, width), -1, dtype=torch.int64, device=device)
-    keep = cols[None, :width - 1] < num_accepted[:, None]
-    out[:, :-1] = torch.where(keep, drafts, -1)
+
+def _tokens(drafts: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor
+            ) -> torch.Tensor:
+    """``[B, K + 1]``: each row's accepted proposals, then ``last``, then -1."""
+    num_seqs, width = drafts.shape[0], drafts.shape[1] + 1
+    cols = torch.arange(width - 1, device=drafts.device)
+    out = torch.full((num_seqs, width), -1, dtype=torch.int64, device=drafts.device)
+    out[:, :-1] = torch.where(cols[None, :] < num_accepted[:, None], drafts, -1)
     out.scatter_(1, num_accepted[:, None], last[:, None])
     return out
