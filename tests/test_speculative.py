@@ -77,6 +77,11 @@ def test_greedy_output_is_the_same_with_speculation(expected, method):
         assert stats.mean_accepted_length == 1 + (stats.spec_accepted_tokens
                                                   / stats.spec_verifications)
         assert stats.kv_blocks_used == 0  # every block given back, rejected ones included
+        # a seeded sampled request goes through the stochastic rule, reproducibly
+        sampled = hwplug.SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=3)
+        first = llm.generate(PROMPTS[0], sampled)[0].token_ids
+        assert llm.generate(PROMPTS[0], sampled)[0].token_ids == first
+        assert llm.engine.stats().spec_verifications > stats.spec_verifications
     finally:
         llm.close()
 
