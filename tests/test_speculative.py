@@ -2,7 +2,8 @@
 
 Greedy output with speculation equals greedy output without it, token for token, for the
 packaged SmolLM2 on 20 prompts, with both proposers (the draft: SmolLM2 cut to its first 8
-layers), at batch 1 (one prompt at a time) and batch 8. Then, without a model: prompt
+layers), at batch 1 (one prompt at a time) and batch 8; a stop string inside a verify
+step's tokens and a seeded sampled request as well. Then, without a model: prompt
 lookup, the scheduler's verify steps (k + 1 tokens, rejected proposals' blocks given back,
 only accepted tokens in the prefix cache) and the config's errors.
 """
@@ -55,11 +56,17 @@ def generate(llm: hwplug.LLM, batch: int) -> list[list[int]]:
             for output in llm.generate(PROMPTS[start:start + batch], GREEDY)]
 
 
+#: A copying prompt, and a stop string its greedy output reaches in the middle of a
+#: verify step's accepted tokens.
+COPY = "Colors: red, green, blue, yellow, red, green, blue, yellow, red, green,"
+STOP = hwplug.SamplingParams(max_tokens=24, stop=["blue, red, green, blue"])
+
+
 @pytest.fixture(scope="module")
-def expected() -> list[list[int]]:
+def expected() -> tuple[list[list[int]], list[int]]:
     llm = hwplug.LLM(**OPTIONS)
     try:
-        return generate(llm, 8)
+        return generate(llm, 8), llm.generate(COPY, STOP)[0].token_ids
     finally:
         llm.close()
 
@@ -70,7 +77,10 @@ def test_greedy_output_is_the_same_with_speculation(expected, method):
     try:
         assert llm.config.speculative.startswith(method)
         for batch in (1, 8):
-            assert generate(llm, batch) == expected, (method, batch)
+            assert generate(llm, batch) == expected[0], (method, batch)
+        # the tokens after a stop string inside a verify step's tokens are dropped
+        stopped = llm.generate(COPY, STOP)[0]
+        assert stopped.token_ids == expected[1] and stopped.finish_reason == "stop"
         stats = llm.engine.stats()
         # proposals were verified, some accepted and some rejected (both paths ran)
         assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
