@@ -8,7 +8,8 @@ finds little). For each set and engine, the decode speed is ``(new tokens - 1) /
 from the first streamed token to the last)``, summed over the set's prompts (prefill
 left out), after one untimed warm-up generation.
 
-hwplug rows: no speculation (the baseline), ``ngram`` (prompt lookup, ``--k`` tokens,
+hwplug rows (``--dequantize``: with float32 weights, where a decode step is bound by
+reading them): no speculation (the baseline), ``ngram`` (prompt lookup, ``--k`` tokens,
 n from 2 to 4) and, with ``--draft-layers N``, ``draft_model`` (the model cut to its first
 N layers). Each gives its acceptance rate and mean accepted length (tokens per verify
 step), and its speed over the baseline's: the goal (issue 31) is >= 1.5x on the copying
@@ -85,7 +86,7 @@ def hwplug_rows(args: argparse.Namespace, sets: dict[str, list[str]]) -> tuple[d
     sampling = hwplug.SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     for name, speculative in rows.items():
         llm = hwplug.LLM(args.model, max_num_seqs=1, max_model_len=args.max_model_len,
-                         speculative_config=speculative)
+                         dequantize=args.dequantize, speculative_config=speculative)
         try:
             token_ids = {key: [llm.apply_chat_template([{"role": "user", "content": p}])
                                for p in prompts] for key, prompts in sets.items()}
@@ -119,8 +120,12 @@ def llamacpp_rows(args: argparse.Namespace, model: str, token_ids: dict) -> dict
     """llama.cpp's rows from a subprocess of ``--llamacpp-python``, or why they are not."""
     job = {"model": model, "token_ids": token_ids, "new_tokens": args.new_tokens,
            "k": args.k, "threads": args.threads, "n_ctx": args.max_model_len}
-    proc = subprocess.run([args.llamacpp_python, __file__, "--llamacpp-worker"],
-                          input=json.dumps(job), capture_output=True, text=True, timeout=3600)
+    try:
+        proc = subprocess.run([args.llamacpp_python, __file__, "--llamacpp-worker"],
+                              input=json.dumps(job), capture_output=True, text=True,
+                              timeout=3600)
+    except OSError as exc:
+        return f"not run: {exc}"
     if proc.returncode != 0:
         return f"not run: {args.llamacpp_python} failed: {proc.stderr.strip()[-300:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -195,6 +200,8 @@ def main() -> None:
                         help="also a draft_model row: the model cut to N layers (0: none)")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--dequantize", action="store_true",
+                        help="hwplug rows hold float32 weights (llama.cpp keeps the GGUF's)")
     parser.add_argument("--llamacpp-python", default=sys.executable)
     parser.add_argument("--quick", action="store_true",
                         help="one prompt a set, 16 new tokens: checks the script runs")
