@@ -42,7 +42,8 @@ def to_device(value: Any, device: torch.device | str) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.replace(value, **{field.name: to_device(getattr(value, field.name),
                                                                    device)
-                                             for field in dataclasses.fields(value)})
+                                             for field in dataclasses.fields(value)
+                                             if field.init})  # the rest are caches
     if isinstance(value, (list, tuple)):
         return type(value)(to_device(item, device) for item in value)
     if isinstance(value, dict):
