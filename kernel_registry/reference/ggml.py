@@ -69,7 +69,7 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 def _bits(field: torch.Tensor, width: int = 1) -> torch.Tensor:
     """``[..., b]`` bytes -> ``[..., 8 // width, b]``: group ``j`` holds bits ``j * width``
     to ``(j + 1) * width - 1`` of each byte."""
-    shifts = torch.arange(0, 8, width, dtype=torch.uint8).view(-1, 1)
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8, device=field.device).view(-1, 1)
     return (field.unsqueeze(-2) >> shifts) & ((1 << width) - 1)
 
 
@@ -139,16 +139,16 @@ IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 
 
 
 def _iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
-    return _half(blocks, 0) * IQ4_VALUES[_nibbles(blocks[:, 2:]).long()]
+    return _half(blocks, 0) * IQ4_VALUES.to(blocks.device)[_nibbles(blocks[:, 2:]).long()]
 
 
 def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     high = blocks[:, 2:4].contiguous().view(torch.int16).int()  # 2 bits per scale
-    shifts = torch.arange(0, 16, 2, dtype=torch.int32)
+    shifts = torch.arange(0, 16, 2, dtype=torch.int32, device=blocks.device)
     low = _bits(blocks[:, 4:8], 4).transpose(1, 2).reshape(n, 8)  # scale j: nibble j % 2 of j // 2
     scales = ((low.int() | (((high >> shifts) & 3) << 4)) - 32).float()
-    values = IQ4_VALUES[_nibbles(blocks[:, 8:].reshape(n, 8, 16)).long()]
+    values = IQ4_VALUES.to(blocks.device)[_nibbles(blocks[:, 8:].reshape(n, 8, 16)).long()]
     return ((_half(blocks, 0) * scales).unsqueeze(-1) * values).reshape(n, 256)
 
 

@@ -22,6 +22,7 @@ from triton_cases import (
     assert_matches,
     kv_scales,
     paged_batch,
+    skip_fp8_the_gpu_lacks,
 )
 from triton_cases import check_attention as check_kernel
 
@@ -69,6 +70,7 @@ FP8_CASES = [
 @pytest.mark.parametrize(("kind", "dtype", "kv_dtype", "per_head"), FP8_CASES, ids=str)
 def test_fp8_caches_are_read_with_their_scales(device: str, kind: str, dtype: torch.dtype,
                                                kv_dtype: torch.dtype, per_head: bool) -> None:
+    skip_fp8_the_gpu_lacks(kv_dtype)
     batch = paged_batch(*BATCHES[kind], HEADS[1], 16, dtype, device, kv_dtype=kv_dtype)
     check_attention(batch, **kv_scales(kv_dtype, HEADS[1][1], per_head, device))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_cases import FP8_DTYPES, ON_GPU, kv_scales, write_both
+from triton_cases import FP8_DTYPES, ON_GPU, kv_scales, skip_fp8_the_gpu_lacks, write_both
 
 from hwplug.attention import PagedAttentionParams
 from hwplug.errors import UnsupportedError
@@ -41,6 +41,7 @@ def test_float_caches(device: str, kv_dtype: torch.dtype, cache_dtype: torch.dty
 @pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=str)
 def test_fp8_caches_hold_the_reference_codes(device: str, cache_dtype: torch.dtype,
                                              per_head: bool) -> None:
+    skip_fp8_the_gpu_lacks(cache_dtype)
     scales = kv_scales(cache_dtype, SHAPE[2], per_head, device)
     written, expected = write_both(cache.reshape_and_cache, NHD, SHAPE, torch.bfloat16,
                                    cache_dtype, 16, device, scales)

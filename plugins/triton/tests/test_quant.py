@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_cases import DTYPES, ON_GPU, assert_matches, fresh_registry, random
+from triton_cases import (
+    DTYPES,
+    ON_GPU,
+    assert_matches,
+    fresh_registry,
+    interpreter_only,
+    random,
+    skip_fp8_the_gpu_lacks,
+)
 
 from hwplug.conformance.variants import check_variant
 from hwplug.dtypes import dtype_name
@@ -66,6 +74,7 @@ def test_ggml_linear_keeps_leading_dimensions_and_reads_strided_rows(device: str
     assert_matches("ggml_linear", out, ggml.ggml_linear(x, qweight, kind))
 
 
+@interpreter_only
 def test_ggml_linear_declines_what_it_does_not_serve() -> None:
     q4_0 = int(ggml.Q.Q4_0)
     qweight = gguf_rows(q4_0, "cpu")
@@ -100,6 +109,7 @@ def test_ggml_embedding_dequantizes_the_rows_it_is_asked_for(device: str, kind: 
                        ggml.ggml_embedding(ids, qweight, kind), id_dtype)
 
 
+@interpreter_only
 def test_ggml_embedding_rejects_ids_outside_the_table() -> None:
     kind = int(ggml.Q.Q8_0)
     qweight = gguf_rows(kind, "cpu")
@@ -149,6 +159,7 @@ def assert_scaled_mm_matches(args: tuple[torch.Tensor, ...], out_dtype: torch.dt
 @pytest.mark.parametrize("scales", ["tensor", "token_channel", "block", "group64_block"])
 @pytest.mark.parametrize("fp8", FP8, ids=str)
 def test_scaled_mm_matches_the_reference(device: str, fp8: torch.dtype, scales: str) -> None:
+    skip_fp8_the_gpu_lacks(fp8)
     bias = random(N, dtype=torch.float32, device=device, seed=5)
     assert_scaled_mm_matches(fp8_case(fp8, scales, device), torch.float32, bias)
 
@@ -173,7 +184,7 @@ def test_scaled_mm_declines_what_it_does_not_serve() -> None:
         "needs a and b in one fp8 format": (a, b.to(torch.float8_e5m2), scale_a, scale_b),
         "torch.int8 and torch.int8": (a.to(torch.int8), b.to(torch.int8), one, one),
         "K groups of 16 values": (a, b, torch.ones(M_ROWS, K // 16), one),
-        "5 scales do not split a dimension of 384": (a, b, torch.ones(M_ROWS, 5), one),
+        f"5 scales do not split a dimension of {K}": (a, b, torch.ones(M_ROWS, 5), one),
         "needs a [M, K] and b [K, N]": (a, b[:128], one, one),
     }
     for reason, args in reasons.items():
@@ -185,6 +196,7 @@ def test_scaled_mm_declines_what_it_does_not_serve() -> None:
         scaled_mm.scaled_mm(a, b, torch.ones(M_ROWS, K // 16), one, torch.float32)
 
 
+@interpreter_only
 def test_the_conformance_kit_passes_the_fp8_variant_as_a_plugin_registers_it() -> None:
     """No GPU plugin registers ``scaled_mm`` here (it needs fp8 dots): the kit checks the
     variant ``hwplug_triton.register`` makes of it, on the kit's own drawn inputs."""
