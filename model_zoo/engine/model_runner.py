@@ -71,6 +71,8 @@ class ModelRunner:
         self.model, self.ctx = model, ctx
         self.device = ctx.device
         self.generator = generator
+        # speculative decoding's verification (bound once, like every op of the step)
+        self._rejection_sample = ctx.kernels.bind("rejection_sample", "float32")
         engine = ctx.engine_config
         self.block_size: int = engine.block_size
         shape = ctx.attention_backend.kv_cache_shape(num_blocks, self.block_size,
@@ -181,7 +183,8 @@ class ModelRunner:
                 hidden = hidden[inputs.sample_rows]
             logits = self.model.compute_logits(hidden)
         if any(seq.spec_token_ids for seq in sampled):
-            return verify(logits, sampled, self.generator, self._sample)
+            return verify(logits, sampled, self.generator, self._sample,
+                          self._rejection_sample)
         return self._sample(logits, sampled)
 
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence]) -> list[int]:

@@ -20,7 +20,6 @@ from itertools import accumulate
 import torch
 
 from hwplug import registries
-from hwplug.kernel_registry.ops_sampling import rejection_sample
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.speculative.config import SpeculativeConfig
 from hwplug.model_zoo.speculative.proposer import Proposer, ProposerTarget
@@ -29,10 +28,12 @@ logger = logging.getLogger(__name__)
 
 
 def verify(logits: torch.Tensor, seqs: Seq[Sequence], generator: torch.Generator | None,
-           sample: Callable[[torch.Tensor, list[Sequence]], list[int]]) -> list[int | list[int]]:
+           sample: Callable[[torch.Tensor, list[Sequence]], list[int]],
+           rejection_sample: Callable[..., torch.Tensor]) -> list[int | list[int]]:
     """The tokens of each of ``seqs`` from ``logits`` (a sequence's ``k + 1`` rows when it
-    has ``k`` proposals, else one): ``sample(rows, seqs)`` for those without proposals, the
-    ``rejection_sample`` op for the others (a list: accepted proposals, then one token)."""
+    has ``k`` proposals, else one): ``sample(rows, seqs)`` for those without proposals,
+    ``rejection_sample`` (the op, bound from the model's plan) for the others (a list:
+    accepted proposals, then one token)."""
     counts = [len(seq.spec_token_ids) for seq in seqs]
     ends = list(accumulate(c + 1 for c in counts))
     out: list[int | list[int]] = [0] * len(seqs)
@@ -49,9 +50,10 @@ def verify(logits: torch.Tensor, seqs: Seq[Sequence], generator: torch.Generator
         logits[rows].float(),
         torch.tensor([t for i in spec for t in seqs[i].spec_token_ids], device=logits.device),
         [counts[i] for i in spec], None,
-        torch.tensor([p.temperature for p in params], dtype=torch.float32),
-        torch.tensor([p.top_k for p in params], dtype=torch.int64),
-        torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        torch.tensor([p.temperature for p in params], dtype=torch.float32,
+                     device=logits.device),
+        torch.tensor([p.top_k for p in params], dtype=torch.int64, device=logits.device),
+        torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device),
         [seqs[i].generator or (None if p.greedy else generator)
          for i, p in zip(spec, params, strict=True)]).tolist()
     for i, row in zip(spec, kept, strict=True):
