@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,22 @@ def test_under_torchrun_the_world_size_must_be_the_tensor_parallel_size(llama_di
     with pytest.raises(ConfigError, match="launched by torchrun with WORLD_SIZE=2, but "
                                           "tensor_parallel_size is 1: they must be equal"):
         hwplug.LLM(llama_dir)
+
+
+@pytest.mark.slow
+def test_a_failed_join_earlier_in_the_driver_does_not_stall_tensor_parallelism(llama_dir):
+    """torch numbers a process's groups with a counter that a failed join leaves raised; the
+    driver's group must still meet its fresh workers' (they once waited on other keys)."""
+    import torch.distributed as dist
+
+    with pytest.raises(RuntimeError):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=2, timeout=timedelta(seconds=1))
+    prompts = random_prompts(seed=4, count=2)
+    alone = hwplug.LLM(llama_dir, num_kv_blocks=32)
+    want = [o.token_ids for o in alone.generate(prompts, GREEDY)]
+    alone.close()
+    llm = hwplug.LLM(llama_dir, num_kv_blocks=32, tensor_parallel_size=2,
+                     rendezvous_timeout_s=30)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want
+    llm.close()

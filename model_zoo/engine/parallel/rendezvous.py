@@ -137,6 +137,11 @@ def join(rendezvous: Rendezvous, platform: Platform, timeout_s: float) -> Proces
             f"tcp://{rendezvous.addr}:{rendezvous.port}")
         logger.info("rank %d of %d joins %s over %s", rendezvous.rank, rendezvous.world_size,
                     init_method, backend)
+        # torch names a process group's store keys by a per-process counter, which an
+        # earlier failed init_process_group in this process leaves raised (destroying the
+        # default group resets it): a driver with such a past would wait on keys its fresh
+        # workers never write. Every rank starts from the same count.
+        distributed_c10d._world.group_count = 0
         dist.init_process_group(backend, init_method=init_method, rank=rendezvous.rank,
                                 world_size=rendezvous.world_size,
                                 timeout=timedelta(seconds=timeout_s))
