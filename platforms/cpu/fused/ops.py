@@ -239,9 +239,10 @@ def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: Atte
         if tensor.dtype != torch.int32 or tensor.stride(-1) != 1:
             return f"{name}: int32 with contiguous rows only, got {tensor.dtype}"
     tables = metadata.block_tables
-    if tables.dim() != 2 or tables.shape[0] < query.shape[0] or metadata.seq_lens.dim() != 1:
+    num_seqs = metadata.seq_lens.shape[0]  # a verify step's queries share their row
+    if tables.dim() != 2 or tables.shape[0] < num_seqs or metadata.seq_lens.dim() != 1:
         return (f"needs a block table row per sequence, got block_tables "
-                f"{list(tables.shape)} for {query.shape[0]} sequences")
+                f"{list(tables.shape)} for {num_seqs} sequences")
     return None
 
 
