@@ -117,10 +117,10 @@ def ran_on(placement: Placement, observed: Observed, module: str) -> tuple[Statu
     else ``("simulated", what stood in for it)`` (see the module docstring)."""
     device = placement.device.partition(":")[0]
     platform = placement.platform
-    # JAX on its CPU backend is the device only for a CPU platform (e.g. not for a TPU
-    # platform whose probe took JAX's CPU as a stand-in, JAX_PLATFORMS=cpu)
-    jax_stand_in = _jax_on_cpu(module) and not (platform is not None
-                                               and platform.matches(("cpu",)))
+    # JAX on its CPU backend is the device only for a CPU placement (the default one, or a
+    # CPU platform's; not a TPU platform whose probe took JAX's CPU as a stand-in)
+    jax_stand_in = _jax_on_cpu(module) and not (platform is None
+                                               or platform.matches(("cpu",)))
     if (not placement.simulating and not observed.launches and not jax_stand_in
             and observed.devices <= {device}):
         return "passed", ""
