@@ -42,10 +42,15 @@ QUANT_METHODS = {
 REMOVED_QUANT_METHODS = {"marlin-24": "int8", "bitblas": "int8"}
 
 
+def _register_all(registry: Any, targets: dict[str, str]) -> None:
+    """Register each ``name: "module:attribute"`` of ``targets`` (imported when first used)."""
+    for name, target in targets.items():
+        registry.register(name, target)
+
+
 @hookimpl
 def hwplug_register_quant_methods(registry: Any) -> None:
-    for name, target in QUANT_METHODS.items():
-        registry.register(name, target)
+    _register_all(registry, QUANT_METHODS)
     for name, replacement in REMOVED_QUANT_METHODS.items():
         registry.remove(name, replacement)
 
@@ -60,8 +65,7 @@ BUILTIN_CONNECTORS = {
 
 @hookimpl
 def hwplug_register_connectors(registry: Any) -> None:
-    for name, target in BUILTIN_CONNECTORS.items():
-        registry.register(name, target)
+    _register_all(registry, BUILTIN_CONNECTORS)
 
 
 @hookimpl
@@ -80,5 +84,4 @@ BUILTIN_PROPOSERS = {
 
 @hookimpl
 def hwplug_register_proposers(registry: Any) -> None:
-    for name, target in BUILTIN_PROPOSERS.items():
-        registry.register(name, target)
+    _register_all(registry, BUILTIN_PROPOSERS)
