@@ -15,7 +15,7 @@ Columns, microseconds per call: ``ggml`` (the op as dispatched here: the cpu pla
 best C variant, which takes the integer kernel below the tuned number of rows and
 dequantized tiles from there on), ``GB/s`` (the weight bytes ``ggml`` read per second),
 ``base`` (``--baseline``'s C kernel, by default the revision ``main`` names, built from its
-``kernels.c`` with its AVX2 flags and called with its tuned activations and switch, the
+``kernels.c`` with its flags for the build the op takes here and called with its tuned activations and switch, the
 tiles past it; n/a where it does not serve the type) and ``base GB/s``, ``avx2`` (this
 AVX2 build's op on a CPU with VNNI too), ``int16`` and ``int8`` (the integer kernel with
 each activation type) and ``tiles`` (each path alone), ``portable`` (the build for CPUs
@@ -67,6 +67,8 @@ SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1
 HEAD = ("lm_head", 576, 49152)
 COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "tiles", "portable",
            "fp32", "F.linear", "reference")
+#: The build of each ``ggml_linear`` variant (the baseline is built the same way).
+BUILD_OF = {"ggml_vnni": "vnni", "ggml_avx2": "avx2", "ggml_c": "portable"}
 #: The columns computed from another's time rather than timed.
 RATES = {"GB/s": "ggml", "base GB/s": "base"}
 #: Seconds of calls each timing aims at (at least one call).
@@ -92,26 +94,29 @@ def interleaved_us(columns: dict[str, Callable[[], object]], calls_per_run: dict
 
 
 class Baseline:
-    """An earlier revision's ``kernels.c`` (and ``simd.h``), built with that revision's AVX2
-    flags, and its tuning table: its integer kernel below its tuned rows, this revision's
-    tiles (the same code) from there."""
+    """An earlier revision's ``kernels.c`` (and its headers), built with that revision's
+    flags for ``build`` (the build the op takes here), and its tuning table: its integer
+    kernel below its tuned rows, this revision's tiles (the same code) from there."""
 
-    def __init__(self, rev: str) -> None:
+    def __init__(self, rev: str, build: str) -> None:
         root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
                                    capture_output=True, text=True).stdout.strip())
         safe = "".join(c if c.isalnum() else "-" for c in rev)
         folder = Path(tempfile.gettempdir()) / f"hwplug-ggml-{safe}" / "ggml_baseline"
         folder.mkdir(parents=True, exist_ok=True)
-        for name in ("kernels.c", "simd.h", "tuning.json"):
-            (folder / name).write_text(subprocess.run(
-                ["git", "show", f"{rev}:platforms/cpu/ggml/{name}"], cwd=root, check=True,
-                capture_output=True, text=True).stdout)
-        library = c_build.Library("avx2")
+        listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "platforms/cpu/ggml/"],
+                                cwd=root, check=True, capture_output=True, text=True).stdout
+        for path in listed.split():
+            if path.endswith((".c", ".h", ".json")):
+                (folder / Path(path).name).write_text(subprocess.run(
+                    ["git", "show", f"{rev}:{path}"], cwd=root, check=True,
+                    capture_output=True, text=True).stdout)
+        library = c_build.Library(build)
         library.source = folder / "kernels.c"
         library.ensure_built()
         self.function = library.library.hwplug_ggml_linear
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        self.function.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
+        self.function.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr,
                                   ctypes.c_int, ctypes.c_int]
         table = json.loads((folder / "tuning.json").read_text())["default"]["1"]
         self.rows = {int(GGMLQuantizationType[n]): v for n, v in table.items()
@@ -130,7 +135,7 @@ class Baseline:
         (m, k), (n, row_bytes) = x.shape, qweight.shape
         out = torch.empty(m, n)
         status = self.function(kind, qweight.data_ptr(), row_bytes, n, k, x.data_ptr(), m,
-                               out.data_ptr(), None, self.bits[kind], torch.get_num_threads())
+                               out.data_ptr(), n, None, self.bits[kind], torch.get_num_threads())
         if status:
             raise RuntimeError(f"the baseline kernel returned {status}")
         return out
@@ -212,12 +217,12 @@ def main() -> None:
     if "avx512_vnni" in platform.facts.features:
         c_kernels.VNNI.ensure_built()
     timed = tuple(c for c in COLUMNS if c in args.columns.split(","))
-    baseline = Baseline(args.baseline) if "base" in timed else None
+    chosen = kernels.explain("ggml_linear", platform, "cpu", "float32").chosen.name
+    baseline = Baseline(args.baseline, BUILD_OF[chosen]) if "base" in timed else None
     print(f"CPU: {platform.facts.device_name} ({host.machine()}, features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; at least {args.layers} copies of each weight "
           f"and {args.cycle_mb:.0f} MiB cycled")
-    chosen = kernels.explain("ggml_linear", platform, "cpu", "float32").chosen.name
     switch = {GGMLQuantizationType(kind).name: rows for kind, rows in
               c_kernels.tiled_from(torch.get_num_threads()).items()}
     activations = {GGMLQuantizationType(kind).name: bits for kind, bits in
