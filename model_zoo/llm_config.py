@@ -178,6 +178,9 @@ class LLMConfig:
         checks.zmq_endpoint(none="not published"), metavar="URL")
     tensor_parallel_size: int = option(1, "split the model over N processes",
                                        checks.integer(1), parse=int, metavar="N")
+    enable_expert_parallel: bool = option(
+        False, "under tensor parallelism, place whole experts of mixture-of-experts layers on "
+        "the ranks and send each token to its experts' ranks (all-to-all)", checks.boolean)
     rendezvous_timeout_s: float = option(
         DEFAULT_RENDEZVOUS_TIMEOUT_S, "seconds the ranks of a tensor-parallel run wait for "
         "each other to join; a rank that dies or never joins is a WorkerError after this",

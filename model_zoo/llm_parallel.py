@@ -56,6 +56,7 @@ class Parallelism:
         data_parallel_size = config.data_parallel_size
         self.tensor_parallel_size, self.data_parallel_size = (tensor_parallel_size,
                                                               data_parallel_size)
+        self.expert_parallel = config.enable_expert_parallel and tensor_parallel_size > 1
         self.platform = platform
         rendezvous = _rendezvous(tensor_parallel_size)
         if rendezvous is not None and data_parallel_size > 1:
@@ -98,17 +99,19 @@ class Parallelism:
         return self.tensor is not None and not self.tensor.rendezvous.is_driver
 
     def describe(self) -> str:
-        """``"tensor-parallel 2"``, ``"data-parallel 2"``, or ``""`` for one process."""
+        """``"tensor-parallel 2"`` (``"tensor-parallel 2, expert-parallel 2"`` with
+        ``enable_expert_parallel``), ``"data-parallel 2"``, or ``""`` for one process."""
         parts = [f"{kind}-parallel {size}" for kind, size in (
-            ("tensor", self.tensor_parallel_size), ("data", self.data_parallel_size))
-            if size > 1]
+            ("tensor", self.tensor_parallel_size),
+            ("expert", self.tensor_parallel_size if self.expert_parallel else 1),
+            ("data", self.data_parallel_size)) if size > 1]
         return ", ".join(parts)
 
     def start(self) -> TensorParallel | None:
         """On the engine thread, before the model is built: bind the thread to its CPUs
         and join the tensor-parallel group; this rank's share (None: the whole model)."""
         bind_thread(self.cpus)
-        return self.tensor.start(self.platform) if self.tensor else None
+        return self.tensor.start(self.platform, self.expert_parallel) if self.tensor else None
 
     def serve(self, model: nn.Module, ctx: ModelContext) -> None:
         """A worker rank: serve rank 0 until it stops the group."""

@@ -12,7 +12,10 @@ it (Megatron-style) split their weights when built and load only their slice:
 - attention gets an even share of the query heads; KV heads are split the same way, or,
   when there are fewer KV heads than ranks, each rank keeps the one its query heads read;
 - the embedding and LM head hold an even share of the vocabulary (the embedding
-  all-reduces, the head all-gathers its logits).
+  all-reduces, the head all-gathers its logits);
+- with ``expert_parallel``, mixture-of-experts layers hold whole experts, a contiguous
+  share each (:meth:`TensorParallel.experts`), and move each token's rows to the ranks of
+  its experts and back with the communicator's ``dispatch``/``combine``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class TensorParallel:
     size: int = 1
     rank: int = 0
     communicator: DeviceCommunicator | None = None
+    #: Whether mixture-of-experts layers split their experts over the ranks.
+    expert_parallel: bool = False
 
     def share(self, total: int, what: str) -> tuple[int, int]:
         """``(start, count)`` of this rank's even share of ``total`` items of ``what``."""
@@ -43,6 +48,16 @@ class TensorParallel:
                               f"{self.size} tensor-parallel ranks")
         count = total // self.size
         return self.rank * count, count
+
+    def experts(self, num_experts: int, rank: int | None = None) -> tuple[int, int]:
+        """``(first expert, count)`` that ``rank`` (default: this one) holds under expert
+        parallelism: contiguous shares, the first ``num_experts % size`` ranks one more."""
+        rank = self.rank if rank is None else rank
+        if num_experts < self.size:
+            raise ConfigError(f"{num_experts} experts cannot be placed on {self.size} "
+                              f"expert-parallel ranks: at least one expert per rank")
+        base, extra = divmod(num_experts, self.size)
+        return rank * base + min(rank, extra), base + (rank < extra)
 
     def kv_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
         """``(first KV head, count)`` this rank keeps for its share of ``num_heads`` query

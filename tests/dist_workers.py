@@ -219,3 +219,34 @@ def gguf_row_parallel_layers(rank: int, world_size: int, path: str,
         results.append({"split_by": layer.gguf_split_by, "got": got, "want": want,
                         "bytes": sum(w.numel() for _, w in layer.gguf_runs)})
     return results
+
+
+def moe_greedy(rank: int, world_size: int, path: str, prompts: list[list[int]], steps: int
+               ) -> dict[str, Any]:
+    """The checkpoint at ``path`` (a mixture-of-experts model) with this rank's share under
+    expert parallelism (``world_size`` 1: one process): the prompts' prefill logits, then
+    ``steps`` greedy tokens each, decoded together; and the experts this rank holds."""
+    from model_harness import PagedBatch
+
+    from hwplug.communicator import DeviceCommunicator
+    from hwplug.model_zoo.context import build_model
+    from hwplug.model_zoo.layers.moe import FusedMoE
+    from hwplug.model_zoo.loaders import load_checkpoint
+    from hwplug.model_zoo.parallel import TensorParallel
+
+    parallel = TensorParallel(world_size, rank, DeviceCommunicator() if world_size > 1
+                              else None, expert_parallel=True)
+    model, ctx = build_model(load_checkpoint(Path(path)), dtype="float32", parallel=parallel,
+                             block_size=8)
+    batch = PagedBatch(ctx, model.num_layers, len(prompts), max(map(len, prompts)) + steps)
+    tokens = [torch.tensor(p) for p in prompts]
+    prefill = model.compute_logits(batch.run(model, tokens, [len(t) for t in tokens]))
+    ends = torch.tensor([len(t) for t in tokens]).cumsum(0) - 1
+    last = prefill[ends]
+    for _ in range(steps):
+        tokens = [torch.cat([t, row.argmax(-1, keepdim=True)]) for t, row in zip(tokens, last, strict=True)]
+        last = model.compute_logits(batch.run(model, [t[-1:] for t in tokens],
+                                              [len(t) for t in tokens]))
+    held = [list(m.experts.held) for m in model.modules() if isinstance(m, FusedMoE)]
+    return {"prefill": prefill, "tokens": [t[len(p):].tolist() for t, p in
+                                           zip(tokens, prompts, strict=True)], "held": held}

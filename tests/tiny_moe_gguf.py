@@ -51,7 +51,8 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 def write_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
     """Write transformers ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM`` ``model``
-    (vocabulary :data:`VOCAB`, no mlp-only layers) to ``path`` as an F32 GGUF."""
+    (vocabulary :data:`VOCAB`, or more: control tokens after them; no mlp-only layers) to
+    ``path`` as an F32 GGUF."""
     config = model.config
     mixtral = config.model_type == "mixtral"
     writer = GGUFWriter(path, "llama" if mixtral else "qwen3moe")
@@ -74,8 +75,10 @@ def write_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     tokens = _byte_tokens()
-    writer.add_token_list([*tokens, tokens[32] * 2])  # llama.cpp needs a merge
-    writer.add_token_types([TokenType.NORMAL] * VOCAB)
+    pads = config.vocab_size - VOCAB  # control tokens past the first VOCAB
+    writer.add_token_list([*tokens, tokens[32] * 2,  # llama.cpp needs a merge
+                           *(f"<|pad{i}|>" for i in range(pads))])
+    writer.add_token_types([TokenType.NORMAL] * VOCAB + [TokenType.CONTROL] * pads)
     writer.add_token_merges([f"{tokens[32]} {tokens[32]}"])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)

@@ -21,7 +21,8 @@ from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import row_values, type_name
 from hwplug.model_zoo.layers.activation import SiluAndMul
-from hwplug.model_zoo.layers.linear import FusedLinear, Linear
+from hwplug.model_zoo.layers.expert_parallel import ExpertRouter
+from hwplug.model_zoo.layers.linear import FusedLinear, Linear, copy_checked
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext
@@ -41,11 +42,14 @@ _PARTS = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up",
 
 class MoEExperts(nn.Module):
     """``gate_up_proj [E, 2I, H]`` (each expert's gate rows, then its up rows) and
-    ``down_proj [E, H, I]`` in the model dtype."""
+    ``down_proj [E, H, I]`` in the model dtype, of the checkpoint's ``num_experts`` those in
+    ``held`` (default: all; a rank's share under expert parallelism), ``E = len(held)``."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, held: range | None = None) -> None:
         super().__init__()
+        self.total, self.held = num_experts, held or range(num_experts)
+        num_experts = len(self.held)
         self.gate_up_proj = nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
             requires_grad=False)
@@ -53,20 +57,35 @@ class MoEExperts(nn.Module):
             torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype),
             requires_grad=False)
 
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
+        copy_checked(getattr(self, param_name), held_experts(tensor, self.total, self.held),
+                     param_name)
+
+
+def held_experts(stack: torch.Tensor, total: int, held: range) -> torch.Tensor:
+    """The experts ``held`` of a checkpoint's ``stack`` of ``total`` (``[total, ...]``; a
+    view). Raises :class:`ModelError` for a stack of another number of experts."""
+    if stack.ndim < 1 or stack.shape[0] != total:
+        raise ModelError(f"a stack of shape {tuple(stack.shape)} does not hold {total} "
+                         f"experts")
+    return stack[held.start:held.stop]
+
 
 class GgufExpertStack(nn.Module):
     """One stacked projection of GGUF experts: ``qweight`` (``uint8 [E, rows, row_bytes]``,
     each expert's rows as the file stores them) and ``qweight_type``, taken as loaded (a
     view of the mapped file stays one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int, held: range) -> None:
         super().__init__()
+        self.total, self.held = total, held
         for name, dtype in (("qweight", torch.uint8), ("qweight_type", torch.int32)):
             self.register_parameter(name, nn.Parameter(torch.empty(0, dtype=dtype),
                                                        requires_grad=False))
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
-        getattr(self, param_name).data = tensor
+        getattr(self, param_name).data = (held_experts(tensor, self.total, self.held)
+                                          if param_name == "qweight" else tensor)
 
     def checked(self, experts: int, rows: int, values: int) -> tuple[torch.Tensor, int]:
         """``(qweight, type)``, after checking they hold ``experts`` x ``rows`` rows of
@@ -82,12 +101,16 @@ class GgufExpertStack(nn.Module):
 
 class GgufExperts(nn.Module):
     """``gate_up_proj`` and ``down_proj`` as :class:`GgufExpertStack`: the ``gguf`` quant
-    method's experts, multiplied by ``ggml_moe_experts`` in their blocks."""
+    method's experts (of ``num_experts``, those in ``held``: default all), multiplied by
+    ``ggml_moe_experts`` in their blocks."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 held: range | None = None) -> None:
         super().__init__()
-        self.sizes = (num_experts, hidden_size, intermediate_size)
-        self.gate_up_proj, self.down_proj = GgufExpertStack(), GgufExpertStack()
+        self.held = held = held or range(num_experts)
+        self.sizes = (len(held), hidden_size, intermediate_size)
+        self.gate_up_proj = GgufExpertStack(num_experts, held)
+        self.down_proj = GgufExpertStack(num_experts, held)
         self._stacks: tuple[torch.Tensor, int, torch.Tensor, int] | None = None
 
     def stacks(self) -> tuple[torch.Tensor, int, torch.Tensor, int]:
@@ -103,14 +126,19 @@ class SharedExperts(nn.Module):
     """The always-active experts of a DeepSeek-style block, as one gated MLP:
     ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up fused into ``gate_up_proj``
     (checkpoint names ``shared_experts.{gate,up,down}_proj.weight``; the model routes
-    ``gate_proj`` / ``up_proj`` to the shards), weights from the quant method."""
+    ``gate_proj`` / ``up_proj`` to the shards), weights from the quant method. Under tensor
+    parallelism each rank holds a share of the intermediate size (gate/up column-parallel,
+    down row-parallel), as the dense MLP does."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, ctx: ModelContext) -> None:
         super().__init__()
-        self.gate_up_proj = FusedLinear(hidden_size, {"gate": intermediate_size,
-                                                      "up": intermediate_size}, ctx)
+        first, local = ctx.parallel.share(intermediate_size, "shared experts' intermediate size")
+        rows = (first, local, intermediate_size)
+        self.gate_up_proj = FusedLinear(
+            hidden_size, {"gate": local, "up": local}, ctx,
+            source_rows={"gate": rows, "up": rows} if ctx.parallel.size > 1 else None)
         self.act = SiluAndMul(ctx)
-        self.down_proj = Linear(intermediate_size, hidden_size, ctx)
+        self.down_proj = Linear(intermediate_size, hidden_size, ctx, parallel="row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -126,7 +154,10 @@ class FusedMoE(nn.Module):
     (:class:`SharedExperts`, DeepSeek's), whose output is added unweighted. Under the
     ``gguf`` quant method the experts stay in their blocks
     (:class:`GgufExperts`: ``moe_topk``, then ``ggml_moe_experts``); other quant methods
-    are refused. Tensor parallelism (and expert parallelism) is not supported yet.
+    are refused. Under tensor parallelism the layer needs expert parallelism
+    (``enable_expert_parallel``): each rank holds a share of the experts and tokens move
+    to them (:class:`~.expert_parallel.ExpertRouter`); the shared experts split like a
+    dense MLP.
     """
 
     def __init__(self, ctx: ModelContext, *, num_experts: int, top_k: int, hidden_size: int,
@@ -134,9 +165,15 @@ class FusedMoE(nn.Module):
                  correction_bias: bool = False, shared_intermediate_size: int | None = None,
                  **routing: Any) -> None:
         super().__init__()
-        if ctx.parallel.size > 1:
-            raise UnsupportedError(f"{type(self).__name__} runs on one rank: tensor and "
-                                   f"expert parallelism of experts is not supported yet")
+        tp = ctx.parallel
+        if tp.size > 1 and not tp.expert_parallel:
+            raise UnsupportedError(f"{type(self).__name__}: mixture-of-experts layers split over "
+                                   f"ranks by whole experts only: pass "
+                                   f"enable_expert_parallel=True (--enable-expert-parallel) "
+                                   f"with tensor_parallel_size={tp.size}")
+        self.router = ExpertRouter(tp, num_experts) if tp.size > 1 else None
+        first, count = tp.experts(num_experts) if self.router else (0, num_experts)
+        held = range(first, first + count)
         dtype, quant = dtype_name(ctx.dtype), ctx.quant_method.get_name()
         if quant not in QUANT_METHODS:
             raise UnsupportedError(f"{type(self).__name__}: experts of quant method {quant!r} "
@@ -149,11 +186,15 @@ class FusedMoE(nn.Module):
                 torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
         self.experts: nn.Module
         if quant == "gguf":
-            self.experts = GgufExperts(num_experts, hidden_size, intermediate_size)
-            self.moe_topk = ctx.kernels.bind("moe_topk", dtype)
-            self.ggml_moe_experts = ctx.kernels.bind("ggml_moe_experts", dtype)
+            self.experts = GgufExperts(num_experts, hidden_size, intermediate_size, held)
+            self.moe_experts = ctx.kernels.bind("ggml_moe_experts", dtype)
         else:
-            self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, ctx.dtype)
+            self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, ctx.dtype,
+                                      held)
+            self.moe_experts = ctx.kernels.bind("moe_experts", dtype)
+        if quant == "gguf" or self.router:  # routing, then the experts
+            self.moe_topk = ctx.kernels.bind("moe_topk", dtype)
+        else:
             self.fused_moe = ctx.kernels.bind("fused_moe", dtype)
         self.sizes = (num_experts, hidden_size, intermediate_size)
         if shared_intermediate_size:
@@ -165,16 +206,29 @@ class FusedMoE(nn.Module):
         return out if shared is None else out + shared(x)
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.gate(x)
-        routing = {**self.routing,
-                   "correction_bias": getattr(self.gate, "e_score_correction_bias", None)}
+        if self.router is not None:
+            return self.router(x, self._route, self._experts)
         if isinstance(self.experts, GgufExperts):
-            weights, ids = self.moe_topk(logits, self.top_k, self.renormalize, **routing)
-            return self.ggml_moe_experts(x, *self.experts.stacks(), weights, ids,
-                                         self.activation)
-        return self.fused_moe(x, logits, self.experts.gate_up_proj, self.experts.down_proj,
-                              self.top_k, self.renormalize, activation=self.activation,
-                              **routing)
+            return self._experts(x, *self._route(x))
+        return self.fused_moe(x, self.gate(x), self.experts.gate_up_proj,
+                              self.experts.down_proj, self.top_k, self.renormalize,
+                              activation=self.activation, **self._routing())
+
+    def _routing(self) -> dict[str, Any]:
+        return {**self.routing,
+                "correction_bias": getattr(self.gate, "e_score_correction_bias", None)}
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``moe_topk`` of ``x``'s router logits: ``(weights, ids)``, ``[T, top_k]`` each."""
+        return self.moe_topk(self.gate(x), self.top_k, self.renormalize, **self._routing())
+
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                 ) -> torch.Tensor:
+        """The held experts on ``x`` for the slots ``(weights, ids)`` (ids among them)."""
+        if isinstance(self.experts, GgufExperts):
+            return self.moe_experts(x, *self.experts.stacks(), weights, ids, self.activation)
+        return self.moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj,
+                                weights, ids, self.activation)
 
     def extra_repr(self) -> str:
         experts, hidden, intermediate = self.sizes

@@ -79,9 +79,10 @@ class TensorParallelGroup:
     def size(self) -> int:
         return self.rendezvous.world_size
 
-    def start(self, platform: Platform) -> TensorParallel:
+    def start(self, platform: Platform, expert_parallel: bool = False) -> TensorParallel:
         """Join the process groups (the rank's device chosen first) and return the
-        :class:`TensorParallel` this rank's shard is built with."""
+        :class:`TensorParallel` this rank's shard is built with (``expert_parallel``: its
+        mixture-of-experts layers hold whole experts)."""
         torch_backend(platform)  # an unsupported backend fails before anyone waits
         if platform.device_type != "cpu":
             torch.accelerator.set_device_index(self.rendezvous.local_rank)
@@ -91,7 +92,8 @@ class TensorParallelGroup:
             raise self._join_failure(exc) from exc
         self._channel = CommandChannel(self._groups.commands,
                                        torch.device(platform.device_type))
-        return TensorParallel(self.size, self.rendezvous.rank, communicator_for(platform))
+        return TensorParallel(self.size, self.rendezvous.rank, communicator_for(platform),
+                              expert_parallel)
 
     def driver_model(self, model: nn.Module, ctx: ModelContext, num_blocks: int
                      ) -> DriverModel:
