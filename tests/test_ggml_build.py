@@ -67,9 +67,10 @@ def test_the_cache_key_follows_the_source_and_the_compiler(cache, monkeypatch, t
     assert build.cache_key("portable", [*argv, "-g"]) != key
     edited = tmp_path / "kernels.c"
     edited.write_text(build.SOURCE.read_text())
+    for shipped in build.SOURCE.parent.glob("*.h"):
+        (tmp_path / shipped.name).write_text(shipped.read_text())
     header = tmp_path / "simd.h"
-    header.write_text(build.SOURCE.with_name("simd.h").read_text())
-    assert build.cache_key("portable", argv, edited) == key  # the same source and header
+    assert build.cache_key("portable", argv, edited) == key  # the same source and headers
     header.write_text(header.read_text() + "\n/* edited */\n")
     assert build.cache_key("portable", argv, edited) != key  # a header it includes
     edited.write_text(build.SOURCE.read_text() + "\n/* edited */\n")

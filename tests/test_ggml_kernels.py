@@ -136,7 +136,7 @@ def test_int8_dots_equal_the_rounded_activations_times_the_weight(fresh_discover
                                else 24)
     weight = ggml.dequantize(qweight, kind).double()
     generator = torch.Generator().manual_seed(6)
-    for rows in (1, 2, 5):
+    for rows in (1, 2, 5, 9):  # 9: the VNNI build's groups of 16 weight rows (kgroup.h)
         x = torch.randn(rows, cols, generator=generator)
         x[0, :ggml_block(kind)] = 0.0  # an all-zero block: scale 0
         got = build.linear_blocks(x, qweight, kind, None, "int8")
@@ -262,13 +262,31 @@ def test_integer_dots_hold_the_largest_weights_and_activations_exactly(fresh_dis
     q8 = torch.cat([one, torch.full((32,), 0x80, dtype=torch.uint8)]).repeat(2, 16)
     q6 = torch.cat([torch.zeros(192, dtype=torch.uint8), torch.full((16,), 0x80, dtype=torch.uint8),
                     one]).repeat(2, 2)
-    x = torch.ones(1, 512)
-    for qweight, kind, value in ((q8, Q.Q8_0, -128.0), (q6, Q.Q6_K, 4096.0)):
+    for qweight, kind, value in ((q8, Q.Q8_0, -128.0), (q6, Q.Q6_K, 4096.0),
+                                 (q6.repeat(8, 1), Q.Q6_K, 4096.0)):  # 16 rows x 8: kgroup
+        x = torch.ones(8 if qweight.shape[0] == 16 else 1, 512)
         want = ops_ggml.ggml_linear.reference(x, qweight, kind)
-        assert torch.equal(want, torch.full((1, 2), 512 * value))
+        assert torch.equal(want, torch.full((x.shape[0], qweight.shape[0]), 512 * value))
         for activations in c_ops.ACTIVATIONS if kind in c_ops.WIDE_TYPES else ("int8",):
             assert torch.equal(build.linear_blocks(x, qweight, kind, None, activations), want)
             assert torch.equal(build.linear_blocks(-x, qweight, kind, None, activations), -want)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", [k for k in INT8_ONLY if ggml_block(k) == 256],
+                         ids=lambda t: Q(t).name)
+def test_a_rows_result_does_not_depend_on_the_other_rows(fresh_discovery, name, kind):
+    """The super-block types compute each (weight row, activation row) pair with the same
+    fp32 operations whichever kernel serves the call (one row's tiles, or the VNNI build's
+    groups of 16 weight rows from six activation rows): a row alone and the same row among
+    18 give bitwise equal outputs, so a sequence's logits do not depend on its batch."""
+    build = built(name)
+    qweight, cols = weight_for(kind, 43, seed=kind + 9)  # 2 groups of 16 + 11 rows
+    x = torch.randn(18, cols, generator=torch.Generator().manual_seed(7))
+    together = build.linear_blocks(x, qweight, kind, None, "int8")
+    for row in range(18):
+        alone = build.linear_blocks(x[row:row + 1], qweight, kind, None, "int8")
+        assert torch.equal(alone[0], together[row]), f"row {row}"
 
 
 def user_table(tmp_path, monkeypatch, entry: dict) -> None:

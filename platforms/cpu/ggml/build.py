@@ -7,7 +7,8 @@ The source is ``kernels.c`` of this package (:data:`SOURCE`) unless a caller nam
 (the fused CPU kernels pass theirs). The builds of one source (:data:`BUILDS`):
 ``avx2`` (``-DHWPLUG_GGML_AVX2``, AVX2 + FMA + F16C, for x86-64 CPUs with them),
 ``vnni`` (the GGUF kernels' ``avx2`` build whose int8 dot products use AVX-512 VNNI on
-256-bit vectors, ``-DHWPLUG_GGML_VNNI``, for CPUs with AVX512-VNNI and AVX512-VL) and
+256-bit vectors, and on 512-bit ones for several activation rows of the super-block types,
+``-DHWPLUG_GGML_VNNI``, for CPUs with AVX512-VNNI, AVX512-BW and AVX512-VL) and
 ``portable`` (plain C the compiler vectorizes, for every other CPU). The compiler is
 ``$CC``, else the one Python was built with (``sysconfig``'s ``CC``), else ``cc``. Flags:
 ``-O3`` and the build's own, plus ``-march=native`` and ``-fopenmp``

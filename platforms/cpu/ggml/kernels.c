@@ -11,7 +11,10 @@
  *     scale, max|x| / 127) with the sums of each 16 quants (Q8_K, see q8k_t); the weight's
  *     integer sub-block scales multiply the int16 pair sums of the 8-bit products (madd, or
  *     VNNI's vpdpwssd), the sub-blocks' mins or centres meet the activations' 16-value sums
- *     in integer arithmetic too, and a super-block costs one fp32 FMA per pair of rows.
+ *     in integer arithmetic too, and a super-block costs one fp32 FMA per pair of rows. From
+ *     KG_MIN_ROWS activation rows the VNNI build takes them 16 weight rows at a time
+ *     instead, one row per 32-bit lane of AVX-512 vectors (kgroup.h), with the same fp32
+ *     arithmetic per pair, so each output is the same whichever kernel computes it.
  *   Output rows are split over OpenMP threads; each output is one thread's, so the result
  *   does not depend on the thread count.
  * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile).
@@ -353,11 +356,29 @@ INLINE u8x32 k_chunk(int type, const uint8_t *blk, int j) {
 }
 /* The super-block types: a super-block's dots, scaled and summed in int32 lanes, then one
  * fp32 FMA per pair of rows; the mins (or the centre) against the activations' 16-value
- * sums. Largest lane (Q6_K): 8 sub-blocks * 2 * (2 * 63 * 127) * 128 < 2^26. */
+ * sums. Largest lane (Q6_K): 8 sub-blocks * 2 * (2 * 63 * 127) * 128 < 2^26.
+ * Per pair (weight row, activation row) the fp32 arithmetic is fixed, whichever kernel runs
+ * it (this one, or the row groups of kgroup.h): over the super-blocks in order,
+ *   acc = fmaf(tot, d * dx, acc) with tot the exact integer dot of the super-block, and
+ *   off = fmaf(dmin * dx, mins, off) (Q2_K, Q4_K, Q5_K) or fmaf(d * dx, centre * csum, off)
+ *   (Q3_K, Q6_K), then acc - off (IQ4_XS: tot of the signed values, no offset),
+ * so a row's result does not depend on how many rows the call has (batch invariance). */
+INLINE void k_finish(int type, const khead_t *h, const q8k_t *x, int tot, float *acc,
+                     float *off) {
+    const int center = k_center(type);
+    *acc = fmaf((float)tot, h->d * x->d, *acc);
+    if (k_has_mins(type))
+        *off = fmaf(h->dmin * x->d,
+                    (float)(k_per32(type) ? dot8_u8_pairs(h->mn, x->bsums)
+                                          : dot16_u8(h->mn, x->bsums)),
+                    *off);
+    else if (center && type != T_IQ4_XS)
+        *off = fmaf(h->d * x->d, (float)(center * dot16_i8(h->sc, x->bsums)), *off);
+}
 INLINE void tile_k(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
                    float *res) {
-    TILE_BEGIN
-    const int bytes = k_bytes(type), center = k_center(type);
+    float acc[MT_MAX] = {0}, off[MT_MAX] = {0};
+    const int bytes = k_bytes(type);
     for (int64_t sb = 0; sb < a->nb; ++sb) {
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = w + r * ld + sb * bytes;
@@ -377,19 +398,10 @@ INLINE void tile_k(int type, const uint8_t *w, int64_t ld, int nr, const act_t *
                                             : dot_acc_u8(s[m], u, x, sc);
                 }
             }
-            FOR_M {
-                const q8k_t *x = K8(a, I(sb));
-                acc[t] = acc_add(acc[t], s[m], scale_of(h.d), &x->d);
-                if (k_has_mins(type))
-                    off[t] += h.dmin * x->d *
-                              (float)(k_per32(type) ? dot8_u8_pairs(h.mn, x->bsums)
-                                                    : dot16_u8(h.mn, x->bsums));
-                else if (center && type != T_IQ4_XS)
-                    off[t] += h.d * x->d * (float)(center * dot16_i8(h.sc, x->bsums));
-            }
+            FOR_M k_finish(type, &h, K8(a, I(sb)), isum_total(s[m]), &acc[t], &off[t]);
         }
     }
-    TILE_END
+    _Pragma("GCC unroll 4") for (int t = 0; t < nr * mt; ++t) res[t] = acc[t] - off[t];
 }
 
 /* one tile; nr and mt are compile-time constants after inlining into tile() */
@@ -460,6 +472,15 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
     _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
 }
 #endif
+#ifdef HWPLUG_GGML_VNNI
+#include "kgroup.h"
+/* activation rows from which the super-block types take kgroup (fewer: tile_k). Measured
+ * on a 2-vCPU Zen 5, one thread, CPU time per call: weights in cache (1536 x 1536), every
+ * type level or better from 6 rows (1.04-1.2x), 1.15-1.35x at 8, 2.0-2.25x at 32, 0.88x
+ * at 4; weights from memory (Q4_K 8960 x 1536, as in a decode step) 1.11x at 8, 1.71x at
+ * 32. */
+enum { KG_MIN_ROWS = 8 };
+#endif
 /* the super-block types (Q8_K activations) */
 static int super_type(int type) {
     return type == T_Q2_K || type == T_Q3_K || type == T_Q4_K || type == T_Q5_K ||
@@ -496,9 +517,20 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
             else
                 quantize_row(x + m * K, &act, m, 0);
         }
+        int64_t n_start = 0;
+#ifdef HWPLUG_GGML_VNNI
+        if (super && M >= KG_MIN_ROWS) { /* groups of 8 weight rows, then the rest below */
+            const int64_t groups = N / KG_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
+            for (int64_t g = 0; g < groups; ++g)
+                kgroup(type, w + g * KG_ROWS * row_bytes, row_bytes, &act, out + g * KG_ROWS,
+                       ldo, bias ? bias + g * KG_ROWS : NULL);
+            n_start = groups * KG_ROWS;
+        }
+#endif
 /* groups of 4 weight rows; each group against the activations in tiles of mt rows */
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
-        for (int64_t n0 = 0; n0 < N; n0 += MT_MAX) {
+        for (int64_t n0 = n_start; n0 < N; n0 += MT_MAX) {
             const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
             for (int64_t m0 = 0; m0 < M;) {
                 const act_t part = {(char *)act.q + block_bytes * (size_t)m0,

@@ -140,6 +140,8 @@ INLINE int hsum8_i32(__m256i p) {
     return hsum4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
 }
 /* sum_k a[k] b[k] for k < 16, int8 a (signed) or uint8 a */
+/* the sum of the 8 int32 lanes */
+INLINE int isum_total(isum_t s) { return hsum8_i32(s); }
 INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
     return hsum8_i32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(load8x2(a)), load32(b)));
 }
@@ -310,6 +312,9 @@ INLINE isum_t dot_acc_u8(isum_t s, u8x32 u, const int8_t *x, scl_t sc) {
 INLINE isum_t dot_acc_s8(isum_t s, u8x32 w, const int8_t *x, scl_t sc) {
     const i16x32 p = products_s8(w, x);
     return s + sum_products(&p, sc.lo, sc.hi);
+}
+INLINE int isum_total(isum_t s) {
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 INLINE int dot16_i8(const int8_t *a, const int16_t *b) {
     int s = 0;

@@ -1,0 +1,250 @@
+/* The super-block types (Q2_K .. Q6_K, IQ4_XS) for several activation rows at once: 16
+ * weight rows per group, one weight row per 32-bit lane of a 512-bit vector (included by
+ * kernels.c in its VNNI build, after tile_k, whose per-pair fp32 arithmetic this
+ * reproduces exactly: see k_finish).
+ *
+ * A super-block of the group is decoded once for all the call's activation rows, in two
+ * halves of eight rows: each 32-value chunk of the eight rows (k_chunk) is transposed so
+ * that lane r holds four consecutive quants of row r, and the headers' scales, mins and
+ * centres become vectors over the rows (8 x 8 byte transposes); the halves are then joined.
+ * Four activation rows at a time then cost one vpdpbusd per four values for all 16 rows
+ * (their four int8 quants broadcast), one integer multiply by the sub-blocks' scales per
+ * chunk, and the fp32 accumulation per super-block of k_finish. vpdpbusd takes the
+ * unsigned quants whole (no int16 pair saturation), so IQ4_XS's values come as values + 128,
+ * and 128 times the scaled activation sums are taken back from the integer dot. */
+#ifndef HWPLUG_GGML_KGROUP_H
+#define HWPLUG_GGML_KGROUP_H
+
+/* weight rows per group (lanes); activation rows per pass over a group's super-blocks;
+ * activation rows per load of a chunk's quants */
+enum { KG_ROWS = 16, KG_PASS = 64, KG_R = 4 };
+
+/* r[i] <- lane n of r[i] is lane i of r[n] (an 8 x 8 transpose of int32) */
+INLINE void transpose8_epi32(__m256i r[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* a group's super-block: q[j][i] lane r = quants 32 j + 4 i .. + 3 of row r; the headers as
+ * vectors over the rows: sc[k] (int32), the int16 pairs (x[2p], x[2p + 1]) of the mins (mnp)
+ * and of the scales (scp), d and dmin */
+typedef struct {
+    __m256i q[8][8];
+    __m256i sc[16], mnp[8], scp[8];
+    __m256 d, dmin;
+} khalf_t;
+/* the same for the group's 16 rows: two halves of 8, rows 8 .. 15 in the upper 256 bits */
+typedef struct {
+    __m512i q[8][8];
+    __m512i sc[16], mnp[8], scp[8];
+    __m512 d, dmin;
+} kgroup_t;
+
+/* out[k] lane r = byte k of the 8 bytes at p[r] (k, r < 8), as int32: signed or unsigned
+ * bytes (an 8 x 8 byte transpose by unpacking) */
+INLINE void transpose8x8_bytes(const void *const p[8], __m256i out[8], int is_signed) {
+    __m128i x[8];
+    for (int r = 0; r < 8; ++r) x[r] = load8(p[r]);
+    const __m128i a0 = _mm_unpacklo_epi8(x[0], x[1]), a1 = _mm_unpacklo_epi8(x[2], x[3]),
+                  a2 = _mm_unpacklo_epi8(x[4], x[5]), a3 = _mm_unpacklo_epi8(x[6], x[7]);
+    const __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1),
+                  b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+    const __m128i c[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2),
+                          _mm_unpacklo_epi32(b1, b3), _mm_unpackhi_epi32(b1, b3)};
+    for (int i = 0; i < 4; ++i) { /* c[i]: bytes k = 2 i for rows 0..7, then k = 2 i + 1 */
+        const __m128i hi = _mm_srli_si128(c[i], 8);
+        out[2 * i] = is_signed ? _mm256_cvtepi8_epi32(c[i]) : _mm256_cvtepu8_epi32(c[i]);
+        out[2 * i + 1] = is_signed ? _mm256_cvtepi8_epi32(hi) : _mm256_cvtepu8_epi32(hi);
+    }
+}
+
+/* lane r: the int16 pair (lo[r], hi[r]) (lo, hi: int32 lanes within int16) */
+INLINE __m256i int16_pairs(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)),
+                           _mm256_slli_epi32(hi, 16));
+}
+
+INLINE void khalf_load(int type, const uint8_t *blk, int64_t ld, khalf_t *g) {
+    const int n = k_per32(type) ? 8 : 16, mins = k_has_mins(type);
+    khead_t h[8];
+    for (int r = 0; r < 8; ++r) k_header(type, blk + r * ld, &h[r]);
+    for (int half = 0; half < n / 8; ++half) {
+        const void *sc[8], *mn[8];
+        for (int r = 0; r < 8; ++r) {
+            sc[r] = h[r].sc + 8 * half;
+            mn[r] = h[r].mn + 8 * half;
+        }
+        transpose8x8_bytes(sc, g->sc + 8 * half, 1);
+        __m256i m[8];
+        if (mins) transpose8x8_bytes(mn, m, 0);
+        for (int p = 0; p < 4; ++p) {
+            g->scp[4 * half + p] = int16_pairs(g->sc[8 * half + 2 * p], g->sc[8 * half + 2 * p + 1]);
+            g->mnp[4 * half + p] = mins ? int16_pairs(m[2 * p], m[2 * p + 1]) : _mm256_setzero_si256();
+        }
+    }
+    g->d = _mm256_setr_ps(h[0].d, h[1].d, h[2].d, h[3].d, h[4].d, h[5].d, h[6].d, h[7].d);
+    g->dmin = mins ? _mm256_setr_ps(h[0].dmin, h[1].dmin, h[2].dmin, h[3].dmin, h[4].dmin,
+                                    h[5].dmin, h[6].dmin, h[7].dmin)
+                   : _mm256_setzero_ps();
+    for (int j = 0; j < 8; ++j) {
+        for (int r = 0; r < 8; ++r) g->q[j][r] = k_chunk(type, blk + r * ld, j);
+        transpose8_epi32(g->q[j]);
+    }
+}
+
+INLINE __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+INLINE __m512 join_ps(__m256 lo, __m256 hi) {
+    return _mm512_castsi512_ps(join(_mm256_castps_si256(lo), _mm256_castps_si256(hi)));
+}
+
+/* the group's super-block at blk (rows ld bytes apart) */
+INLINE void kgroup_load(int type, const uint8_t *blk, int64_t ld, kgroup_t *g) {
+    const int n = k_per32(type) ? 8 : 16, bytes = k_bytes(type);
+    /* the next group's super-block: each row's run of a group is a short stream that the
+     * hardware prefetchers do not ramp up on, and in a decode step it comes from memory */
+    for (int r = 0; r < KG_ROWS; ++r)
+        for (int line = 0; line < bytes; line += 64)
+            __builtin_prefetch(blk + (KG_ROWS + r) * ld + line, 0, 0);
+    khalf_t a, b;
+    khalf_load(type, blk, ld, &a);
+    khalf_load(type, blk + 8 * ld, ld, &b);
+    for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 8; ++i) g->q[j][i] = join(a.q[j][i], b.q[j][i]);
+    for (int k = 0; k < n; ++k) g->sc[k] = join(a.sc[k], b.sc[k]);
+    for (int p = 0; p < n / 2; ++p) {
+        g->scp[p] = join(a.scp[p], b.scp[p]);
+        g->mnp[p] = join(a.mnp[p], b.mnp[p]);
+    }
+    g->d = join_ps(a.d, b.d);
+    g->dmin = join_ps(a.dmin, b.dmin);
+}
+
+/* the int32 broadcast of the four int8 at p */
+INLINE __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* sum_p pairs[p] . (b[2p], b[2p + 1]) per lane, for p < n */
+INLINE __m512i kgroup_pairs(const __m512i *pairs, const int16_t *b, int n) {
+    __m512i s = _mm512_setzero_si512();
+    for (int p = 0; p < n; ++p) {
+        int32_t v;
+        memcpy(&v, b + 2 * p, 4);
+        s = _mm512_dpwssd_epi32(s, pairs[p], _mm512_set1_epi32(v));
+    }
+    return s;
+}
+
+/* activation rows x[0 .. R - 1] against the group's super-block: acc and off as k_finish
+ * has them. Each chunk's transposed quants are loaded once for the R rows. */
+INLINE void kgroup_rows_r(int type, const kgroup_t *g, const q8k_t *const x[], int R,
+                          __m512 *acc, __m512 *off) {
+    const int per32 = k_per32(type), center = k_center(type);
+    __m512i tot[KG_R];
+    _Pragma("GCC unroll 4") for (int m = 0; m < R; ++m) tot[m] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j) {
+        __m512i q[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) q[i] = g->q[j][i];
+        _Pragma("GCC unroll 4") for (int m = 0; m < R; ++m) {
+            const int8_t *xq = x[m]->q + 32 * j;
+            __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(xq));
+            __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], bcast4(xq + 16));
+            _Pragma("GCC unroll 3") for (int i = 1; i < 4; ++i) {
+                lo = _mm512_dpbusd_epi32(lo, q[i], bcast4(xq + 4 * i));
+                hi = _mm512_dpbusd_epi32(hi, q[4 + i], bcast4(xq + 16 + 4 * i));
+            }
+            if (per32)
+                tot[m] = _mm512_add_epi32(
+                    tot[m], _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), g->sc[j]));
+            else
+                tot[m] = _mm512_add_epi32(
+                    tot[m], _mm512_add_epi32(_mm512_mullo_epi32(lo, g->sc[2 * j]),
+                                             _mm512_mullo_epi32(hi, g->sc[2 * j + 1])));
+        }
+    }
+    const int pairs = per32 ? 4 : 8;
+    _Pragma("GCC unroll 4") for (int m = 0; m < R; ++m) {
+        /* the activations' sums per scale: of 32 values (per32 types) or of 16 */
+        _Alignas(16) int16_t sums32[8];
+        const int16_t *sums = x[m]->bsums;
+        if (per32) {
+            _mm_store_si128((__m128i *)sums32,
+                            _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)sums),
+                                           _mm_loadu_si128((const __m128i *)(sums + 8))));
+            sums = sums32;
+        }
+        if (type == T_IQ4_XS)
+            tot[m] = _mm512_sub_epi32(tot[m],
+                                      _mm512_slli_epi32(kgroup_pairs(g->scp, sums, pairs), 7));
+        const __m512 dx = _mm512_set1_ps(x[m]->d);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[m]), _mm512_mul_ps(g->d, dx), acc[m]);
+        if (k_has_mins(type))
+            off[m] = _mm512_fmadd_ps(_mm512_mul_ps(g->dmin, dx),
+                                     _mm512_cvtepi32_ps(kgroup_pairs(g->mnp, sums, pairs)),
+                                     off[m]);
+        else if (center && type != T_IQ4_XS)
+            off[m] = _mm512_fmadd_ps(
+                _mm512_mul_ps(g->d, dx),
+                _mm512_cvtepi32_ps(_mm512_mullo_epi32(kgroup_pairs(g->scp, sums, pairs),
+                                                      _mm512_set1_epi32(center))),
+                off[m]);
+    }
+}
+
+/* out[m * ldo + n0 + r] for r < 8 and every activation row m, from weight rows n0 .. n0 + 7
+ * (w: row n0) */
+INLINE void kgroup_rows(int type, const uint8_t *w, int64_t ld, const act_t *a, float *out,
+                        int64_t ldo, const float *bias) {
+    const int bytes = k_bytes(type);
+    const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    kgroup_t g;
+    for (int64_t m0 = 0; m0 < a->rows; m0 += KG_PASS) {
+        const int mc = (int)(a->rows - m0 < KG_PASS ? a->rows - m0 : KG_PASS);
+        __m512 acc[KG_PASS], off[KG_PASS];
+        for (int m = 0; m < mc; ++m) acc[m] = off[m] = _mm512_setzero_ps();
+        for (int64_t sb = 0; sb < a->nb; ++sb) {
+            kgroup_load(type, w + sb * bytes, ld, &g);
+            for (int m = 0; m < mc; m += KG_R) {
+                const q8k_t *x[KG_R];
+                const int r = mc - m < KG_R ? mc - m : KG_R;
+                for (int i = 0; i < r; ++i) x[i] = K8(a, sb * a->rows + m0 + m + i);
+                if (r == KG_R)
+                    kgroup_rows_r(type, &g, x, KG_R, acc + m, off + m);
+                else
+                    for (int i = 0; i < r; ++i)
+                        kgroup_rows_r(type, &g, x + i, 1, acc + m + i, off + m + i);
+            }
+        }
+        for (int m = 0; m < mc; ++m)
+            _mm512_storeu_ps(out + (m0 + m) * ldo,
+                             _mm512_add_ps(_mm512_sub_ps(acc[m], off[m]), b));
+    }
+}
+
+/* each type's instance (type a compile-time constant in each) */
+static void kgroup(int type, const uint8_t *w, int64_t ld, const act_t *a, float *out,
+                   int64_t ldo, const float *bias) {
+    switch (type) {
+#define KG(T) case T: kgroup_rows(T, w, ld, a, out, ldo, bias); break;
+    KG(T_Q2_K) KG(T_Q3_K) KG(T_Q4_K) KG(T_Q5_K) KG(T_Q6_K) KG(T_IQ4_XS)
+#undef KG
+    }
+}
+#endif /* HWPLUG_GGML_KGROUP_H */
