@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from hwplug.config import EngineConfig
     from hwplug.platforms.sighting import Sighting
-    from hwplug.step_replay import StepRecorder
+    from hwplug.step_replay import DeviceSampler, StepRecorder
 
 __all__ = ["DeviceCapability", "DeviceFacts", "MemoryInfo", "Platform"]
 
@@ -252,6 +252,13 @@ class Platform(StrictInterface):
         """How this platform replays a recorded step (see :mod:`hwplug.step_replay`), or
         None, the default: every step runs eagerly and nothing is recorded. The CPU
         platform records the native kernel calls of its C kernels."""
+        return None
+
+    def device_sampler(self) -> DeviceSampler | None:
+        """How this platform samples tokens where its logits are computed (see
+        :mod:`hwplug.step_replay`), or None, the default: the engine samples in torch.
+        A platform that returns one records steps that can end in it
+        (:class:`~hwplug.step_replay.SamplingStep`)."""
         return None
 
     def place_state(self, weights: Iterable[torch.Tensor], kv_caches: Iterable[torch.Tensor]

@@ -5,7 +5,9 @@ A pure decode step (one new token per sequence, each sampling) of ``n`` sequence
 the graph of the smallest bucket of :data:`BUCKETS` that holds ``n``: the forward pass and
 the logits, recorded once per bucket as the native kernel calls they make and replayed
 from then on, with the step's token ids, positions, slots, block tables and lengths
-written into the bucket's static input tensors. Rows past ``n`` are padding: token 0 at
+written into the bucket's static input tensors. On a platform that samples on its device
+(:mod:`~hwplug.model_zoo.engine.device_sampling`) the replay samples the logits there
+too (:meth:`DecodeGraphs.sample`). Rows past ``n`` are padding: token 0 at
 position 0, slot -1 (not written), one token of block 0 (read, never written).
 
 A bucket is recorded twice, over the shortest context (one token) and the longest
@@ -31,7 +33,7 @@ import torch
 
 from hwplug.attention import AttentionMetadata
 from hwplug.errors import UnsupportedError
-from hwplug.step_replay import RecordedStep, StepRecorder
+from hwplug.step_replay import RecordedStep, SampledTokens, SampleRequest, StepRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,29 @@ class DecodeGraphs:
         ``token_ids[i]`` at ``positions[i]``, stored at ``slots[i]``, its blocks
         ``block_tables[i]``), or None when that step runs eagerly (a refused bucket, more
         sequences than the last bucket, a block table longer than ``max_blocks``)."""
+        graph = self._filled(token_ids, positions, slots, block_tables)
+        if graph is None:
+            return None
+        self.replays += 1
+        return graph.replay()[:len(token_ids)]
+
+    def sample(self, token_ids: Sequence[int], positions: Sequence[int],
+               slots: Sequence[int], block_tables: Sequence[Sequence[int]],
+               request: SampleRequest) -> SampledTokens | None:
+        """The tokens of the same step sampled on the device as ``request`` says (the
+        recorder's steps must be :class:`~hwplug.step_replay.SamplingStep` s: the platform
+        has a device sampler), or None when that step runs eagerly."""
+        graph = self._filled(token_ids, positions, slots, block_tables)
+        if graph is None:
+            return None
+        self.replays += 1
+        return graph.replay_sampled(request)  # type: ignore[attr-defined]
+
+    def _filled(self, token_ids: Sequence[int], positions: Sequence[int],
+                slots: Sequence[int], block_tables: Sequence[Sequence[int]]
+                ) -> RecordedStep | None:
+        """The graph of the step's bucket with the step written into its static inputs, or
+        None (see :meth:`logits`)."""
         n, width = len(token_ids), max(map(len, block_tables))
         at = bisect.bisect_left(self.buckets, n)
         if at == len(self.buckets) or width > self.max_blocks:
@@ -121,9 +146,7 @@ class DecodeGraphs:
         inputs.metadata.block_tables[:n, :width] = torch.tensor(
             [list(table) + [0] * (width - len(table)) for table in block_tables],
             dtype=torch.int32)
-        logits = graph.replay()
-        self.replays += 1
-        return logits[:n]
+        return graph
 
     def _record(self, bucket: int) -> tuple[RecordedStep, _Inputs] | None:
         inputs = _Inputs(

@@ -39,12 +39,21 @@ def top_logprobs(logits: torch.Tensor, targets: Sequence[int], ks: Sequence[int]
     most = max(ks)
     top_values, top_ids = (logprobs.topk(most, dim=-1) if most
                            else (logprobs[:, :0], logprobs[:, :0].long()))
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    return logprob_rows(targets, chosen_values, ranks, top_values.tolist(), top_ids.tolist(),
+                        ks)
+
+
+def logprob_rows(targets: Sequence[int], chosen: Sequence[float], ranks: Sequence[int],
+                 top_values: Sequence[Sequence[float]], top_ids: Sequence[Sequence[int]],
+                 ks: Sequence[int]) -> list[RowLogprobs]:
+    """The rows :func:`top_logprobs` returns, from its numbers computed elsewhere (e.g. on a
+    device): per row the target's log-probability and rank, and the log-probabilities
+    and ids of at least ``ks[i]`` most likely tokens, best first."""
     rows = []
     for i, token in enumerate(targets):
-        row = {int(token): (chosen_values[i], ranks[i])}
+        row = {int(token): (chosen[i], ranks[i])}
         for rank in range(ks[i]):
-            row.setdefault(top_ids[i][rank], (top_values[i][rank], rank + 1))
+            row.setdefault(int(top_ids[i][rank]), (top_values[i][rank], rank + 1))
         rows.append(row)
     return rows
 

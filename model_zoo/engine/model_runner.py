@@ -23,11 +23,13 @@ from hwplug.attention import AttentionMetadata
 from hwplug.dtypes import torch_dtype
 from hwplug.model_zoo.context import ModelContext
 from hwplug.model_zoo.engine.decode_graphs import DecodeGraphs
+from hwplug.model_zoo.engine.device_sampling import DeviceSampling
 from hwplug.model_zoo.engine.logprobs import record_prompt_logprobs, top_logprobs
 from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.engine.speculation import verify
 from hwplug.model_zoo.sampling import SamplingRow, sample
+from hwplug.step_replay import SampleRequest
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,10 @@ class ModelRunner:
         self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(
             self._logits, recorder, step_graphs.max_num_seqs, step_graphs.max_model_len,
             self.block_size)
+        #: Sampling on the platform's device (None: every step samples in torch).
+        sampler = ctx.platform.device_sampler()
+        self.device_sampling = None if sampler is None else DeviceSampling(sampler,
+                                                                           generator)
 
     def prepare(self, seqs: Seq[Sequence], num_new_tokens: Seq[int]) -> StepInputs:
         """Inputs of a step in which ``seqs[i]`` computes its next ``num_new_tokens[i]``
@@ -145,19 +151,24 @@ class ModelRunner:
         return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches,
                                                     metadata))
 
-    def _decode_logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
-        """The logits of ``batch`` from a step graph, or None (not a pure decode step, or
-        one that runs eagerly)."""
+    def _replay(self, batch: ScheduledBatch, device: DeviceSampling | None,
+                request: SampleRequest | None) -> list[int] | torch.Tensor | None:
+        """``batch`` from a step graph: its tokens sampled on the device as ``request`` says
+        (by ``device``), else its logits; None when it runs eagerly (not a pure decode step, or one of a bucket
+        that does)."""
         seqs = batch.seqs
         if self.graphs is None or not all(batch.sampled) or any(
                 n != 1 for n in batch.num_new_tokens):
             return None
         positions = [seq.num_computed_tokens for seq in seqs]
-        return self.graphs.logits(
-            [seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)], positions,
-            [slot(seq.block_table, p, self.block_size)
-             for seq, p in zip(seqs, positions, strict=True)],
-            [seq.block_table for seq in seqs])
+        step = ([seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)], positions,
+                [slot(seq.block_table, p, self.block_size)
+                 for seq, p in zip(seqs, positions, strict=True)],
+                [seq.block_table for seq in seqs])
+        if device is None or request is None:
+            return self.graphs.logits(*step)
+        sampled = self.graphs.sample(*step, request)
+        return None if sampled is None else device.accept(sampled, seqs)
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch, replay: bool = True) -> list[int | list[int]]:
@@ -168,10 +179,19 @@ class ModelRunner:
         ``replay=False`` runs it eagerly even when a step graph could serve it (the model's
         Python, its layers' hooks included, runs: a step loading KV blocks needs that).
         The log-probabilities sequences asked for are appended to their ``logprobs`` and
-        ``prompt_logprobs`` (taken from the logits before sampling changes them).
+        ``prompt_logprobs`` (taken from the logits before sampling changes them). Where
+        the platform samples on its device and every sampled row allows it, the step
+        samples there (:mod:`~hwplug.model_zoo.engine.device_sampling`).
         """
         sampled = batch.sampled_seqs
-        logits = self._decode_logits(batch) if replay else None
+        device = self.device_sampling
+        if device is not None and not (sampled and device.serves(sampled)):
+            device = None
+        request = None if device is None else device.request(sampled)
+        replayed = self._replay(batch, device, request) if replay else None
+        if isinstance(replayed, list):
+            return replayed
+        logits = replayed
         if logits is None:
             inputs = self.prepare(batch.seqs, batch.num_new_tokens)
             hidden = self.forward(inputs)
@@ -182,6 +202,8 @@ class ModelRunner:
             if inputs.sample_rows is not None:
                 hidden = hidden[inputs.sample_rows]
             logits = self.model.compute_logits(hidden)
+        if device is not None and request is not None:
+            return device.accept(device.sampler.sample(logits, request), sampled)
         if any(seq.spec_token_ids for seq in sampled):
             return verify(logits, sampled, self.generator, self._sample,
                           self._rejection_sample)

@@ -23,6 +23,10 @@ first), so no weight or cache crosses per op or per step.
 
 Entries are keyed by the torch tensor object and dropped when it is garbage collected,
 so engines created one after another in a process do not see each other's arrays.
+
+**What crosses.** Every transfer between the host and a device that is not the host
+goes through :func:`send` or :func:`to_torch`, which count it in :data:`TRANSFERS`
+(arrays and bytes each way): what a step moves can be read there.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ import functools
 import logging
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -67,21 +72,60 @@ def host_array(tensor: torch.Tensor) -> jax.Array:
     return jax.dlpack.from_dlpack(shared)
 
 
+@dataclass
+class Transfers:
+    """Arrays and bytes moved between the host and a device that is not the host, each
+    way, since the last :meth:`reset`."""
+
+    to_device: int = 0
+    to_device_bytes: int = 0
+    to_host: int = 0
+    to_host_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, array: jax.Array, *, to_host: bool) -> None:
+        """Count one transfer of ``array``."""
+        with self._lock:
+            if to_host:
+                self.to_host += 1
+                self.to_host_bytes += array.nbytes
+            else:
+                self.to_device += 1
+                self.to_device_bytes += array.nbytes
+
+    def reset(self) -> None:
+        with self._lock:
+            self.to_device = self.to_device_bytes = self.to_host = self.to_host_bytes = 0
+
+
+#: This process's transfers (see the module docstring).
+TRANSFERS = Transfers()
+
+
+def send(value: torch.Tensor | np.ndarray, target: jax.Device) -> jax.Array:
+    """A host tensor or array on ``target`` (shared, not copied, when that is the host;
+    else transferred and counted in :data:`TRANSFERS`)."""
+    array = host_array(value) if isinstance(value, torch.Tensor) else jax.device_put(
+        value, host())
+    if target == host():
+        return array
+    TRANSFERS.count(array, to_host=False)
+    return jax.device_put(array, target)
+
+
 def to_jax(tensor: torch.Tensor) -> jax.Array:
     """``tensor`` as a JAX array on :func:`device`: its resident copy when the engine
     placed it there, else shared on the host (:func:`host_array`) and transferred when the
     device is not the host."""
     placed = resident(tensor)
-    if placed is not None:
-        return placed
-    array = host_array(tensor)
-    target = device()
-    return array if target == host() else jax.device_put(array, target)
+    return placed if placed is not None else send(tensor, device())
 
 
 def to_torch(array: jax.Array) -> torch.Tensor:
-    """A finished JAX result as a torch CPU tensor (shares its memory on the host)."""
+    """A finished JAX result as a torch CPU tensor (shares its memory on the host; from a
+    device that is not the host, transferred and counted in :data:`TRANSFERS`)."""
     if array.devices() != {host()}:
+        TRANSFERS.count(array, to_host=True)
         array = jax.device_put(array, host())
     return torch.from_dlpack(array.block_until_ready())
 

@@ -7,7 +7,8 @@ where JAX runs: a TPU, or JAX's CPU backend standing in for one (``JAX_PLATFORMS
 with ``HWPLUG_PLATFORM=tpu``). An engine's weights and KV caches are placed on that device
 once (:meth:`TpuPlatform.place_state`, :mod:`hwplug_tpu.bridge`), and its decode steps
 run as one compiled JAX function per batch bucket (:meth:`TpuPlatform.step_recorder`,
-:mod:`hwplug_tpu.step`).
+:mod:`hwplug_tpu.step`) that also samples the next tokens
+(:meth:`TpuPlatform.device_sampler`): only the step's inputs and its token ids cross.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hwplug_tpu.probe import JAX_BACKEND_DETAIL
 if TYPE_CHECKING:
     import torch
 
+    from hwplug_tpu.sampler import JaxSampler
     from hwplug_tpu.step import JaxStepRecorder
 
 #: Device features the facts carry: which JAX backend the ops run on.
@@ -119,6 +121,13 @@ class TpuPlatform(Platform):
         from hwplug_tpu.step import RECORDER
 
         return RECORDER
+
+    def device_sampler(self) -> JaxSampler:
+        """Tokens sampled on the JAX device, a replayed decode step's inside its compiled
+        program: only token ids come back (see :mod:`hwplug_tpu.sampler`)."""
+        from hwplug_tpu.sampler import SAMPLER
+
+        return SAMPLER
 
     def execution_summary(self) -> str | None:
         """The XLA compilations so far and how many of them were whole steps."""

@@ -22,7 +22,11 @@ e.g. the LM head's float32 logits of a bfloat16 model): an op that falls back to
 reference refuses the recording, naming it. A replay transfers the
 inputs to the device, runs the compiled step (one XLA program per recorded step, compiled
 at its first replay) and copies its outputs back into the placeholders the recorded step
-returned: those are the only transfers of a step.
+returned: those are the only transfers of a step. A sampled replay
+(:meth:`CompiledStep.replay_sampled`, a decode step's) runs the step and the sampler in one
+program (another compilation of the same recording): then the step's inputs and the
+sampling's per-row arrays go in, and only the token ids come back (and the
+log-probabilities a request asked for).
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ from torch.utils._pytree import tree_leaves
 
 from hwplug.errors import UnsupportedError
 from hwplug.platforms.cpu.step_graph import OnlyAllocationsAndViews
-from hwplug_tpu.bridge import device, host_array, is_cache, replace_cache, resident, to_torch
+from hwplug.step_replay import SampledTokens, SampleRequest
+from hwplug_tpu.bridge import device, is_cache, replace_cache, resident, send, to_torch
+from hwplug_tpu.sampler import logprobs_width, request_arrays, sample, sampled_tokens
 
 logger = logging.getLogger(__name__)
 _state = threading.local()  # .recording: the Recording of this thread, if any
@@ -268,43 +274,74 @@ class Recording:
 
 
 class CompiledStep:
-    """A recorded step (:class:`~hwplug.step_replay.RecordedStep`): :meth:`replay` runs it as
-    one compiled XLA program."""
+    """A recorded step (:class:`~hwplug.step_replay.SamplingStep`): :meth:`replay` runs it
+    as one compiled XLA program, :meth:`replay_sampled` as one that also samples its
+    logits (:mod:`hwplug_tpu.sampler`)."""
 
     def __init__(self, recording: Recording, recorder: JaxStepRecorder) -> None:
         self.recording, self.recorder = recording, recorder
         self.outputs: Any = None
-        self._compiled: Any = None
+        #: The compiled programs: None -> the step; ``("sample", k)`` -> the step ending in
+        #: sampling with ``k`` top log-probabilities (None: none).
+        self._compiled: dict[Any, Any] = {}
         self._outputs: list[torch.Tensor] = []
 
     def replay(self) -> Any:
         """Transfer the inputs, run the compiled step over the resident weights and KV
         caches, copy the outputs back; returns :attr:`outputs`, now holding them."""
-        rec = self.recording
-        with jax.transfer_guard("allow"):  # the step's declared inputs
-            inputs = [jax.device_put(host_array(t), device()) for t in rec.inputs]
-        params = [resident(t) for t in rec.params]
-        states = [resident(t) for t in rec.states]
-        if self._compiled is None:
-            self._compile(params, states, inputs)
-        outputs, states = self._compiled(params, states, inputs)
-        for cache, new in zip(rec.states, states, strict=True):
-            replace_cache(cache, new)
+        self._outputs = [t for t in tree_leaves(self.outputs) if isinstance(t, torch.Tensor)]
+        outputs = self._run(None, [])
         with jax.transfer_guard("allow"):  # the step's declared outputs
             for tensor, out in zip(self._outputs, outputs, strict=True):
                 tensor.copy_(to_torch(out))
         return self.outputs
 
-    def _compile(self, params: list, states: list, inputs: list) -> None:
-        self._outputs = [t for t in tree_leaves(self.outputs) if isinstance(t, torch.Tensor)]
-        program = self.recording.program([self.recording.output(t) for t in self._outputs])
-        jitted = jax.jit(program, donate_argnums=1)
-        self._compiled = jitted.lower(params, states, inputs).compile()
+    def replay_sampled(self, request: SampleRequest) -> SampledTokens:
+        """Replay the step and sample the first ``len(request.seeds)`` rows of its logits
+        (its one output, ``[rows, vocab]``) in the same program; only the tokens (and the
+        log-probabilities asked for) come back."""
+        (logits,) = self._outputs = [t for t in tree_leaves(self.outputs)
+                                     if isinstance(t, torch.Tensor)]
+        extra = request_arrays(request, logits.shape[0])
+        outputs = self._run(("sample", logprobs_width(request)), extra)
+        with jax.transfer_guard("allow"):  # the step's declared outputs
+            return sampled_tokens([to_torch(out) for out in outputs], request)
+
+    def _run(self, kind: Any, extra: list[np.ndarray]) -> list[jax.Array]:
+        """Run program ``kind`` (compiled at its first run) over the transferred inputs and
+        ``extra`` ones; the KV caches are replaced by its new ones; returns its outputs."""
+        rec = self.recording
+        target = device()
+        with jax.transfer_guard("allow"):  # the step's declared inputs
+            inputs = [send(t, target) for t in rec.inputs] + [send(a, target) for a in extra]
+        params = [resident(t) for t in rec.params]
+        states = [resident(t) for t in rec.states]
+        compiled = self._compiled.get(kind)
+        if compiled is None:
+            compiled = self._compiled[kind] = self._compile(kind, params, states, inputs)
+        outputs, states = compiled(params, states, inputs)
+        for cache, new in zip(rec.states, states, strict=True):
+            replace_cache(cache, new)
+        return outputs
+
+    def _compile(self, kind: Any, params: list, states: list, inputs: list) -> Any:
+        step = self.recording.program([self.recording.output(t) for t in self._outputs])
+        program = step
+        if kind is not None:
+            count = len(self.recording.inputs)
+
+            def program(params: list, states: list, inputs: list) -> tuple[list, list]:
+                (logits,), states = step(params, states, inputs[:count])
+                return list(sample(logits, *inputs[count:], logprobs=kind[1])), states
+
+        compiled = jax.jit(program, donate_argnums=1).lower(params, states, inputs).compile()
         shapes = tuple(tuple(t.shape) for t in self.recording.inputs)
         self.recorder.compiled.append(shapes)
-        logger.info("compiled a step of %d JAX ops over %d resident weights and %d KV caches; "
+        logger.info("compiled a step of %d JAX ops over %d resident weights and %d KV caches%s; "
                     "its inputs %s", len(self.recording.nodes), len(params), len(states),
+                    "" if kind is None else f", sampling its logits ({kind[1]} top logprobs)",
                     shapes)
+        return compiled
 
 
 class JaxStepRecorder:

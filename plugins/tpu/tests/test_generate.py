@@ -80,4 +80,5 @@ def test_a_streamed_prompt_reports_its_compilations():
     assert 0 < int(match.group(1)) < 60  # per bucket, not per step
     assert re.fullmatch(r"step graphs: decode batches of up to 1 sequences replayed \(\d+ "
                         r"steps\)", lines[speed + 2]), lines
+    assert re.fullmatch(r"sampled on the device: \d+ steps; on the host: 0", lines[speed + 3]), lines
     assert "Paris" in out.stdout

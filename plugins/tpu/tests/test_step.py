@@ -1,6 +1,6 @@
 """An engine on the tpu platform keeps its weights and KV caches on the JAX device, and a
 decode step runs as one compiled JAX function per batch bucket, crossing only its inputs
-and its logits.
+and its logits, or, sampling on the device, only its inputs and its token ids.
 
 JAX's CPU backend stands in for the TPU with two devices (see ``conftest.py``): the
 platform computes on the second, so every crossing between torch's host memory and the
@@ -19,7 +19,8 @@ import hwplug
 from hwplug import discovery
 from hwplug.attention import AttentionMetadata
 from hwplug.model_zoo.engine.model_runner import StepInputs, slot
-from hwplug_tpu.bridge import device, is_cache, resident
+from hwplug.step_replay import SampleRequest
+from hwplug_tpu.bridge import TRANSFERS, device, is_cache, resident
 from hwplug_tpu.compilations import compilations
 from hwplug_tpu.step import RECORDER
 
@@ -141,3 +142,56 @@ def test_with_a_kv_connector_the_caches_stay_in_torch(llm, tmp_path):
         assert "did not place" in " ".join(other.runner.graphs.refused.values())
     finally:
         other.close()
+
+
+def test_a_sampled_decode_step_sends_back_only_its_token_ids(llm):
+    """A replayed decode step samples inside its compiled program: past its first run
+    (which compiles), under JAX's transfer guard, one array comes back, the bucket's int32
+    token ids, which are the greedy tokens of the same step run op by op; a request for
+    log-probabilities brings back those too, and nothing else."""
+    graphs = llm.runner.graphs
+    greedy = SampleRequest([0.0] * 2, [0] * 2, [1.0] * 2, [0] * 2, [21, 21])
+    graphs.sample(*step_of(llm, [11, 12], 20), greedy)
+    TRANSFERS.reset()
+    with jax.transfer_guard("disallow"):
+        sampled = graphs.sample(*step_of(llm, [13, 14], 21), greedy)
+    assert (TRANSFERS.to_host, TRANSFERS.to_host_bytes) == (1, 2 * 4)  # bucket 2, int32
+    assert sampled.tokens == eager(llm, [13, 14], 21).argmax(dim=-1).tolist()
+    assert sampled.logprobs is None
+    asked = SampleRequest([0.0] * 2, [0] * 2, [1.0] * 2, [0] * 2, [21, 21], logprobs=2)
+    graphs.sample(*step_of(llm, [13, 14], 21), asked)
+    TRANSFERS.reset()
+    with jax.transfer_guard("disallow"):
+        again = graphs.sample(*step_of(llm, [13, 14], 21), asked)
+    assert TRANSFERS.to_host == 5  # tokens, their log-probabilities and ranks, the top 2
+    assert again.tokens == sampled.tokens and len(again.logprobs[2][0]) == 2
+
+
+def test_the_engine_samples_on_the_device_and_falls_back_for_a_penalty(llm):
+    """Greedy generation samples every step on the device (the eager prefill's logits and
+    the replayed decode steps); a repetition penalty, which the device sampler does not
+    apply, samples on the host, counted by reason."""
+    sampling = llm.runner.device_sampling
+    before, host = sampling.device_steps, sampling.host_steps["repetition penalty"]
+    llm.generate(["The capital of France is"],
+                 hwplug.SamplingParams(max_tokens=4, ignore_eos=True))
+    assert sampling.device_steps == before + 4
+    llm.generate(["The capital of France is"],
+                 hwplug.SamplingParams(max_tokens=4, ignore_eos=True, repetition_penalty=1.2))
+    assert sampling.device_steps == before + 4
+    assert sampling.host_steps["repetition penalty"] == host + 4
+    assert "repetition penalty: " in sampling.describe()
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_its_neighbours(llm):
+    """Its draws derive from its seed and positions only: alone, or batched with other
+    prompts (its decode steps then replay another bucket), the same tokens."""
+    seeded = hwplug.SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0,
+                                   top_p=0.9, seed=1234)
+    prompt = "Once upon a time"
+    (alone,) = llm.generate([prompt], seeded)
+    batched = llm.generate([prompt, "The weather today", "Numbers: 1, 2,"], seeded)
+    other = llm.generate([prompt], hwplug.SamplingParams(
+        max_tokens=6, ignore_eos=True, temperature=1.0, top_p=0.9, seed=1235))
+    assert batched[0].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert other[0].outputs[0].token_ids != alone.outputs[0].token_ids
