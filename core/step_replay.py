@@ -38,6 +38,9 @@ class StepRecorder(Protocol):
 
     #: What is recorded, for reports (``"native kernel calls"``).
     name: str
+    #: Whether the engine records prefill steps too (per tokens and sequences bucket), not
+    #: only decode steps.
+    records_prefill: bool
 
     def record(self) -> AbstractContextManager[RecordedStep]:
         """Record what the code run inside the block does into the yielded step. Raises

@@ -169,7 +169,8 @@ class LLM:
         events = KVEventBus()
         self.block_manager = BlockManager(num_blocks, config.block_size, events=events,
                                           enable_prefix_caching=options.enable_prefix_caching)
-        graph_limits = GraphLimits(options.max_num_seqs, self.max_model_len) if (
+        graph_limits = GraphLimits(options.max_num_seqs, self.max_model_len,
+                                   options.max_num_batched_tokens) if (
             options.step_graphs and self.parallelism.tensor_parallel_size == 1) else None
         self.runner = ModelRunner(self.parallelism.engine_model(self.model, self.ctx, num_blocks),
                                   self.ctx, num_blocks, generator, graph_limits,

@@ -147,6 +147,8 @@ def _report(llm: LLM, num_tokens: int, seconds: float, first_text: float | None,
     graphs = llm.runner.graphs
     console.print(graphs.describe() if graphs else f"step graphs: {llm.config.step_graphs}",
                   highlight=False, soft_wrap=True)
+    if llm.runner.prefill_graphs is not None:
+        console.print(llm.runner.prefill_graphs.describe(), highlight=False, soft_wrap=True)
     if llm.runner.device_sampling is not None:
         console.print(llm.runner.device_sampling.describe(), highlight=False, soft_wrap=True)
     if llm.config.speculative != "off":

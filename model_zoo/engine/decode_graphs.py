@@ -42,6 +42,27 @@ logger = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def record_twice(recorder: StepRecorder, first: Callable[[], RecordedStep],
+                 second: Callable[[], RecordedStep]) -> RecordedStep:
+    """Record one step twice over different input contents (``first()`` then ``second()``
+    record it) and return the second recording, when ``recorder`` finds both the same;
+    raises what recording or the check raised."""
+    one = first()
+    other = second()
+    recorder.check_same(one, other)
+    return other
+
+
+def refusal(steps: str, exc: Exception) -> str:
+    """Why ``steps`` (``"decode steps of 4 sequences"``) run eagerly after ``exc`` ended their
+    recording: logged (a refusal at info, any other failure as a warning) and returned."""
+    unsupported = isinstance(exc, UnsupportedError)
+    reason = str(exc) if unsupported else f"recording failed: {type(exc).__name__}: {exc}"
+    logger.log(logging.INFO if unsupported else logging.WARNING, "%s run eagerly: %s", steps,
+               reason)
+    return reason
+
+
 @dataclass
 class _Inputs:
     """A bucket's static inputs (``metadata`` holds the attention ones)."""
@@ -157,23 +178,26 @@ class DecodeGraphs:
                 seq_lens=torch.ones(bucket, dtype=torch.int32),
                 query_start_loc=torch.arange(bucket + 1, dtype=torch.int32),
                 max_query_len=1, max_seq_len=1))
-        try:
-            first = self._recording(inputs)
-            # the second over other contents: the longest context, another token and
-            # (negative, unwritten) slot
+
+        def recording(inputs: _Inputs) -> RecordedStep:
+            with self.recorder.record() as graph:
+                graph.outputs = self.step(inputs.input_ids, inputs.positions, inputs.metadata)
+            return graph
+
+        def longest() -> RecordedStep:
+            # over other contents: the longest context, another token and (negative,
+            # unwritten) slot
             inputs.input_ids.fill_(1)
             inputs.positions.fill_(self.max_model_len - 1)
             inputs.metadata.seq_lens.fill_(self.max_model_len)
             inputs.metadata.slot_mapping.fill_(-2)
-            second = self._recording(replace(inputs, metadata=replace(
+            return recording(replace(inputs, metadata=replace(
                 inputs.metadata, max_seq_len=self.max_model_len)))
-            self.recorder.check_same(first, second)
+
+        try:
+            second = record_twice(self.recorder, lambda: recording(inputs), longest)
         except Exception as exc:  # noqa: BLE001 - whatever failed, the eager step decides
-            self.refused[bucket] = str(exc) if isinstance(exc, UnsupportedError) else (
-                f"recording failed: {type(exc).__name__}: {exc}")
-            logger.log(logging.INFO if isinstance(exc, UnsupportedError) else logging.WARNING,
-                       "decode steps of %d sequences run eagerly: %s", bucket,
-                       self.refused[bucket])
+            self.refused[bucket] = refusal(f"decode steps of {bucket} sequences", exc)
             return None
         finally:
             inputs.pad()
@@ -181,8 +205,3 @@ class DecodeGraphs:
         logger.info("decode steps of up to %d sequences replay a recorded step (%s)", bucket,
                     self.recorder.name)
         return second, inputs
-
-    def _recording(self, inputs: _Inputs) -> RecordedStep:
-        with self.recorder.record() as graph:
-            graph.outputs = self.step(inputs.input_ids, inputs.positions, inputs.metadata)
-        return graph

@@ -25,20 +25,24 @@ from hwplug.model_zoo.context import ModelContext
 from hwplug.model_zoo.engine.decode_graphs import DecodeGraphs
 from hwplug.model_zoo.engine.device_sampling import DeviceSampling
 from hwplug.model_zoo.engine.logprobs import record_prompt_logprobs, top_logprobs
+from hwplug.model_zoo.engine.prefill_graphs import PrefillGraphs
 from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.engine.speculation import verify
 from hwplug.model_zoo.sampling import SamplingRow, sample
-from hwplug.step_replay import SampleRequest
+from hwplug.step_replay import SampledTokens, SampleRequest
 
 
 @dataclass(frozen=True)
 class GraphLimits:
-    """The decode steps :class:`ModelRunner` records step graphs for: batches of up to
-    ``max_num_seqs`` sequences of up to ``max_model_len`` tokens."""
+    """The steps :class:`ModelRunner` records step graphs for: decode batches of up to
+    ``max_num_seqs`` sequences of up to ``max_model_len`` tokens; where the platform's
+    recorder records prefill steps too, those of up to ``max_num_batched_tokens`` tokens
+    (None: no prefill graphs)."""
 
     max_num_seqs: int
     max_model_len: int
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass
@@ -93,6 +97,12 @@ class ModelRunner:
         self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(
             self._logits, recorder, step_graphs.max_num_seqs, step_graphs.max_model_len,
             self.block_size)
+        #: The prefill step graphs (None: prefill steps run eagerly).
+        self.prefill_graphs = None if (
+            self.graphs is None or step_graphs is None or not recorder.records_prefill
+            or step_graphs.max_num_batched_tokens is None) else PrefillGraphs(
+            self._sampled_logits, recorder, step_graphs.max_num_batched_tokens,
+            step_graphs.max_num_seqs, step_graphs.max_model_len, self.block_size)
         #: Sampling on the platform's device (None: every step samples in torch).
         sampler = ctx.platform.device_sampler()
         self.device_sampling = None if sampler is None else DeviceSampling(sampler,
@@ -151,15 +161,23 @@ class ModelRunner:
         return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches,
                                                     metadata))
 
+    def _sampled_logits(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                        metadata: AttentionMetadata, sample_rows: torch.Tensor
+                        ) -> torch.Tensor:
+        """Logits of the ``sample_rows`` tokens of a step (a prefill step graph's body)."""
+        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        return self.model.compute_logits(hidden[sample_rows])
+
     def _replay(self, batch: ScheduledBatch, device: DeviceSampling | None,
                 request: SampleRequest | None) -> list[int] | torch.Tensor | None:
         """``batch`` from a step graph: its tokens sampled on the device as ``request`` says
-        (by ``device``), else its logits; None when it runs eagerly (not a pure decode step, or one of a bucket
-        that does)."""
+        (by ``device``), else its logits; None when it runs eagerly (see
+        :class:`DecodeGraphs` and :class:`PrefillGraphs`)."""
         seqs = batch.seqs
-        if self.graphs is None or not all(batch.sampled) or any(
-                n != 1 for n in batch.num_new_tokens):
+        if self.graphs is None:
             return None
+        if not all(batch.sampled) or any(n != 1 for n in batch.num_new_tokens):
+            return self._replay_prefill(batch, device, request)
         positions = [seq.num_computed_tokens for seq in seqs]
         step = ([seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)], positions,
                 [slot(seq.block_table, p, self.block_size)
@@ -169,6 +187,24 @@ class ModelRunner:
             return self.graphs.logits(*step)
         sampled = self.graphs.sample(*step, request)
         return None if sampled is None else device.accept(sampled, seqs)
+
+    def _replay_prefill(self, batch: ScheduledBatch, device: DeviceSampling | None,
+                        request: SampleRequest | None) -> list[int] | torch.Tensor | None:
+        """A step that is not a pure decode step from a prefill step graph, or None."""
+        if self.prefill_graphs is None or any(
+                seq.spec_token_ids or seq.prompt_logprobs is not None for seq in batch.seqs):
+            return None
+        inputs = self.prepare(batch.seqs, batch.num_new_tokens)
+        rows = inputs.sample_rows
+        if rows is None:
+            rows = torch.arange(inputs.input_ids.shape[0])
+        if request is None and not batch.sampled_seqs and self.device_sampling is not None:
+            request = SampleRequest((), (), (), (), ())  # nothing samples: one program
+        out = self.prefill_graphs.run(inputs.input_ids, inputs.positions, inputs.metadata,
+                                      rows, request)
+        if not isinstance(out, SampledTokens):
+            return out
+        return device.accept(out, batch.sampled_seqs) if device is not None else []
 
     @torch.inference_mode()
     def step(self, batch: ScheduledBatch, replay: bool = True) -> list[int | list[int]]:
@@ -192,6 +228,8 @@ class ModelRunner:
         if isinstance(replayed, list):
             return replayed
         logits = replayed
+        if logits is not None and not sampled:
+            return []
         if logits is None:
             inputs = self.prepare(batch.seqs, batch.num_new_tokens)
             hidden = self.forward(inputs)

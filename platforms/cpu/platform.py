@@ -19,6 +19,7 @@ class _NativeCallRecorder:
     the first recording, not when a report asks for the recorder's name)."""
 
     name = "native kernel calls"
+    records_prefill = False
 
     def record(self) -> AbstractContextManager[RecordedStep]:
         from hwplug.platforms.cpu.step_graph import record

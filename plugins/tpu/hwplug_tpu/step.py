@@ -18,7 +18,8 @@ computes nothing: it hands its JAX function and arguments to the thread's
 As with the CPU's step graphs, the model may only allocate and take views in torch while
 recording (:class:`~hwplug.platforms.cpu.step_graph.OnlyAllocationsAndViews`), and here
 also change a tensor's dtype (``.float()``, ``.to(dtype)``, ...: recorded as a JAX cast,
-e.g. the LM head's float32 logits of a bfloat16 model): an op that falls back to a torch
+e.g. the LM head's float32 logits of a bfloat16 model) and pick rows by an integer
+tensor (``hidden[sample_rows]``, a prefill step's sampled rows): an op that falls back to a torch
 reference refuses the recording, naming it. A replay transfers the
 inputs to the device, runs the compiled step (one XLA program per recorded step, compiled
 at its first replay) and copies its outputs back into the placeholders the recorded step
@@ -147,6 +148,18 @@ def cast(x: jax.Array, *, dtype: str) -> jax.Array:
     return x.astype(dtype)
 
 
+def _row_index(args: tuple) -> bool:
+    """Whether ``tensor[args[1]]`` picks rows by a 1-D integer tensor."""
+    index = args[1] if len(args) == 2 else None
+    return (isinstance(index, torch.Tensor) and index.dim() == 1
+            and not index.dtype.is_floating_point and index.dtype != torch.bool)
+
+
+def take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """Rows ``rows`` of ``x`` (a recorded ``x[rows]``)."""
+    return x[rows]
+
+
 class _AllocationsViewsAndCasts(OnlyAllocationsAndViews):
     """:class:`OnlyAllocationsAndViews` that records dtype casts into ``recording``."""
 
@@ -157,6 +170,8 @@ class _AllocationsViewsAndCasts(OnlyAllocationsAndViews):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.Tensor.__getitem__ and _row_index(args):  # a prefill's sampled rows
+            return self.recording.call(take_rows, *args)
         dtype = _cast_to(getattr(func, "__name__", ""), args, kwargs)
         if dtype is None:
             return super().__torch_function__(func, types, args, kwargs)
@@ -349,6 +364,8 @@ class JaxStepRecorder:
     module docstring). :attr:`compiled` lists each compiled step by its inputs' shapes."""
 
     name = "one compiled JAX function per step"
+    #: Prefill steps are recorded too (:mod:`hwplug.model_zoo.engine.prefill_graphs`).
+    records_prefill = True
 
     def __init__(self) -> None:
         self.compiled: list[tuple[tuple[int, ...], ...]] = []

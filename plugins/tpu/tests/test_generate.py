@@ -4,7 +4,8 @@
 Greedy completions of five chat prompts, batched, must be the cpu platform's, token for
 token (both in float32 on the dequantized weights: the platforms' default dtypes may
 differ, and the tpu platform, which has no GGUF kernels, dequantizes the GGUF by itself);
-the decode steps replay one compiled step per batch bucket; a streamed prompt reports the
+the decode steps replay one compiled step per batch bucket, the prefill steps one per
+(tokens, sequences) bucket, and every token is sampled on the device; a streamed prompt reports the
 XLA compilations the run made next to its speed. The tests' conftest gives JAX two CPU
 devices (``XLA_FLAGS``, inherited by the ``hwplug generate`` processes): the tpu platform
 computes on the second.
@@ -66,19 +67,27 @@ def test_five_prompts_give_the_cpu_platforms_greedy_tokens(prompts_file):
     buckets = re.search(r"^step graphs: decode batches of up to ([\d, ]+) sequences replayed "
                         r"\((\d+) steps\)$", tpu.stderr, re.M)
     assert buckets and int(buckets.group(2)) > 0, tpu.stderr
+    prefill = re.search(r"^prefill steps of up to \(tokens, sequences\) (.+) replayed "
+                        r"\((\d+) steps\)$", tpu.stderr, re.M)
+    assert prefill and int(prefill.group(2)) > 0, tpu.stderr
     compiled = re.search(r"; steps compiled whole: (\d+)$", tpu.stderr, re.M)
-    assert int(compiled.group(1)) == len(buckets.group(1).split(","))  # one per bucket
+    # one per decode bucket and one per prefill bucket
+    assert int(compiled.group(1)) == (len(buckets.group(1).split(","))
+                                      + prefill.group(1).count("("))
 
 
 def test_a_streamed_prompt_reports_its_compilations():
     out = generate("tpu", PROMPTS[0])
     lines = out.stderr.splitlines()
     speed = next(i for i, line in enumerate(lines) if "tokens/s" in line)
-    match = re.fullmatch(r"jax: (\d+) XLA compilations \(\d+\.\d s\); steps compiled whole: 1",
+    # a decode step and a prefill step compiled whole
+    match = re.fullmatch(r"jax: (\d+) XLA compilations \(\d+\.\d s\); steps compiled whole: 2",
                          lines[speed + 1])
     assert match, lines
     assert 0 < int(match.group(1)) < 60  # per bucket, not per step
     assert re.fullmatch(r"step graphs: decode batches of up to 1 sequences replayed \(\d+ "
                         r"steps\)", lines[speed + 2]), lines
-    assert re.fullmatch(r"sampled on the device: \d+ steps; on the host: 0", lines[speed + 3]), lines
+    assert re.fullmatch(r"prefill steps of up to \(tokens, sequences\) \(\d+, 1\) replayed "
+                        r"\(1 steps\)", lines[speed + 3]), lines
+    assert re.fullmatch(r"sampled on the device: \d+ steps; on the host: 0", lines[speed + 4]), lines
     assert "Paris" in out.stdout

@@ -195,3 +195,20 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_its_neighbours(llm):
         max_tokens=6, ignore_eos=True, temperature=1.0, top_p=0.9, seed=1235))
     assert batched[0].outputs[0].token_ids == alone.outputs[0].token_ids
     assert other[0].outputs[0].token_ids != alone.outputs[0].token_ids
+
+
+def test_compiled_prefill_gives_the_eager_prefills_greedy_tokens(llm):
+    """Prefill steps compiled per (tokens, sequences) bucket: SmolLM2's greedy tokens are
+    those of the same engine with its prefill steps run op by op."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a"]
+    params = hwplug.SamplingParams(max_tokens=5, ignore_eos=True)
+    graphs = llm.runner.prefill_graphs
+    before = graphs.replays
+    compiled = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+    assert graphs.replays > before and not graphs.refused, graphs.describe()
+    llm.runner.prefill_graphs = None  # between steps: the engine's loop is idle
+    try:
+        eager = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+    finally:
+        llm.runner.prefill_graphs = graphs
+    assert compiled == eager
