@@ -5,8 +5,10 @@ A figure to watch, not a goal: JAX's CPU backend is not a TPU. Each side is a ch
 process, since a platform is chosen once per process and applies its own process
 environment before torch loads:
 
-- ``tpu step``: ``JAX_PLATFORMS=cpu HWPLUG_PLATFORM=tpu``, weights and KV caches resident
-  on the JAX device, each decode step one compiled XLA program per batch bucket;
+- ``tpu step``: ``JAX_PLATFORMS=cpu HWPLUG_PLATFORM=tpu`` (on JAX's second CPU device,
+  see ``_TPU``), weights and KV caches resident on the JAX device, each decode step one
+  compiled XLA program per batch bucket and each prefill step one per (tokens, sequences)
+  bucket, both sampling on the device;
 - ``tpu per-op``: the same with ``step_graphs=False``: every op a jitted JAX call with its
   activations crossing to and from JAX, as the previous bridge ran every step;
 - ``cpu``: ``HWPLUG_PLATFORM=cpu`` (its own step graphs of native calls).
@@ -17,8 +19,10 @@ greedily from random prompts, ignoring EOS; a warm-up call of the same length fi
 compiles every shape bucket the timed calls meet. Decode tokens/s is
 ``batch * (N - 1) / (T(N) - T(1))`` with ``T(n)`` the wall time of a generate call for
 ``n`` new tokens, so prefill is excluded. The tpu sides also report the XLA compilations of
-their warm-up and of their timed calls (0 when no step recompiles), and the tpu step side
-how many whole steps were compiled (one per batch bucket met).
+their warm-up and of their timed calls (0 when no step recompiles), the tpu step side
+how many whole steps were compiled (one per decode batch bucket and per prefill (tokens,
+sequences) bucket met), and both what crossed between the host and the JAX device per
+step of a timed call (arrays and bytes each way, from ``hwplug_tpu.bridge.TRANSFERS``).
 
     python benchmarks/tpu_jax_cpu.py
     python benchmarks/tpu_jax_cpu.py --batch-sizes 1 8 --new-tokens 64 --repeats 3
@@ -35,7 +39,11 @@ import subprocess
 import sys
 import time
 
-_TPU = {"HWPLUG_PLATFORM": "tpu", "JAX_PLATFORMS": "cpu"}
+#: The tpu sides compute on JAX's second CPU device, apart from the host memory torch's
+#: tensors live in (as the plugin's tests do), so what a step moves is a real transfer,
+#: as on a TPU, and is counted.
+_TPU = {"HWPLUG_PLATFORM": "tpu", "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 #: Each side's environment (on top of this process's, without these variables) and whether
 #: its decode steps replay recorded steps.
 SIDES = {"tpu step": (_TPU, True), "tpu per-op": (_TPU, False),
@@ -76,14 +84,15 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     llm = hwplug.LLM(args.model, dtype="float32", max_num_seqs=max(args.batch_sizes),
                      dequantize=True, step_graphs=not args.no_step_graphs,
                      max_model_len=args.prompt_tokens + args.new_tokens)
-    counter, recorder = None, None
+    counter, recorder, transfers = None, None, None
     if llm.platform == "tpu":
+        from hwplug_tpu.bridge import TRANSFERS
         from hwplug_tpu.compilations import compilations
         from hwplug_tpu.step import RECORDER
 
-        counter, recorder = compilations(), RECORDER
+        counter, recorder, transfers = compilations(), RECORDER, TRANSFERS
     generator = torch.Generator().manual_seed(0)
-    rates, compiled = {}, {"warm-up": 0, "timed": 0}
+    rates, compiled, crossed = {}, {"warm-up": 0, "timed": 0}, {}
     for batch in args.batch_sizes:
         prompts = torch.randint(0, llm.hf_config.vocab_size, (batch, args.prompt_tokens),
                                 generator=generator).tolist()
@@ -96,20 +105,29 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         before = counter.count if counter else 0
         seconds(args.new_tokens)
         warm = counter.count if counter else 0
-        full, prefill = seconds(args.new_tokens), seconds(1)
+        if transfers:
+            transfers.reset()
+        full = seconds(args.new_tokens)
+        if transfers:  # per step of the timed call (its prefill step and decode steps)
+            crossed[str(batch)] = [round(n / args.new_tokens) for n in (
+                transfers.to_device, transfers.to_device_bytes, transfers.to_host,
+                transfers.to_host_bytes)]
+        prefill = seconds(1)
         compiled["warm-up"] += warm - before
         compiled["timed"] += (counter.count if counter else 0) - warm
         rates[str(batch)] = batch * (args.new_tokens - 1) / (full - prefill)
-    graphs = llm.runner.graphs
+    graphs, prefill_graphs = llm.runner.graphs, llm.runner.prefill_graphs
     return {"rates": rates, "compilations": compiled, "threads": torch.get_num_threads(),
             "steps": len(recorder.compiled) if recorder else 0,
-            "buckets": graphs.recorded if graphs else []}
+            "buckets": graphs.recorded if graphs else [],
+            "prefill_buckets": prefill_graphs.recorded if prefill_graphs else [],
+            "crossed": crossed}
 
 
 def run_side(side: str, args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("HWPLUG_PLATFORM", "JAX_PLATFORMS", "OMP_WAIT_POLICY",
-                         "GOMP_SPINCOUNT")}
+                         "GOMP_SPINCOUNT", "XLA_FLAGS")}
     side_env, step_graphs = SIDES[side]
     command = [sys.executable, __file__, "--child", "--new-tokens", str(args.new_tokens),
                "--prompt-tokens", str(args.prompt_tokens), "--batch-sizes",
@@ -138,10 +156,15 @@ def main() -> None:
     for side in ("tpu step", "tpu per-op"):
         last = runs[side][-1]
         compiled = last["compilations"]
-        steps = (f" ({last['steps']} whole decode steps, batch buckets "
-                 f"{', '.join(map(str, last['buckets']))})" if last["steps"] else "")
+        steps = (f" ({last['steps']} whole steps: decode batch buckets "
+                 f"{', '.join(map(str, last['buckets']))}; prefill (tokens, sequences) "
+                 f"buckets {', '.join(str(tuple(b)) for b in last['prefill_buckets'])})"
+                 if last["steps"] else "")
         print(f"{side}: XLA compilations per process: {compiled['warm-up']} in the warm-up"
               f"{steps}, {compiled['timed']} in the timed calls")
+        for batch, (sent, sent_bytes, back, back_bytes) in last["crossed"].items():
+            print(f"{side}: per step at batch {batch}: {sent} arrays ({sent_bytes} bytes) to "
+                  f"the device, {back} ({back_bytes} bytes) back")
     print(f"{'batch':>5} {'tpu step':>9} {'tpu per-op':>11} {'step/per-op':>12} {'cpu':>8} "
           f"{'step/cpu':>9}")
     for batch in map(str, args.batch_sizes):
