@@ -19,6 +19,7 @@ import hwplug
 from hwplug import discovery
 from hwplug.attention import AttentionMetadata
 from hwplug.model_zoo.engine.model_runner import StepInputs, slot
+from hwplug.model_zoo.sampling import StructuredOutput
 from hwplug.step_replay import SampleRequest
 from hwplug_tpu.bridge import TRANSFERS, device, is_cache, resident
 from hwplug_tpu.compilations import compilations
@@ -168,8 +169,8 @@ def test_a_sampled_decode_step_sends_back_only_its_token_ids(llm):
 
 
 def test_the_engine_samples_on_the_device_and_falls_back_for_a_penalty(llm):
-    """Greedy generation samples every step on the device (the eager prefill's logits and
-    the replayed decode steps); a repetition penalty, which the device sampler does not
+    """Greedy generation samples every step on the device (the prefill's and the decode
+    steps'); a repetition penalty or structured output, which the device sampler does not
     apply, samples on the host, counted by reason."""
     sampling = llm.runner.device_sampling
     before, host = sampling.device_steps, sampling.host_steps["repetition penalty"]
@@ -181,6 +182,11 @@ def test_the_engine_samples_on_the_device_and_falls_back_for_a_penalty(llm):
     assert sampling.device_steps == before + 4
     assert sampling.host_steps["repetition penalty"] == host + 4
     assert "repetition penalty: " in sampling.describe()
+    # structured output masks the logits on the host: its steps sample there too
+    (out,) = llm.generate(["Reply with a digit:"], hwplug.SamplingParams(
+        max_tokens=3, structured=StructuredOutput(regex="[0-9]{3}")))
+    assert out.outputs[0].text.isdigit() and sampling.host_steps["structured output"] > 0
+    assert sampling.device_steps == before + 4
 
 
 def test_a_seeded_request_samples_the_same_tokens_whatever_its_neighbours(llm):
