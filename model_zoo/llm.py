@@ -169,8 +169,11 @@ class LLM:
         events = KVEventBus()
         self.block_manager = BlockManager(num_blocks, config.block_size, events=events,
                                           enable_prefix_caching=options.enable_prefix_caching)
+        speculator = build_speculator(options.speculative_config, ProposerTarget(
+            options, self.ctx, int(self.hf_config.vocab_size), num_blocks, self.max_model_len))
         graph_limits = GraphLimits(options.max_num_seqs, self.max_model_len,
-                                   options.max_num_batched_tokens) if (
+                                   options.max_num_batched_tokens,
+                                   speculator.k + 1 if speculator else 1) if (
             options.step_graphs and self.parallelism.tensor_parallel_size == 1) else None
         self.runner = ModelRunner(self.parallelism.engine_model(self.model, self.ctx, num_blocks),
                                   self.ctx, num_blocks, generator, graph_limits,
@@ -179,8 +182,6 @@ class LLM:
                               max_num_batched_tokens=options.max_num_batched_tokens,
                               max_model_len=self.max_model_len,
                               eos_token_ids=checkpoint.eos_token_ids)
-        speculator = build_speculator(options.speculative_config, ProposerTarget(
-            options, self.ctx, int(self.hf_config.vocab_size), num_blocks, self.max_model_len))
         self.engine = LLMEngine(
             self.runner, scheduler, self.tokenizer, vocab_size=int(self.hf_config.vocab_size),
             root_hash=root_hash(model_key(self.hf_config.to_dict(), checkpoint.files,

@@ -20,6 +20,19 @@ sequence of the bucket, once. A bucket whose step computes anything in torch (a 
 without native kernels for every op) is refused once, with the reason logged, and its
 steps run eagerly; so does one whose recording failed in any other way (logged as a
 warning: the eager step then raises whatever the model raises).
+
+A speculative verify step (sequence ``i`` scoring ``k_i + 1`` tokens on its context, every
+one sampling) runs as the decode batch of its ``sum(k_i + 1)`` query rows: row ``j`` of
+sequence ``i`` is a decode row of its own (its token, position and slot, context up to and
+including its position, sequence ``i``'s blocks), exactly what
+:meth:`~hwplug.attention.AttentionMetadata.decode_rows` makes of it on the eager path.
+Under a causal mask the rows of one sequence see each other's keys because the step
+writes every row's KV before any attention reads it. With ``rows_per_seq = k + 1`` the
+buckets add ``b * (k + 1)`` rows for each batch bucket ``b``, so a verify step of ``b``
+sequences with ``k`` proposals each replays without padding; one with fewer proposals
+takes the next bucket up. A step that cannot replay (more rows than the last bucket, a
+block table past ``max_model_len``, a refused bucket) runs eagerly, and says why at debug
+level.
 """
 
 from __future__ import annotations
@@ -83,22 +96,26 @@ class _Inputs:
 class DecodeGraphs:
     """Step graphs of ``step(input_ids, positions, metadata) -> logits`` for decode batches
     of up to ``max_num_seqs`` sequences of up to ``max_model_len`` tokens in blocks of
-    ``block_size``, recorded by ``recorder``."""
+    ``block_size``, recorded by ``recorder``, and verify steps of up to ``rows_per_seq``
+    (``k + 1``) query rows per sequence (1: no speculation)."""
 
     def __init__(self, step: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata],
                                       torch.Tensor], recorder: StepRecorder,
-                 max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+                 max_num_seqs: int, max_model_len: int, block_size: int,
+                 rows_per_seq: int = 1) -> None:
         self.step, self.recorder = step, recorder
         self.max_model_len, self.block_size = max_model_len, block_size
+        self.rows_per_seq = rows_per_seq
         #: Block table entries of a sequence of ``max_model_len`` tokens.
         self.max_blocks = -(-max_model_len // block_size)
-        self.buckets = sorted({b for b in BUCKETS if b < max_num_seqs}
-                              | {min(max_num_seqs, BUCKETS[-1])})
+        batches = {b for b in BUCKETS if b < max_num_seqs} | {min(max_num_seqs, BUCKETS[-1])}
+        #: Rows per recorded step: the batch buckets, and their verify steps' rows.
+        self.buckets = sorted(batches | {b * rows_per_seq for b in batches})
         self._graphs: dict[int, tuple[RecordedStep, _Inputs]] = {}
         #: bucket -> why it runs eagerly.
         self.refused: dict[int, str] = {}
-        #: Decode steps served by a replay.
-        self.replays = 0
+        #: Steps served by a replay, and of them verify steps.
+        self.replays = self.verify_replays = 0
 
     @property
     def recorded(self) -> list[int]:
@@ -110,8 +127,10 @@ class DecodeGraphs:
         why."""
         parts = []
         if self._graphs:
+            verify = (f", {self.verify_replays} of them verify steps"
+                      if self.rows_per_seq > 1 else "")
             parts.append(f"decode batches of up to {', '.join(map(str, self.recorded))} "
-                         f"sequences replayed ({self.replays} steps)")
+                         f"sequences replayed ({self.replays} steps{verify})")
         reasons: dict[str, list[int]] = {}
         for bucket, why in sorted(self.refused.items()):
             reasons.setdefault(why, []).append(bucket)
@@ -120,21 +139,24 @@ class DecodeGraphs:
         return f"step graphs: {'; '.join(parts) or 'none recorded yet (no decode step)'}"
 
     def logits(self, token_ids: Sequence[int], positions: Sequence[int],
-               slots: Sequence[int], block_tables: Sequence[Sequence[int]]) -> torch.Tensor | None:
-        """Logits ``[n, vocab]`` of a decode step of n sequences (sequence i: token
-        ``token_ids[i]`` at ``positions[i]``, stored at ``slots[i]``, its blocks
-        ``block_tables[i]``), or None when that step runs eagerly (a refused bucket, more
-        sequences than the last bucket, a block table longer than ``max_blocks``)."""
+               slots: Sequence[int], block_tables: Sequence[Sequence[int]],
+               verify: bool = False) -> torch.Tensor | None:
+        """Logits ``[n, vocab]`` of a decode step of n rows (row i: token ``token_ids[i]``
+        at ``positions[i]``, stored at ``slots[i]``, its sequence's blocks
+        ``block_tables[i]``; a verify step, ``verify``, gives each of its query rows), or
+        None when that step runs eagerly (a refused bucket, more rows than the last
+        bucket, a block table longer than ``max_blocks``; logged at debug level)."""
         graph = self._filled(token_ids, positions, slots, block_tables)
         if graph is None:
             return None
         self.replays += 1
+        self.verify_replays += verify
         return graph.replay()[:len(token_ids)]
 
     def sample(self, token_ids: Sequence[int], positions: Sequence[int],
                slots: Sequence[int], block_tables: Sequence[Sequence[int]],
                request: SampleRequest) -> SampledTokens | None:
-        """The tokens of the same step sampled on the device as ``request`` says (the
+        """The tokens of the same decode step sampled on the device as ``request`` says (the
         recorder's steps must be :class:`~hwplug.step_replay.SamplingStep` s: the platform
         has a device sampler), or None when that step runs eagerly."""
         graph = self._filled(token_ids, positions, slots, block_tables)
@@ -151,12 +173,17 @@ class DecodeGraphs:
         n, width = len(token_ids), max(map(len, block_tables))
         at = bisect.bisect_left(self.buckets, n)
         if at == len(self.buckets) or width > self.max_blocks:
+            logger.debug("a step of %d rows runs eagerly: %s", n,
+                         f"more than the last bucket's {self.buckets[-1]} rows"
+                         if at == len(self.buckets) else
+                         f"a block table of {width} blocks (> {self.max_blocks})")
             return None
         bucket = self.buckets[at]
-        if bucket in self.refused:
-            return None
-        entry = self._graphs.get(bucket) or self._record(bucket)
+        entry = None if bucket in self.refused else (
+            self._graphs.get(bucket) or self._record(bucket))
         if entry is None:
+            logger.debug("a step of %d rows runs eagerly: bucket %d is refused (%s)", n,
+                         bucket, self.refused[bucket])
             return None
         graph, inputs = entry
         inputs.pad(n)  # rows a larger step left: they would replay (and write KV) again

@@ -80,6 +80,8 @@ class EngineStats:
     spec_proposed_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_verifications: int = 0
+    #: Verify steps (each a step of the whole batch) served by a step graph's replay.
+    replayed_verify_steps: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -187,7 +189,7 @@ class LLMEngine:
         """The engine's load now. Reads counters only, so any thread may call it while the
         engine's thread steps (the values may then be a step apart from each other)."""
         scheduler, blocks = self.scheduler, self.scheduler.block_manager
-        spec = self.speculator
+        spec, graphs = self.speculator, self.runner.graphs
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
             kv_blocks_used=blocks.num_blocks - blocks.num_free_blocks,
@@ -197,7 +199,8 @@ class LLMEngine:
             num_preemptions=scheduler.num_preemptions, num_steps=self.num_steps,
             spec_proposed_tokens=spec.num_proposed if spec else 0,
             spec_accepted_tokens=spec.num_accepted if spec else 0,
-            spec_verifications=spec.num_verified if spec else 0)
+            spec_verifications=spec.num_verified if spec else 0,
+            replayed_verify_steps=graphs.verify_replays if graphs else 0)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -7,12 +7,14 @@ inputs and :class:`~hwplug.attention.AttentionMetadata` of the whole mixed batch
 per tensor, runs the model under ``torch.inference_mode()``, computes logits only for
 the last token of each sequence that samples, and samples them. With ``step_graphs``, on a
 platform that can replay steps (:meth:`~hwplug.Platform.step_recorder`), a pure decode
-step replays a recorded step graph instead
+step, or a speculative verify step (every sequence scoring its proposals and the token
+after them), replays a recorded step graph instead
 (:class:`~hwplug.model_zoo.engine.decode_graphs.DecodeGraphs`) where its kernels allow one.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -32,17 +34,21 @@ from hwplug.model_zoo.engine.speculation import verify
 from hwplug.model_zoo.sampling import SamplingRow, sample
 from hwplug.step_replay import SampledTokens, SampleRequest
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class GraphLimits:
     """The steps :class:`ModelRunner` records step graphs for: decode batches of up to
-    ``max_num_seqs`` sequences of up to ``max_model_len`` tokens; where the platform's
-    recorder records prefill steps too, those of up to ``max_num_batched_tokens`` tokens
-    (None: no prefill graphs)."""
+    ``max_num_seqs`` sequences of up to ``max_model_len`` tokens, and verify steps of up to
+    ``rows_per_seq`` tokens per sequence (``k + 1`` under speculative decoding with ``k``
+    proposals; 1: none); where the platform's recorder records prefill steps too, those of
+    up to ``max_num_batched_tokens`` tokens (None: no prefill graphs)."""
 
     max_num_seqs: int
     max_model_len: int
     max_num_batched_tokens: int | None = None
+    rows_per_seq: int = 1
 
 
 @dataclass
@@ -96,7 +102,7 @@ class ModelRunner:
         recorder = ctx.platform.step_recorder()
         self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(
             self._logits, recorder, step_graphs.max_num_seqs, step_graphs.max_model_len,
-            self.block_size)
+            self.block_size, step_graphs.rows_per_seq)
         #: The prefill step graphs (None: prefill steps run eagerly).
         self.prefill_graphs = None if (
             self.graphs is None or step_graphs is None or not recorder.records_prefill
@@ -172,27 +178,39 @@ class ModelRunner:
                 request: SampleRequest | None) -> list[int] | torch.Tensor | None:
         """``batch`` from a step graph: its tokens sampled on the device as ``request`` says
         (by ``device``), else its logits; None when it runs eagerly (see
-        :class:`DecodeGraphs` and :class:`PrefillGraphs`)."""
+        :class:`DecodeGraphs` and :class:`PrefillGraphs`). A decode step (every sequence
+        sampling from one new token) or a verify step (from its proposals and the token
+        after them) replays as one decode row per token (see
+        :mod:`~hwplug.model_zoo.engine.decode_graphs`); other steps as prefill steps."""
         seqs = batch.seqs
         if self.graphs is None:
             return None
-        if not all(batch.sampled) or any(n != 1 for n in batch.num_new_tokens):
+        if not all(batch.sampled) or any(
+                n != 1 + len(seq.spec_token_ids)
+                for seq, n in zip(seqs, batch.num_new_tokens, strict=True)):
+            if any(seq.spec_token_ids for seq in seqs):
+                logger.debug("a verify step runs eagerly: its batch also prefills (a "
+                             "sequence computes tokens before its last)")
+                return None
             return self._replay_prefill(batch, device, request)
-        positions = [seq.num_computed_tokens for seq in seqs]
-        step = ([seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)], positions,
-                [slot(seq.block_table, p, self.block_size)
-                 for seq, p in zip(seqs, positions, strict=True)],
-                [seq.block_table for seq in seqs])
-        if device is None or request is None:
-            return self.graphs.logits(*step)
-        sampled = self.graphs.sample(*step, request)
+        token_ids, positions, slots, tables = [], [], [], []
+        for seq, num_new in zip(seqs, batch.num_new_tokens, strict=True):
+            start, table = seq.num_computed_tokens, seq.block_table
+            token_ids += seq.token_ids[start:] + seq.spec_token_ids  # every one samples
+            positions += range(start, start + num_new)
+            slots += [slot(table, p, self.block_size) for p in range(start, start + num_new)]
+            tables += [table] * num_new
+        verifying = len(token_ids) > len(seqs)
+        if verifying or device is None or request is None:
+            return self.graphs.logits(token_ids, positions, slots, tables, verify=verifying)
+        sampled = self.graphs.sample(token_ids, positions, slots, tables, request)
         return None if sampled is None else device.accept(sampled, seqs)
 
     def _replay_prefill(self, batch: ScheduledBatch, device: DeviceSampling | None,
                         request: SampleRequest | None) -> list[int] | torch.Tensor | None:
         """A step that is not a pure decode step from a prefill step graph, or None."""
         if self.prefill_graphs is None or any(
-                seq.spec_token_ids or seq.prompt_logprobs is not None for seq in batch.seqs):
+                seq.prompt_logprobs is not None for seq in batch.seqs):
             return None
         inputs = self.prepare(batch.seqs, batch.num_new_tokens)
         rows = inputs.sample_rows
