@@ -3,12 +3,16 @@
 Greedy output with speculation equals greedy output without it, token for token, for the
 packaged SmolLM2 on 20 prompts, with both proposers (the draft: SmolLM2 cut to its first 8
 layers), at batch 1 (one prompt at a time) and batch 8; a stop string inside a verify
-step's tokens and a seeded sampled request as well. Then, without a model: prompt
+step's tokens and a seeded sampled request as well. Verify steps replay step graphs (as
+decode steps do), with the tokens of eager steps, and run eagerly when their batch also
+prefills. Then, without a model: prompt
 lookup, the scheduler's verify steps (k + 1 tokens, rejected proposals' blocks given back,
 only accepted tokens in the prefix cache) and the config's errors.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -87,6 +91,7 @@ def test_greedy_output_is_the_same_with_speculation(expected, method):
         assert stats.mean_accepted_length == 1 + (stats.spec_accepted_tokens
                                                   / stats.spec_verifications)
         assert stats.kv_blocks_used == 0  # every block given back, rejected ones included
+        assert stats.replayed_verify_steps > 0  # verify steps replayed step graphs
         # a seeded sampled request goes through the stochastic rule, reproducibly
         sampled = hwplug.SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=3)
         first = llm.generate(PROMPTS[0], sampled)[0].token_ids
@@ -94,6 +99,46 @@ def test_greedy_output_is_the_same_with_speculation(expected, method):
         assert llm.engine.stats().spec_verifications > stats.spec_verifications
     finally:
         llm.close()
+
+
+#: Chunked prefill (32 tokens a step): LONG's chunks share steps with COPY's verify steps
+#: when both run at once.
+CHUNKED = {"max_num_seqs": 2, "max_model_len": 128, "max_num_batched_tokens": 32}
+LONG = " ".join(PROMPTS[:4])
+
+
+def test_verify_steps_replay_step_graphs_with_the_eager_tokens(caplog):
+    params = hwplug.SamplingParams(max_tokens=16, ignore_eos=True)
+    tokens = {}
+    for graphs in (True, False):
+        llm = hwplug.LLM(**CHUNKED, speculative_config=SPECULATIVE["ngram"],
+                         step_graphs=graphs)
+        try:
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG, "hwplug.model_zoo.engine"):
+                alone = llm.generate(COPY, params)[0].outputs[0].token_ids
+                single = llm.engine.stats()
+                pair = [out.outputs[0].token_ids for out in llm.generate([COPY, LONG], params)]
+            stats = llm.engine.stats()
+            tokens[graphs] = alone, pair
+            assert single.spec_verifications > 0 and stats.spec_accepted_tokens > 0
+            if not graphs:
+                assert llm.runner.graphs is None and stats.replayed_verify_steps == 0
+                continue
+            # alone, every verify step (one sequence each) replayed
+            assert single.replayed_verify_steps == single.spec_verifications
+            replayed = llm.runner.graphs
+            assert replayed.verify_replays == stats.replayed_verify_steps
+            assert (f"({replayed.replays} steps, {stats.replayed_verify_steps} of them verify "
+                    f"steps)") in replayed.describe()
+            # beside LONG's prefill chunks COPY's verify steps ran eagerly, saying why; once
+            # both decode, their verify steps replay
+            assert "a verify step runs eagerly: its batch also prefills" in caplog.text
+            assert stats.replayed_verify_steps > single.replayed_verify_steps
+        finally:
+            llm.close()
+    assert tokens[True] == tokens[False]
+    assert tokens[True][1][0] == tokens[True][0]  # COPY's tokens, alone or beside LONG
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
