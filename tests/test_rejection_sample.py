@@ -158,3 +158,13 @@ def test_greedy_rows_beside_sampled_ones_and_with_draft_probabilities_stay_greed
                               torch.zeros(3, dtype=torch.int64), torch.ones(3), [None] * 3)
     for out in (mixed, with_q):
         assert out[0].tolist() == want[0] and out[1].tolist()[:2] == want[1]
+
+
+def test_sampled_sequences_without_proposals_draw_one_token_each():
+    """k_i = 0 for every sequence (the contract allows it): one token each, from its row
+    (top-k 1: that row's argmax), with and without draft probabilities."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(5)) * 4
+    for draft_probs in (None, torch.empty(0, 50)):
+        out = verify(logits, [], [0, 0, 0], draft_probs=draft_probs, temperature=1.0,
+                     top_k=1)
+        assert out.tolist() == [[t] for t in logits.argmax(dim=-1).tolist()]

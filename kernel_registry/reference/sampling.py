@@ -113,8 +113,10 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
     final = probs.gather(1, at).squeeze(1)
     rejected = num_accepted < counts
     if draft_probs is None:  # max(0, p - point mass at x): p without x
-        rejected_token = torch.cat((drafts, drafts[:, :1]), dim=1).gather(
-            1, num_accepted[:, None])
+        # (the column past the proposals is never a rejected one: any id, and there even
+        # when no sequence proposed anything)
+        rejected_token = torch.cat((drafts, drafts.new_zeros((num_seqs, 1))), dim=1)
+        rejected_token = rejected_token.gather(1, num_accepted[:, None])
         residual = final.scatter(1, rejected_token, 0.0)
     else:
         q_at = torch.cat((q, torch.zeros_like(probs[:, :1])), dim=1).gather(1, at).squeeze(1)
