@@ -24,6 +24,7 @@ from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
 from hwplug.conformance.moe_inputs import fused_moe, ggml_moe_experts, moe_experts, moe_topk
 from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
+from hwplug.conformance.sampling_inputs import rejection_sample
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, is_quantized_kv_cache
 from hwplug.errors import UnsupportedError
 from hwplug.kv_cache_layout import NHD, KVCacheLayout
@@ -324,4 +325,5 @@ GENERATORS: dict[str, Generator] = {
     "moe_experts": moe_experts,
     "fused_moe": fused_moe,
     "ggml_moe_experts": ggml_moe_experts,
+    "rejection_sample": rejection_sample,
 }
