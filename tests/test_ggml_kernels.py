@@ -79,14 +79,30 @@ def test_linear_matches_the_reference_for_every_type_and_row_count(fresh_discove
     generator = torch.Generator().manual_seed(0)
     bias = torch.randn(43, generator=generator)
     switch = c_ops.tiled_from(torch.get_num_threads())[kind]
-    # 8 and 19: the AVX2 build's eight-row tiles, alone and with four-row ones after them;
-    # past the tuned switch: the dequantized tiles
-    for rows in (1, 3, 8, 19, switch + 1):
+    # 8 and 19: the AVX2 build's eight-row tiles, alone and with a tail after them; past
+    # the tuned switch (where the type has one): the dequantized tiles
+    for rows in (1, 3, 8, 19, *(() if switch is None else (switch + 1,))):
         x = torch.randn(rows, cols, generator=generator)
         assert linear.supports(x, qweight, kind, bias) is None
         want = ops_ggml.ggml_linear.reference(x, qweight, kind, bias)
         assert_within_tolerance(linear.impl(x, qweight, kind, bias), want)
         assert_within_tolerance(linear.impl(x, qweight, kind), want - bias)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
+def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it(fresh_discovery, name, kind):
+    """Batch invariance (docs/generation.md, "Numerics"): the integer kernel gives a row
+    the same bits alone, in the AVX2 builds' eight-row tiles and in their tails (1 to 19
+    rows), with either activation type."""
+    build = built(name)
+    qweight, cols = weight_for(kind, 43, seed=kind)
+    x = torch.randn(19, cols, generator=torch.Generator().manual_seed(kind))
+    for activations in ("int8", "int16") if kind in c_ops.WIDE_TYPES else ("int8",):
+        every = build.linear_blocks(x, qweight, kind, None, activations)
+        for count in range(1, 19):
+            assert torch.equal(build.linear_blocks(x[-count:], qweight, kind, None, activations),
+                               every[-count:]), (activations, count)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

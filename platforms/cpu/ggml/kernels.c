@@ -15,8 +15,10 @@
  *     KG_MIN_ROWS activation rows the VNNI build takes them 16 weight rows at a time
  *     instead, one row per 32-bit lane of AVX-512 vectors (kgroup.h), with the same fp32
  *     arithmetic per pair, so each output is the same whichever kernel computes it.
- *   Output rows are split over OpenMP threads; each output is one thread's, so the result
- *   does not depend on the thread count.
+ *   Output rows are split over OpenMP threads; each output is one thread's, computed in
+ *   the same order whatever the thread count and whatever the other activation rows of the
+ *   call (batch-invariant: a token's row is the same in a decode step of one, of many, or
+ *   in a prefill).
  * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile).
  *
  * Types (gguf.GGMLQuantizationType values): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (blocks of
@@ -443,13 +445,17 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
 }
 
 #ifdef HWPLUG_GGML_AVX2
-/* ---- one weight row by eight activation rows, int16 activations: Q4_0, Q4_1, Q8_0 ----
- * The eight rows' integer dots of a block are summed across lanes together (hsum8), so a
- * block costs one fp32 FMA for all eight, their activation scales and sums read as one
- * vector each (block-major, see act_t); res[m] for row m. */
+/* ---- one weight row by up to eight activation rows, int16 activations: Q4_0, Q4_1, Q8_0 --
+ * The rows' integer dots of a block are summed across lanes together (hsum8), so a block
+ * costs one fp32 FMA for all of them, their activation scales and sums read as one vector
+ * each (block-major, see act_t; the buffers hold MT_WIDE floats more, so the vector of the
+ * last block's rows stays inside them); res[m] for row m < mt. Lane m computes the same
+ * whatever mt is (the lanes from mt on add zero dots and are dropped), so a row's output
+ * does not depend on how many rows share its call. */
 enum { MT_WIDE = 8 };
 static int wide_tile_type(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
-static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, float *res) {
+INLINE void tile_wide_of(int type, const uint8_t *w, int64_t ld, const act_t *a, int mt,
+                         float *res) {
     __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
     const int bytes = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
     for (int64_t b = 0; b < a->nb; ++b) {
@@ -459,7 +465,7 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
                                          : nibbles16_wide(blk + (type == T_Q4_1 ? 4 : 2));
         isum_t s[MT_WIDE];
         _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m)
-            s[m] = dot16_wide(&uw, Q16(a, b * a->rows + m));
+            s[m] = m < mt ? dot16_wide(&uw, Q16(a, b * a->rows + m)) : _mm256_setzero_si256();
         const float dw = fp16_to_fp32(blk);
         const __m256 scale =
             _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(a->d + b * a->rows));
@@ -469,7 +475,23 @@ static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, fl
             off = _mm256_fmadd_ps(_mm256_set1_ps(o), _mm256_loadu_ps(a->sd + b * a->rows), off);
         }
     }
-    _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
+    float all[MT_WIDE];
+    _mm256_storeu_ps(all, _mm256_add_ps(acc, off));
+    memcpy(res, all, sizeof(float) * (size_t)mt);
+}
+/* one weight row by mt <= MT_WIDE activation rows; mt a compile-time constant in each */
+static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, int mt,
+                      float *res) {
+    switch (mt) {
+    case 1: tile_wide_of(type, w, ld, a, 1, res); break;
+    case 2: tile_wide_of(type, w, ld, a, 2, res); break;
+    case 3: tile_wide_of(type, w, ld, a, 3, res); break;
+    case 4: tile_wide_of(type, w, ld, a, 4, res); break;
+    case 5: tile_wide_of(type, w, ld, a, 5, res); break;
+    case 6: tile_wide_of(type, w, ld, a, 6, res); break;
+    case 7: tile_wide_of(type, w, ld, a, 7, res); break;
+    default: tile_wide_of(type, w, ld, a, MT_WIDE, res); break;
+    }
 }
 #endif
 #ifdef HWPLUG_GGML_VNNI
@@ -503,9 +525,10 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
     const int super = super_type(type);
     const int64_t nb = super ? K / QK_K : K / QK, width = act_bits / 8;
     const size_t block_bytes = super ? sizeof(q8k_t) : (size_t)(QK * width);
+    /* d and sd with 8 floats more: the AVX2 tile_wide reads the rows of a block 8 at once */
     act_t act = {malloc(block_bytes * (size_t)(M * nb)),
-                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)),
-                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)), nb, M};
+                 super ? NULL : calloc((size_t)(M * nb + 8), sizeof(float)),
+                 super ? NULL : calloc((size_t)(M * nb + 8), sizeof(float)), nb, M};
     int status = (act.q && (super || (act.d && act.sd))) ? 0 : -2;
     if (status == 0) {
 #pragma omp parallel for num_threads(nthreads) if (M >= 8)
@@ -536,14 +559,15 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                 const act_t part = {(char *)act.q + block_bytes * (size_t)m0,
                                     super ? NULL : act.d + m0, super ? NULL : act.sd + m0, nb, M};
 #ifdef HWPLUG_GGML_AVX2
-                if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
+                if (width == 2 && wide_tile_type(type)) { /* every row count: see tile_wide */
+                    const int mt = (int)(M - m0 < MT_WIDE ? M - m0 : MT_WIDE);
                     for (int r = 0; r < rows; ++r) {
                         float res[MT_WIDE];
-                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
-                        for (int m = 0; m < MT_WIDE; ++m)
+                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, mt, res);
+                        for (int m = 0; m < mt; ++m)
                             out[(m0 + m) * ldo + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
                     }
-                    m0 += MT_WIDE;
+                    m0 += mt;
                     continue;
                 }
 #endif

@@ -41,14 +41,15 @@ from hwplug.platforms.cpu.tiles import linear_by_tiles
 from hwplug.platforms.device_names import canonical_device_name
 
 #: hwplug's layer of the ``ggml_linear`` tuning table: ``{device: {threads: {type name:
-#: activation rows from which it takes the tiles, "activations": {type name: "int16" |
-#: "int8"}}}}``. Its one entry, ``default`` at one thread, serves every CPU and thread
+#: activation rows from which it takes the tiles (null: never), "activations": {type name:
+#: "int16" | "int8"}}}}``. Its one entry, ``default`` at one thread, serves every CPU and thread
 #: count until a table says otherwise; measured on a 2-core AVX2 EPYC in SmolLM2 Q4_1 decode
 #: steps (benchmarks/decode_profile.py with a user table; benchmarks/ggml_linear.py, whose
 #: back-to-back calls flatter the tiles, misplaces the switch): with the AVX2 build's
 #: eight-row tiles (Q4_0, Q4_1, Q8_0) the integer kernel took 79 ms of a batch-32 step,
-#: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, so the tiles serve from
-#: 128; before those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0
+#: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, so the tiles never
+#: serve them (null), and a row's outputs do not depend on the rows of its step (batch
+#: invariance, docs/generation.md "Numerics"); before those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0
 #: and Q5_1, which lack them. The activations of the 32-value types are int16 (max|x| /
 #: 32767 steps: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of
 #: fp32) where that costs at most ~15% over int8 at one row (measured: 0-5%); Q8_0 keeps
@@ -93,9 +94,10 @@ def _config(threads: int) -> dict:
 
 
 @functools.cache
-def tiled_from(threads: int) -> dict[int, int]:
-    """GGUF type -> activation rows from which ``linear`` takes the tiles, on this CPU with
-    ``threads`` threads (the tuning table, see :func:`_config`)."""
+def tiled_from(threads: int) -> dict[int, int | None]:
+    """GGUF type -> activation rows from which ``linear`` takes the tiles, or None where it
+    never does, on this CPU with ``threads`` threads (the tuning table, see
+    :func:`_config`)."""
     config = _config(threads)
     return {int(GGMLQuantizationType[name]): rows for name, rows in config.items()
             if name != "activations"}
@@ -138,13 +140,16 @@ class GgmlKernels(build.Library):
                bias: torch.Tensor | None = None, out: torch.Tensor | None = None
                ) -> torch.Tensor:
         """The ``ggml_linear`` op on calls :func:`linear_supported` accepts: the integer dots
-        below :func:`tiled_from`'s rows, the dequantized tiles from there; in ``x``'s dtype,
+        below :func:`tiled_from`'s rows (every row count for the types it gives None: then a
+        row's outputs do not depend on the rows beside it), the dequantized tiles from
+        there; in ``x``'s dtype,
         written to ``out`` when given (in place by the C kernel for a 2-D ``x`` and an fp32
         ``out`` of unit column stride, else copied there)."""
         # a decode step calls this ~120 times: the 2-D fp32 case skips reshape, to and view
         flat = x.dim() == 2
         rows, threads = x if flat else x.reshape(-1, x.shape[-1]), torch.get_num_threads()
-        if rows.shape[0] >= tiled_from(threads)[ggml_type]:
+        switch = tiled_from(threads)[ggml_type]
+        if switch is not None and rows.shape[0] >= switch:
             result = self.linear_tiled.unchecked(rows, qweight, ggml_type, bias)
         else:
             direct = (out is not None and flat and out.dtype == torch.float32
