@@ -76,9 +76,9 @@ CPU_VARIANTS: list[dict[str, Any]] = [
       for name, tokens, priority, description in (
           ("gemv_avx2", (1, 2), 20, "C (avx2): one activation row; each thread streams its "
                                     "contiguous weight rows"),
-          ("gemm_avx2", (2, None), 19, "C (avx2): 2-8 rows in dot-product tiles over the "
-                                       "weight; from 9, 4 x 24 outer-product tiles over "
-                                       "panels of the weight packed per call"))),
+          ("gemm_avx2", (2, None), 19, "C (avx2): 2-8 rows in one pass over the weight, "
+                                       "more in 4 x 3 dot-product tiles; every output "
+                                       "summed in the one-row order (batch-invariant)"))),
     dict(op="moe_experts", name="grouped", impl=_MOE + "moe_experts",
          supports=_MOE + "experts_supported", dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped) through the linear op"),

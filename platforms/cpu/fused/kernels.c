@@ -6,8 +6,9 @@
  * hwplug_rotary: the neox or GPT-J rotation of each head's first rot_dim dims by its
  *   token's cos/sin row, the rest copied.
  * hwplug_cache_write: each token's key and value rows into its slot of the paged cache.
- * hwplug_linear_f32: activation rows by an fp32 weight: one row streams the weight (decode
- *   at batch 1), more rows go through register tiles; OpenMP over the weight rows.
+ * hwplug_linear_f32: activation rows by an fp32 weight through register tiles of dot
+ *   products, each output summed in one order whatever the row count; OpenMP over the
+ *   weight rows.
  * hwplug_paged_decode: attention of one query per sequence over its paged NHD cache,
  *   walking its block table (no gather): online softmax over chunks of keys, the query
  *   heads of one KV head together, sliding window and soft cap. OpenMP over
@@ -286,18 +287,16 @@ int hwplug_cache_write(const float *key, int64_t k_stride, const float *value,
 }
 
 /* ---- linear: out[M, N] = x[M, K] @ w[N, K].T (+ bias), fp32, K a multiple of 8 ----
- * One row of activations (decode at batch 1) is bound by reading the weight: each thread
- * streams its own contiguous range of weight rows, one row at a time (one sequential stream
- * per core is what the hardware prefetchers follow best), four accumulators per row.
- * 2-8 rows: dot-product tiles of weight rows by activation rows over the row-major weight,
- * each pair's dot in one accumulator of 8 lanes. From 9 rows on, compute bound: each
- * thread packs PANEL_N weight rows at a time k-major (a transpose, amortized over the
- * rows) and runs OUTER_M x PANEL_N outer-product tiles over every activation row: no
- * horizontal sums, 3 loads and 4 broadcasts per 12 FMAs. Each output's sum is the same
- * whatever the thread count and whatever the other rows within each of the two multi-row
- * paths. */
-enum { TILE_N = 4, TILE_M = 3, ONE_PASS_M = 8, L1_ACT_BYTES = 20 << 10, PREFETCH_FROM_M = 6,
-       PANEL_N = 24, OUTER_M = 4 };
+ * Every output is one dot product in one order: 8 lanes over k (lane l sums k = l mod 8 by
+ * FMAs in k order), then hsum's fixed tree, so a row's outputs are the same whatever the
+ * other rows of the call, their count and the thread count (batch-invariant: a token's row
+ * is the same in a decode step of one, of many, or in a prefill). One row (decode at batch
+ * 1) is bound by reading the weight: each thread streams its own contiguous range of weight
+ * rows, TILE_N at a time, asking for the next TILE_N's. 2-8 rows whose activations fit in
+ * L1: one pass of each weight row against all of them; more: TILE_N x TILE_M tiles of
+ * weight rows by activation rows (from 9 rows ~1.1-1.4x the time of the outer-product
+ * tiles this order replaced, SmolLM2's GEMMs at 32-512 rows on a loaded 2-core EPYC). */
+enum { TILE_N = 4, TILE_M = 3, ONE_PASS_M = 8, L1_ACT_BYTES = 20 << 10, PREFETCH_FROM_M = 6 };
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 /* GCC's znver3 tuning (what -march=native picks on Zen 3) made the dot-product tiles ~20%
  * slower than its generic tuning (SmolLM2's GEMMs at 32 rows: 94 against 115 GFLOP/s) */
@@ -313,21 +312,6 @@ INLINE f32x8 fma8(f32x8 a, f32x8 b, f32x8 c) {
 #else
     return a * b + c;
 #endif
-}
-
-/* out[n] = x . w[n] for rows [n0, n1): four accumulators over k, summed in a fixed order */
-INLINE void gemv_rows(const float *x, const float *w, float *out, int64_t n0, int64_t n1,
-                      int64_t K) {
-    for (int64_t n = n0; n < n1; ++n) {
-        const float *row = w + n * K;
-        f32x8 acc[4] = {{0}, {0}, {0}, {0}};
-        int64_t k = 0;
-        for (; k + 32 <= K; k += 32)
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i)
-                acc[i] = fma8(load8(row + k + 8 * i), load8(x + k + 8 * i), acc[i]);
-        for (int i = 0; k < K; k += 8, ++i) acc[i] = fma8(load8(row + k), load8(x + k), acc[i]);
-        out[n] = hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-    }
 }
 
 /* out[m * ldo + r] = x[m] . w[r] for nr weight rows by mt activation rows (both K long);
@@ -390,109 +374,12 @@ static void weight_rows(const float *x, int64_t M, const float *w, float *out, i
     }
 }
 
-/* rows n0 .. n0 + nr of w (nr <= PANEL_N) into packed[K][PANEL_N], k-major; the columns of
- * missing rows are zeros */
-static void pack_panel(const float *w, int64_t K, int nr, float *packed) {
-#ifdef __AVX2__
-    if (nr == PANEL_N) { /* 8 x 8 blocks through an AVX2 transpose */
-        for (int64_t k = 0; k < K; k += 8)
-            for (int b = 0; b < PANEL_N / 8; ++b) {
-                __m256 r[8], t[8], u[8];
-                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(w + (8 * b + i) * K + k);
-                for (int i = 0; i < 8; i += 2) {
-                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-                }
-                for (int i = 0; i < 8; i += 4)
-                    for (int j = 0; j < 2; ++j) {
-                        u[i + 2 * j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
-                        u[i + 2 * j + 1] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);
-                    }
-                for (int i = 0; i < 4; ++i) {
-                    _mm256_storeu_ps(packed + (k + i) * PANEL_N + 8 * b,
-                                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-                    _mm256_storeu_ps(packed + (k + i + 4) * PANEL_N + 8 * b,
-                                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-                }
-            }
-        return;
-    }
-#endif
-    for (int64_t k = 0; k < K; ++k)
-        for (int j = 0; j < PANEL_N; ++j) packed[k * PANEL_N + j] = j < nr ? w[j * K + k] : 0.0f;
-}
-
-/* out[m * ldo + j] = x[m] . w[j] for mt activation rows and the PANEL_N packed rows; while
- * it computes it asks for `lines` cache lines from `next` on, evenly spread over k */
-INLINE void outer_tile(const float *x, int64_t K, const float *packed, int mt, float *out,
-                       int64_t ldo, const char *next, int64_t lines) {
-    f32x8 acc[OUTER_M][PANEL_N / 8];
-    _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m)
-        _Pragma("GCC unroll 3") for (int j = 0; j < PANEL_N / 8; ++j) acc[m][j] = splat(0.0f);
-    const int64_t every = lines > 0 && K / lines > 0 ? K / lines : K;
-    for (int64_t k0 = 0; k0 < K; k0 += every) {
-        if (lines-- > 0) __builtin_prefetch(next + 64 * (k0 / every), 0, 0);
-        const int64_t end = k0 + every < K ? k0 + every : K;
-        for (int64_t k = k0; k < end; ++k) {
-            f32x8 b[PANEL_N / 8];
-            _Pragma("GCC unroll 3") for (int j = 0; j < PANEL_N / 8; ++j)
-                b[j] = load8(packed + k * PANEL_N + 8 * j);
-            _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m) {
-                const f32x8 a = splat(x[m * K + k]);
-                _Pragma("GCC unroll 3") for (int j = 0; j < PANEL_N / 8; ++j)
-                    acc[m][j] = fma8(a, b[j], acc[m][j]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 4") for (int m = 0; m < mt; ++m)
-        _Pragma("GCC unroll 3") for (int j = 0; j < PANEL_N / 8; ++j)
-            store8(out + m * ldo + 8 * j, acc[m][j]);
-}
-
-/* out[:, n0:n1] for 9 or more activation rows, a packed panel of weight rows at a time,
- * the tiles of each panel asking for the next panel's rows (packing would otherwise wait
- * on memory); -2 when the panel's buffer cannot be had */
-static int outer_rows(const float *x, int64_t M, const float *w, float *out, int64_t N,
-                      int64_t K, int64_t n0, int64_t n1) {
-    float *packed = malloc(sizeof(float) * (size_t)(K * PANEL_N));
-    if (!packed) return -2;
-    const int64_t tiles = (M + OUTER_M - 1) / OUTER_M;
-    for (int64_t n = n0; n < n1; n += PANEL_N) {
-        const int nr = n1 - n < PANEL_N ? (int)(n1 - n) : PANEL_N;
-        pack_panel(w + n * K, K, nr, packed);
-        /* the next panel's cache lines, a share per tile (none past its end) */
-        const int64_t next_rows = n1 - n - nr < PANEL_N ? n1 - n - nr : PANEL_N;
-        const int64_t total = next_rows * K * (int64_t)sizeof(float) / 64;
-        const int64_t share = (total + tiles - 1) / tiles;
-        for (int64_t m0 = 0, t = 0; m0 < M; m0 += OUTER_M, ++t) {
-            const int mt = M - m0 < OUTER_M ? (int)(M - m0) : OUTER_M;
-            float part[OUTER_M * PANEL_N], *o = nr == PANEL_N ? out + m0 * N + n : part;
-            const int64_t ldo = nr == PANEL_N ? N : PANEL_N;
-            const int64_t first = share * t < total ? share * t : total;
-            const int64_t lines = total - first < share ? total - first : share;
-            const char *next = (const char *)(w + (n + nr) * K) + 64 * first;
-            switch (mt) { /* constant mt: the accumulators stay in registers */
-            case 1: outer_tile(x + m0 * K, K, packed, 1, o, ldo, next, lines); break;
-            case 2: outer_tile(x + m0 * K, K, packed, 2, o, ldo, next, lines); break;
-            case 3: outer_tile(x + m0 * K, K, packed, 3, o, ldo, next, lines); break;
-            default: outer_tile(x + m0 * K, K, packed, OUTER_M, o, ldo, next, lines); break;
-            }
-            for (int m = 0; o == part && m < mt; ++m) /* a short last panel */
-                memcpy(out + (m0 + m) * N + n, part + m * PANEL_N, sizeof(float) * (size_t)nr);
-        }
-    }
-    free(packed);
-    return 0;
-}
-
 /* out[M, N] = x[M, K] @ w[N, K].T (+ bias[N]); all contiguous, K a multiple of 8. Threads
- * take contiguous ranges of weight rows (in whole tiles or panels). 0 on success, -2 when
- * out of memory. */
+ * take contiguous ranges of weight rows (in whole tiles). 0 (it cannot fail). */
 int hwplug_linear_f32(const float *x, int64_t M, const float *w, const float *bias, float *out,
                       int64_t N, int64_t K, int nthreads) {
     if (M <= 0) return 0;
-    const int64_t unit = M > ONE_PASS_M ? PANEL_N : TILE_N, units = (N + unit - 1) / unit;
-    int status = 0;
+    const int64_t units = (N + TILE_N - 1) / TILE_N;
 #pragma omp parallel num_threads(nthreads) if (N * K >= 65536)
     {
         int64_t t = 0, threads = 1;
@@ -500,22 +387,21 @@ int hwplug_linear_f32(const float *x, int64_t M, const float *w, const float *bi
         t = omp_get_thread_num();
         threads = omp_get_num_threads();
 #endif
-        const int64_t n0 = units * t / threads * unit, end = units * (t + 1) / threads * unit;
+        const int64_t n0 = units * t / threads * TILE_N, end = units * (t + 1) / threads * TILE_N;
         const int64_t n1 = end < N ? end : N;
-        if (M == 1) {
-            gemv_rows(x, w, out, n0, n1, K);
-        } else if (M <= ONE_PASS_M) {
+        if (M == 1) { /* TILE_N weight rows at a time (independent FMA chains) */
+            int64_t n = n0;
+            for (; n + TILE_N <= n1; n += TILE_N) dot_tile(x, w + n * K, K, TILE_N, 1, out + n, N, 1);
+            for (; n < n1; ++n) dot_tile(x, w + n * K, K, 1, 1, out + n, N, 0);
+        } else {
             for (int64_t n = n0; n < n1; n += TILE_N)
                 weight_rows(x, M, w, out, N, K, n, n1 - n < TILE_N ? (int)(n1 - n) : TILE_N);
-        } else if (n0 < n1 && outer_rows(x, M, w, out, N, K, n0, n1)) {
-#pragma omp atomic write
-            status = -2;
         }
         if (bias)
             for (int64_t m = 0; m < M; ++m)
                 for (int64_t n = n0; n < n1; ++n) out[m * N + n] += bias[n];
     }
-    return status;
+    return 0;
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options

@@ -134,12 +134,8 @@ class FusedKernels(build.Library):
         out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
         native_call(self.library.hwplug_linear_f32, x.data_ptr(), x.numel() // k,
                     weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                    out.data_ptr(), n, k, torch.get_num_threads(), check=_out_of_memory)
+                    out.data_ptr(), n, k, torch.get_num_threads())
         return out
-
-
-def _out_of_memory(status: int) -> None:
-    raise MemoryError("the C linear could not allocate its packed weight panel")
 
 
 def _positions_outside(positions: torch.Tensor, rows: int, status: int) -> None:
