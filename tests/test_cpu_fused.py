@@ -1,6 +1,7 @@
 """The fused C variants of the cpu platform (rms_norm, silu_and_mul, rotary_embedding,
-decode paged_attention, reshape_and_cache; the fp32 linear) against the pure-torch
-references, both builds, what they decline, which a CPU gets, and the conformance kit."""
+causal paged_attention, reshape_and_cache; the fp32 linear) against the pure-torch
+references, both builds, what they decline, which a CPU gets, and the conformance kit; the
+attention and the linear give a row the same bits whatever the rows beside it."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import torch
 from plugin_checks import discovered
 
 from hwplug import current_platform, kernels, ops
-from hwplug.attention import PagedAttentionParams
+from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.conformance import check_variant
 from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import ops as op_defs
+from hwplug.platforms.cpu.kernels import decode_supported as sdpa_decode_supported
 
 VARIANTS = ("fused_avx2", "fused_c")
 OPS = ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention", "reshape_and_cache")
@@ -108,6 +110,27 @@ def test_a_verify_step_runs_as_one_decode_row_per_query(fresh_discovery, name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+def test_a_prefill_runs_as_one_decode_row_per_query(fresh_discovery, name):
+    """Prefill chunks longer than a verify step's, beside a decode row, match the reference
+    (with and without a sliding window), and each query gets the bits a decode step of its
+    row alone gives: a row's output does not depend on its step (batch invariance)."""
+    query, kv_cache, metadata = decode_batch(4, [37, 5, 200, 21], 16, 3, 3, pad=-1,
+                                             query_lens=[37, 1, 150, 4])
+    impl = variant("paged_attention", name)
+    rows = metadata.decode_rows(query.shape[0])
+    for window in (None, 20):
+        params = PagedAttentionParams(0.125, True, window)
+        check("paged_attention", name, query, kv_cache, metadata, params)
+        every = impl.impl(query, kv_cache, metadata, params)
+        for t in (0, 36, 37, 38, 100, 187, 191):
+            alone = AttentionMetadata(
+                rows.slot_mapping[t:t + 1], rows.block_tables[t:t + 1], rows.seq_lens[t:t + 1],
+                torch.tensor([0, 1], dtype=torch.int32), 1, int(rows.seq_lens[t]))
+            assert torch.equal(impl.impl(query[t:t + 1], kv_cache, alone, params),
+                               every[t:t + 1]), (window, t)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 def test_reshape_and_cache_writes_strided_rows_into_their_slots(fresh_discovery, name):
     """Key and value split from one fused projection (token stride 2 * Hkv * D), a padding
     slot (-1) skipped, the rest of the cache untouched: the reference's cache exactly."""
@@ -175,8 +198,10 @@ def test_calls_the_fused_kernels_do_not_serve_are_declined_with_the_reason(fresh
     attention = variant("paged_attention", "fused_avx2")
     assert "under a causal mask" in attention.supports(
         query, kv_cache, replace(metadata, max_query_len=2), replace(params, causal=False))
-    assert "up to 16 queries per sequence" in attention.supports(
-        query, kv_cache, replace(metadata, max_query_len=17), params)
+    assert attention.supports(query, kv_cache, replace(metadata, max_query_len=17),
+                              params) is None  # a prefill: decode rows too
+    assert "up to 16 queries per sequence" in sdpa_decode_supported(
+        query, kv_cache, replace(metadata, max_query_len=17), params)  # the gathering one
     fp8 = kv_cache.to(torch.float8_e4m3fn)
     assert "fp8 not done" in attention.supports(query, fp8, metadata, params)
     assert "fp8 not done" in attention.supports(query, kv_cache, metadata,

@@ -93,14 +93,15 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
 
 
 def rows_problem(query: torch.Tensor, metadata: AttentionMetadata,
-                 params: PagedAttentionParams) -> str | None:
+                 params: PagedAttentionParams, max_query_len: int | None = MAX_ROWS_QUERY
+                 ) -> str | None:
     """Why a decode kernel cannot serve a call as decode rows (one per query token), or
-    None: a decode-only batch, or a causal one of at most :data:`MAX_ROWS_QUERY` queries
-    per sequence (a speculative verify step)."""
+    None: a decode-only batch, or a causal one of at most ``max_query_len`` queries per
+    sequence (None: any; the default, :data:`MAX_ROWS_QUERY`, a speculative verify step)."""
     if metadata.max_query_len == 1 and query.shape[0] == metadata.seq_lens.shape[0]:
         return None
-    if metadata.max_query_len > MAX_ROWS_QUERY:
-        return (f"serves decode and verify batches (up to {MAX_ROWS_QUERY} queries per "
+    if max_query_len is not None and metadata.max_query_len > max_query_len:
+        return (f"serves decode and verify batches (up to {max_query_len} queries per "
                 f"sequence), got {metadata.max_query_len}")
     if not params.causal:
         return "serves several queries per sequence only under a causal mask"

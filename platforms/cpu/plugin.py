@@ -46,8 +46,10 @@ _FUSED_OPS = {
     "rotary_embedding": ("rotary_embedding", "rotary_supported",
                          "cos/sin rows read in place, query and key in one call"),
     "paged_attention": ("paged_attention", "decode_supported",
-                        "decode: walks the block tables (no gather), online softmax, "
-                        "a KV head's query heads together, OpenMP over (sequence, KV head)"),
+                        "causal, one decode row per query (prefill too, so a row's numbers "
+                        "do not depend on its step): walks the block tables (no gather), "
+                        "online softmax, a KV head's query heads together, OpenMP over "
+                        "(row, KV head)"),
     "reshape_and_cache": ("reshape_and_cache", "cache_write_supported",
                           "every slot checked, then one memcpy per key and value row"),
 }

@@ -1,4 +1,4 @@
-"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding``, decode ``paged_attention``,
+"""``rms_norm``, ``silu_and_mul``, ``rotary_embedding``, causal ``paged_attention``,
 ``reshape_and_cache`` and fp32 ``linear`` variants that call ``kernels.c`` through
 ctypes, fp32.
 
@@ -99,8 +99,9 @@ class FusedKernels(build.Library):
     def paged_attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
                         metadata: AttentionMetadata, params: PagedAttentionParams
                         ) -> torch.Tensor:
-        """The decode ``paged_attention`` op on calls :func:`decode_supported` accepts (a
-        verify step as one decode row per query: ``metadata.decode_rows``)."""
+        """The causal ``paged_attention`` op on calls :func:`decode_supported` accepts: a
+        verify step or a prefill as one decode row per query (``metadata.decode_rows``), so a
+        query's output does not depend on the batch or the step it is in."""
         metadata = metadata.decode_rows(query.shape[0])
         _, num_blocks, block_size, kv_heads, size = kv_cache.shape
         block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
@@ -215,8 +216,10 @@ def rotary_supported(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 
 def decode_supported(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
                      params: PagedAttentionParams) -> str | None:
-    """Why the C decode ``paged_attention`` declines a call, or None."""
-    if problem := rows_problem(query, metadata, params):
+    """Why the C ``paged_attention`` declines a call, or None: it serves decode batches and
+    causal batches of any query length (prefill chunks too: per query row it is faster
+    than the reference's SDPA, and the same numbers as a decode step)."""
+    if problem := rows_problem(query, metadata, params, max_query_len=None):
         return problem
     if kv_cache.dtype != torch.float32 or params.k_scale is not None or \
             params.v_scale is not None:
