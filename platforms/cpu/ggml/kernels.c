@@ -53,6 +53,14 @@ enum { QK = 32, QK_K = 256, MT_MAX = 4 };
 #define PREFETCH_NEXT_GROUP_BLOCK(blk, ld, bytes)                     \
     for (int pf = 0; pf < (bytes); pf += 64) PREFETCH_NEXT_GROUP((blk) + pf, ld)
 
+/* off + p * q: one rounding where the CPU has FMA, so the AVX2 builds' eight-row tile
+ * (tile_wide), which adds the same products lane by lane with FMAs, gets the same sums */
+#ifdef HWPLUG_GGML_AVX2 /* built with -mfma */
+#define OFF_ADD(off, p, q) _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(p), _mm_set_ss(q), _mm_set_ss(off)))
+#else
+#define OFF_ADD(off, p, q) ((off) + (p) * (q))
+#endif
+
 /* The quantized activations, block-major so that a block's rows lie side by side: for block
  * b of row m, i = b * rows + m indexes
  * - for the 32-value types (int8 or int16, the `wide` flag the kernels pass along): the
@@ -178,7 +186,7 @@ INLINE void tile_q4_0_q5_0(const uint8_t *w, int64_t ld, int nr, const act_t *a,
             FOR_M {
                 const int64_t i = I(b);
                 acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), dws, a->d + i);
-                off[t] += dc * a->sd[i];
+                off[t] = OFF_ADD(off[t], dc, a->sd[i]);
             }
         }
     }
@@ -202,7 +210,7 @@ INLINE void tile_q4_1_q5_1(const uint8_t *w, int64_t ld, int nr, const act_t *a,
             FOR_M {
                 const int64_t i = I(b);
                 acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), dws, a->d + i);
-                off[t] -= mw * a->sd[i];
+                off[t] = OFF_ADD(off[t], -mw, a->sd[i]);
             }
         }
     }
@@ -445,53 +453,37 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
 }
 
 #ifdef HWPLUG_GGML_AVX2
-/* ---- one weight row by up to eight activation rows, int16 activations: Q4_0, Q4_1, Q8_0 --
- * The rows' integer dots of a block are summed across lanes together (hsum8), so a block
- * costs one fp32 FMA for all of them, their activation scales and sums read as one vector
- * each (block-major, see act_t; the buffers hold MT_WIDE floats more, so the vector of the
- * last block's rows stays inside them); res[m] for row m < mt. Lane m computes the same
- * whatever mt is (the lanes from mt on add zero dots and are dropped), so a row's output
- * does not depend on how many rows share its call. */
+/* ---- one weight row by eight activation rows, int16 activations: Q4_0, Q4_1, Q8_0 ----
+ * The weight block is decoded once for all eight rows; each row's sums are those of the
+ * tiles above, in the same order (acc_add per block, acc_total, the offsets by OFF_ADD's
+ * FMA, lane by lane here), so a row's outputs do not depend on which tile computed it,
+ * nor on the other rows of the call; res[m] for row m. */
 enum { MT_WIDE = 8 };
 static int wide_tile_type(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
-INLINE void tile_wide_of(int type, const uint8_t *w, int64_t ld, const act_t *a, int mt,
-                         float *res) {
-    __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, float *res) {
+    facc acc[MT_WIDE];
+    __m256 off = _mm256_setzero_ps();
+    _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m) acc[m] = acc_zero();
     const int bytes = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
     for (int64_t b = 0; b < a->nb; ++b) {
         const uint8_t *blk = w + b * bytes;
         PREFETCH_NEXT_GROUP(blk, ld);
         const wide_t uw = type == T_Q8_0 ? s8_wide((const int8_t *)(blk + 2))
                                          : nibbles16_wide(blk + (type == T_Q4_1 ? 4 : 2));
-        isum_t s[MT_WIDE];
-        _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m)
-            s[m] = m < mt ? dot16_wide(&uw, Q16(a, b * a->rows + m)) : _mm256_setzero_si256();
         const float dw = fp16_to_fp32(blk);
-        const __m256 scale =
-            _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(a->d + b * a->rows));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8(s)), scale, acc);
-        if (type != T_Q8_0) { /* Q4_1: + m sum(x); Q4_0: - 8 d sum(x) */
-            const float o = type == T_Q4_1 ? fp16_to_fp32(blk + 2) : -8.0f * dw;
+        const fscale dws = scale_of(dw);
+        _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m) {
+            const int64_t i = b * a->rows + m;
+            acc[m] = acc_add(acc[m], dot16_wide(&uw, Q16(a, i)), dws, a->d + i);
+        }
+        if (type != T_Q8_0) { /* as the tiles above: Q4_1 off - m sum(x), Q4_0 off + 8 d sum(x) */
+            const float o = type == T_Q4_1 ? -fp16_to_fp32(blk + 2) : dw * 8.0f;
             off = _mm256_fmadd_ps(_mm256_set1_ps(o), _mm256_loadu_ps(a->sd + b * a->rows), off);
         }
     }
-    float all[MT_WIDE];
-    _mm256_storeu_ps(all, _mm256_add_ps(acc, off));
-    memcpy(res, all, sizeof(float) * (size_t)mt);
-}
-/* one weight row by mt <= MT_WIDE activation rows; mt a compile-time constant in each */
-static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, int mt,
-                      float *res) {
-    switch (mt) {
-    case 1: tile_wide_of(type, w, ld, a, 1, res); break;
-    case 2: tile_wide_of(type, w, ld, a, 2, res); break;
-    case 3: tile_wide_of(type, w, ld, a, 3, res); break;
-    case 4: tile_wide_of(type, w, ld, a, 4, res); break;
-    case 5: tile_wide_of(type, w, ld, a, 5, res); break;
-    case 6: tile_wide_of(type, w, ld, a, 6, res); break;
-    case 7: tile_wide_of(type, w, ld, a, 7, res); break;
-    default: tile_wide_of(type, w, ld, a, MT_WIDE, res); break;
-    }
+    float offs[MT_WIDE];
+    _mm256_storeu_ps(offs, off);
+    _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m) res[m] = acc_total(acc[m]) - offs[m];
 }
 #endif
 #ifdef HWPLUG_GGML_VNNI
@@ -525,10 +517,9 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
     const int super = super_type(type);
     const int64_t nb = super ? K / QK_K : K / QK, width = act_bits / 8;
     const size_t block_bytes = super ? sizeof(q8k_t) : (size_t)(QK * width);
-    /* d and sd with 8 floats more: the AVX2 tile_wide reads the rows of a block 8 at once */
     act_t act = {malloc(block_bytes * (size_t)(M * nb)),
-                 super ? NULL : calloc((size_t)(M * nb + 8), sizeof(float)),
-                 super ? NULL : calloc((size_t)(M * nb + 8), sizeof(float)), nb, M};
+                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)),
+                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)), nb, M};
     int status = (act.q && (super || (act.d && act.sd))) ? 0 : -2;
     if (status == 0) {
 #pragma omp parallel for num_threads(nthreads) if (M >= 8)
@@ -559,15 +550,14 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                 const act_t part = {(char *)act.q + block_bytes * (size_t)m0,
                                     super ? NULL : act.d + m0, super ? NULL : act.sd + m0, nb, M};
 #ifdef HWPLUG_GGML_AVX2
-                if (width == 2 && wide_tile_type(type)) { /* every row count: see tile_wide */
-                    const int mt = (int)(M - m0 < MT_WIDE ? M - m0 : MT_WIDE);
+                if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
                     for (int r = 0; r < rows; ++r) {
                         float res[MT_WIDE];
-                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, mt, res);
-                        for (int m = 0; m < mt; ++m)
+                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
+                        for (int m = 0; m < MT_WIDE; ++m)
                             out[(m0 + m) * ldo + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
                     }
-                    m0 += mt;
+                    m0 += MT_WIDE;
                     continue;
                 }
 #endif
