@@ -69,9 +69,11 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          description="bf16 weights, fp32 arithmetic: torch's GEMV below 8 rows, then fp32 "
                      "tiles of the weight through the fp32 linear op"),
     # above oneDNN (SmolLM2's GEMMs, 2-core AVX2 EPYC; benchmarks/fp32_linear.py): one row
-    # streams the weight at 30-50 GB/s, 1.6-2.8x oneDNN's speed; 2-8 rows 1.0-2.2x, 32 rows
-    # 1.1-1.2x, 1024 rows 1.0-1.1x; no packed second copy of the weight; and C, so a decode
-    # step can be a step graph
+    # streams the weight at 30-50 GB/s, 1.6-2.8x oneDNN's speed; 2-8 rows 1.0-2.2x; 32 rows
+    # 1.1-1.2x and 1024 rows 1.0-1.1x with the outer-product tiles that the batch-invariant
+    # dot tiles replaced (those take 1.1-1.4x their time: about oneDNN's from 9 rows, kept
+    # for one summation order whatever the rows); no packed second copy of the weight; and
+    # C, so a decode step can be a step graph
     *(dict(op="linear", name=name, impl=_FUSED + "AVX2.linear.unchecked", num_tokens=tokens,
            supports=_FUSED + "linear_supported", native=_FUSED + "AVX2", dtypes=("float32",),
            features=("x86_64", "avx2", "fma", "f16c"), priority=priority, description=description)
