@@ -47,10 +47,13 @@ from hwplug.platforms.device_names import canonical_device_name
 #: steps (benchmarks/decode_profile.py with a user table; benchmarks/ggml_linear.py, whose
 #: back-to-back calls flatter the tiles, misplaces the switch): with the AVX2 build's
 #: eight-row tiles (Q4_0, Q4_1, Q8_0) the integer kernel took 79 ms of a batch-32 step,
-#: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, so the tiles never
-#: serve them (null), and a row's outputs do not depend on the rows of its step (batch
-#: invariance, docs/generation.md "Numerics"); before those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0
-#: and Q5_1, which lack them. The activations of the 32-value types are int16 (max|x| /
+#: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, and the tiles never
+#: serve them (null), so a row's outputs do not depend on the rows of its step (batch
+#: invariance, docs/generation.md "Numerics"); its price: in prefill-sized calls (one
+#: SmolLM2 layer, 128-512 rows, interleaved on a loaded machine) the integer kernel took
+#: 1.2-1.4x the tiles' time, which a user table naming a row count takes back. Before
+#: those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0 and Q5_1,
+#: which lack them. The activations of the 32-value types are int16 (max|x| /
 #: 32767 steps: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of
 #: fp32) where that costs at most ~15% over int8 at one row (measured: 0-5%); Q8_0 keeps
 #: int16: its int8 dots (VNNI) measured level with int16 (a 2-vCPU AMD EPYC Zen 5, one
