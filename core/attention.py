@@ -52,12 +52,16 @@ class AttentionSpec:
     causal: bool = True
     sliding_window: int | None = None
     soft_cap: float | None = None
+    #: Multi-head latent attention: one cached latent "head" of ``head_size`` =
+    #: ``kv_lora_rank + qk_rope_head_dim`` per token (``num_kv_heads`` 1), served only by
+    #: a backend whose ``is_mla`` is True (see :mod:`hwplug.attention_mla`).
+    is_mla: bool = False
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AttentionSpec:
         return cls(config.num_heads, config.num_kv_heads, config.head_size, config.dtype,
                    config.kv_cache_dtype, config.block_size, config.causal,
-                   config.sliding_window, config.soft_cap)
+                   config.sliding_window, config.soft_cap, config.is_mla)
 
 
 @dataclass
@@ -194,6 +198,9 @@ class AttentionBackend(StrictInterface, abc.ABC):
     updates_kv_cache_in_forward: ClassVar[bool] = True
     #: The backend's own fallbacks, shown by ``hwplug kernels``.
     internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = ()
+    #: True for a multi-head latent attention backend (:mod:`hwplug.attention_mla`): it
+    #: serves exactly the specs whose ``is_mla`` is True, and no other backend does.
+    is_mla: ClassVar[bool] = False
 
     def __init__(self, spec: AttentionSpec, kernels: KernelBinder | None = None) -> None:
         reasons = self.validate(spec)
@@ -234,6 +241,9 @@ class AttentionBackend(StrictInterface, abc.ABC):
     def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
         """Reasons this backend cannot serve ``spec`` on ``platform``; empty means it can."""
         reasons = cls.requirements().reasons(platform, spec.dtype)
+        if spec.is_mla != cls.is_mla:
+            reasons.append("latent (MLA) attention needs an MLA backend" if spec.is_mla
+                           else "an MLA backend serves only latent (MLA) attention")
         if platform is not None and cls.kv_cache_layout not in registries.kv_layouts:
             reasons.append(f"KV-cache layout {cls.kv_cache_layout} is not registered "
                            f"(registered: {', '.join(registries.kv_layouts.names())})")

@@ -130,6 +130,7 @@ def describe_backend(backend: type[AttentionBackend]) -> dict[str, Any]:
         "head_sizes": list(backend.supported_head_sizes) or "any",
         "block_sizes": list(backend.supported_block_sizes),
         "layout": backend.kv_cache_layout,
+        "is_mla": backend.is_mla,
         "updates_kv_cache_in_forward": backend.updates_kv_cache_in_forward,
         "internal_fallbacks": [f"{f.condition} -> {f.path}" for f in backend.internal_fallbacks],
     }

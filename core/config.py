@@ -32,3 +32,7 @@ class EngineConfig:
     #: checkpoint's (or 1.0), per KV head (``"head"``) or per layer (``"tensor"``).
     calculate_kv_scales: bool = False
     kv_scale_granularity: str = "tensor"
+    #: Multi-head latent attention (DeepSeek-V2/V3): the cache holds one latent "head" per
+    #: token (``num_kv_heads`` 1, ``head_size`` = ``kv_lora_rank + qk_rope_head_dim``),
+    #: served by a backend whose ``is_mla`` is True.
+    is_mla: bool = False

@@ -6,7 +6,9 @@ A layout is registered by name (``hwplug.registries.kv_layouts``, filled by the
 :class:`~hwplug.attention.PagedAttentionParams` (``params.layout``) and dispatch on it, and
 connectors read and write blocks through it. Core defines one layout, the reference
 ``NHD`` (:data:`NHD`): ``[2, num_blocks, block_size, num_kv_heads, head_size]``, keys then
-values. Every other layout belongs to the plugin whose kernels read it, and says how its
+values. Core also defines ``MLA`` (:data:`MLA`), the latent cache of multi-head latent
+attention: ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]``. Every other
+layout belongs to the plugin whose kernels read it, and says how its
 caches convert to and from ``NHD`` (the reference ops serve any layout that way, and
 connectors convert blocks between the layouts of two engines through it).
 
@@ -25,8 +27,8 @@ from hwplug.interface import StrictInterface
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ANY_LAYOUT", "NHD", "REFERENCE_LAYOUT", "KVCacheLayout", "NHDLayout",
-           "checked_reference", "registered_layout"]
+__all__ = ["ANY_LAYOUT", "MLA", "NHD", "REFERENCE_LAYOUT", "KVCacheLayout", "MLALayout",
+           "NHDLayout", "checked_reference", "registered_layout"]
 
 #: Name of the reference layout, the one core defines.
 REFERENCE_LAYOUT = "NHD"
@@ -66,6 +68,9 @@ class KVCacheLayout(StrictInterface, abc.ABC):
     reference_is_view: ClassVar[bool] = False
     #: The cache dimension that indexes blocks (used by the block-access defaults).
     block_dim: ClassVar[int] = 1
+    #: False for a latent cache (``MLA``): one KV head, no values stored (they read as
+    #: zero in ``NHD``), so it holds exactly the ``NHD`` caches of that form.
+    holds_values: ClassVar[bool] = True
 
     @abc.abstractmethod
     def shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
@@ -145,6 +150,43 @@ class NHDLayout(KVCacheLayout):
 
 #: The reference layout's one instance (registered in code as ``"NHD"``).
 NHD = NHDLayout()
+
+
+class MLALayout(KVCacheLayout):
+    """The latent cache of multi-head latent attention (DeepSeek-V2/V3):
+    ``[num_blocks, block_size, D]`` with ``D = kv_lora_rank + qk_rope_head_dim``, each
+    token's normalised latent ``c_kv`` then its roped shared key ``k_pe`` (one "KV head":
+    ``num_kv_heads`` must be 1). There are no separate values: MLA reads them from the
+    latent. As ``NHD`` it is ``[2, num_blocks, block_size, 1, D]`` with the entries as keys
+    and zero values, so a round trip through ``NHD`` is exact."""
+
+    name: ClassVar[str] = "MLA"
+    block_dim: ClassVar[int] = 0
+    holds_values: ClassVar[bool] = False
+
+    def shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+              dtype: torch.dtype | None = None) -> tuple[int, ...]:
+        if num_kv_heads != 1:
+            raise UnsupportedError(f"an MLA cache holds one latent head per token, got "
+                                   f"num_kv_heads={num_kv_heads}")
+        return (num_blocks, block_size, head_size)
+
+    def check(self, cache: torch.Tensor) -> str | None:
+        if cache.dim() != 3:
+            return f"an MLA cache is [num_blocks, block_size, D], got {tuple(cache.shape)}"
+        return None
+
+    def to_reference(self, cache: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        return torch.stack((cache, torch.zeros_like(cache))).unsqueeze(-2)
+
+    def from_reference(self, reference: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(reference[0, :, :, 0])
+
+
+#: The MLA latent layout's one instance (registered in code as ``"MLA"``).
+MLA = MLALayout()
 
 
 def registered_layout(name: str) -> KVCacheLayout:

@@ -25,9 +25,11 @@ __all__ = ["attention_backends", "connectors", "kv_layouts", "models", "proposer
 DISCOVERY = "hwplug.discovery.state:fill_registries"
 
 #: KV-cache layouts by name (:class:`~hwplug.kv_cache_layout.KVCacheLayout` instances);
-#: core's reference layout ``NHD`` is registered in code, so it survives a reset.
+#: core's layouts ``NHD`` (the reference) and ``MLA`` are registered in code, so they
+#: survive a reset.
 kv_layouts: Registry[Any] = Registry("KV-cache layout", DISCOVERY)
 kv_layouts.register("NHD", "hwplug.kv_cache_layout:NHD")
+kv_layouts.register("MLA", "hwplug.kv_cache_layout:MLA")
 
 attention_backends: Registry[Any] = Registry("attention backend", DISCOVERY)
 quant_methods: Registry[Any] = Registry("quantization method", DISCOVERY)

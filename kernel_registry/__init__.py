@@ -12,6 +12,7 @@ from hwplug.kernel_registry import (  # they define ops on `kernels`
     ops,
     ops_ggml,  # noqa: F401  (GGUF-quantized linear and embedding)
     ops_int4,  # noqa: F401  (group-wise int4 linear)
+    ops_mla,  # noqa: F401  (multi-head latent attention)
     ops_moe,  # noqa: F401  (mixture of experts)
     ops_sampling,  # noqa: F401  (speculative decoding's rejection sampler)
 )

@@ -1,4 +1,5 @@
-"""hwplug hooks of the kernel registry: the ``TORCH_PAGED`` attention backend.
+"""hwplug hooks of the kernel registry: the ``TORCH_PAGED`` and ``TORCH_MLA`` attention
+backends.
 
 Loaded like any plugin (entry point ``hwplug-attention`` of group ``hwplug.plugins`` in
 hwplug's own distribution). Importing it imports its package, :mod:`hwplug.kernel_registry`,
@@ -19,3 +20,4 @@ hwplug_order = -100  # before every third-party plugin, so they may override
 def hwplug_register_attention_backends(registry: Any) -> None:
     registry.register("TORCH_PAGED", "hwplug.kernel_registry.torch_paged:TorchPagedBackend")
     registry.alias("REFERENCE", "TORCH_PAGED")
+    registry.register("TORCH_MLA", "hwplug.kernel_registry.torch_mla:TorchMLABackend")

@@ -6,7 +6,8 @@ layout's own ``shape`` with ``from_reference`` (the cache must pass the layout's
 ``select_blocks`` must read, through ``to_reference``, as those blocks of the ``NHD``
 cache; ``join_blocks`` of single blocks must equal their selection together; and
 ``write_blocks`` into a zeroed cache must place them at the ids given and touch nothing
-else. A layout that gets any of it wrong would make connectors move the wrong bytes and
+else. A layout that holds no values (``holds_values`` False: the ``MLA`` latent cache)
+gets ``NHD`` caches of one KV head and zero values. A layout that gets any of it wrong would make connectors move the wrong bytes and
 the reference ops (which serve every layout through these conversions) compute on them.
 """
 
@@ -42,8 +43,12 @@ def _problem(layout: KVCacheLayout, dtype: torch.dtype, device: str,
     """What ``layout`` gets wrong for caches of ``dtype``, or None; the caches it
     converted are recorded in ``observed``."""
     generator = torch.Generator().manual_seed(0)
-    reference = torch.randn((2, *GEOMETRY), generator=generator).to(dtype).to(device)
-    cache = reference.new_empty(layout.shape(*GEOMETRY, dtype))
+    geometry = GEOMETRY if layout.holds_values else (*GEOMETRY[:2], 1, GEOMETRY[3])
+    reference = torch.randn((2, *geometry), generator=generator)
+    if not layout.holds_values:
+        reference[1] = 0
+    reference = reference.to(dtype).to(device)
+    cache = reference.new_empty(layout.shape(*geometry, dtype))
     problem = layout.check(cache)
     if problem:
         return f"a cache of its own shape {tuple(cache.shape)} fails its check: {problem}"

@@ -10,16 +10,19 @@ from hwplug.kernel_registry.reference.activation import gelu_and_mul, silu_and_m
 from hwplug.kernel_registry.reference.attention import paged_attention
 from hwplug.kernel_registry.reference.cache import reshape_and_cache
 from hwplug.kernel_registry.reference.matmul import embedding, linear, scaled_mm
+from hwplug.kernel_registry.reference.mla import concat_and_cache_mla, mla_attention
 from hwplug.kernel_registry.reference.moe import fused_moe, moe_experts, moe_topk
 from hwplug.kernel_registry.reference.norm import rms_norm
 from hwplug.kernel_registry.reference.rotary import build_cos_sin_cache, rotary_embedding
 
 __all__ = [
     "build_cos_sin_cache",
+    "concat_and_cache_mla",
     "embedding",
     "fused_moe",
     "gelu_and_mul",
     "linear",
+    "mla_attention",
     "moe_experts",
     "moe_topk",
     "paged_attention",

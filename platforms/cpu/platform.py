@@ -54,7 +54,7 @@ class CpuPlatform(Platform):
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
         "float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
-    attention_backend_priority: ClassVar[tuple[str, ...]] = ("TORCH_PAGED",)
+    attention_backend_priority: ClassVar[tuple[str, ...]] = ("TORCH_PAGED", "TORCH_MLA")
     #: libgomp's workers spin up to 10M iterations (milliseconds) between parallel regions,
     #: then sleep. A decode step is hundreds of small ops whose gaps are microseconds, so
     #: they never sleep mid-step (PASSIVE, no spin, halves batch-1 decode), while an idle
