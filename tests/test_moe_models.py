@@ -2,11 +2,12 @@
 same weights.
 
 Tiny random configs with several experts and top-k > 1 (Qwen3-MoE with a dense layer
-among the sparse ones, renormalised and not; DeepSeek-V3's latent attention, expanded,
-and grouped sigmoid routing with a shared expert): prefill and decode logits through the
-paged cache within FP32_ATOL of transformers' full-sequence logits, and greedy decoding
-gives transformers' tokens. Checkpoints with one tensor per expert (the published form, and
-Mixtral's ``block_sparse_moe`` names) load to the same model.
+among the sparse ones, renormalised and not; DeepSeek-V3's latent attention over the
+latent cache, prefill expanded and decode absorbed, and grouped sigmoid routing with a
+shared expert): prefill and decode logits through the paged cache within FP32_ATOL of
+transformers' full-sequence logits, and greedy decoding gives transformers' tokens.
+Checkpoints with one tensor per expert (the published form, and Mixtral's
+``block_sparse_moe`` names) load to the same model.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ CONFIGS = {
     "mixtral": lambda: MixtralConfig(**TINY, architectures=["MixtralForCausalLM"],
                                      intermediate_size=80, num_local_experts=5,
                                      num_experts_per_tok=2),
-    # latent attention (expanded form: q_lora, kv_lora, interleaved RoPE on a shared key),
+    # latent attention (q_lora, kv_lora, interleaved RoPE on a shared key; latent cache),
     # layer 0 dense, then grouped sigmoid routing (2 of 4 groups) with a shared expert
     "deepseek-v3": lambda: DeepseekV3Config(
         **{**TINY, "num_key_value_heads": 4}, architectures=["DeepseekV3ForCausalLM"],

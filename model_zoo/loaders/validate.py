@@ -172,7 +172,11 @@ def check_tensors(sizes: Sizes, tensors: Mapping[str, TensorInfo], where: str) -
 def _sizes_of(name: str, sizes: Sizes) -> Sizes:
     """The sizes tensor ``name``'s rules read: an expert's projections (``.experts.``) are
     ``moe_intermediate_size`` wide where the config states it (its ``intermediate_size``
-    is then the dense layers')."""
+    is then the dense layers'). DeepSeek's shared experts (``.shared_experts.``) are
+    ``n_shared_experts`` experts fused into one MLP, a width no checked size states: their
+    width goes unchecked here (the model checks it when loading)."""
+    if ".shared_experts." in name:
+        return {k: v for k, v in sizes.items() if k != "intermediate_size"}
     if ".experts." in name and "moe_intermediate_size" in sizes:
         return {**sizes, "intermediate_size": sizes["moe_intermediate_size"]}
     return sizes

@@ -1,18 +1,18 @@
-"""DeepSeek-V3 (and V2-shaped configs): multi-head latent attention, computed in its
-expanded form, and a mixture of experts with sigmoid routing, a correction bias, grouped
-top-k and a shared expert.
+"""DeepSeek-V3 (and V2-shaped configs): multi-head latent attention over a latent cache,
+and a mixture of experts with sigmoid routing, a correction bias, grouped top-k and a
+shared expert.
 
 Registered for ``DeepseekV3ForCausalLM`` and ``DeepseekV2ForCausalLM`` (the same blocks;
 V2 routes by softmax, see :func:`moe_routing`). Attention projects the hidden state to a latent
-``c_kv`` (``kv_lora_rank``) plus one shared rotary key (``qk_rope_head_dim``), and
-expands the latent per head with ``kv_b_proj`` into the no-position key part and the
-value; queries come from ``q_proj`` or, with ``q_lora_rank``, ``q_b_proj(norm(q_a_proj))``.
-This first form caches the *expanded* keys and values in the standard paged cache: each
-head's key is ``[k_nope, k_pe]`` (``qk_nope_head_dim + qk_rope_head_dim``) and its value is
-zero-padded to that size (the output's padding is dropped), so every attention backend
-serves it. The compressed-latent cache and the absorbed decode of MLA proper are not here
-yet. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or halves; YaRN
-scaling is not supported yet. Layers below ``first_k_dense_replace`` have a dense MLP.
+``c_kv`` (``kv_lora_rank``) plus one shared rotary key (``qk_rope_head_dim``); queries come
+from ``q_proj`` or, with ``q_lora_rank``, ``q_b_proj(norm(q_a_proj))``. The cache holds only
+the normalised latent and the roped shared key (layout ``MLA``, ``kv_lora_rank +
+qk_rope_head_dim`` values per token and layer); ``kv_b_proj``, split per head into ``W_UK``
+and ``W_UV``, expands it in prefill and is absorbed into the query and the output in
+decode (:class:`~hwplug.model_zoo.layers.MLAAttention`, an MLA backend). ``kv_b_proj`` must
+be unquantized. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or
+halves; YaRN scaling is not supported yet. Layers below ``first_k_dense_replace`` have a
+dense MLP.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hwplug.attention import AttentionMetadata
 from hwplug.config import EngineConfig
 from hwplug.errors import ModelError
 from hwplug.model_zoo.context import ModelContext
-from hwplug.model_zoo.layers import Attention, Linear, RMSNorm, RotaryEmbedding
+from hwplug.model_zoo.layers import Linear, MLAAttention, RMSNorm, RotaryEmbedding
 from hwplug.model_zoo.layers.moe import FusedMoE
 from hwplug.model_zoo.layers.weights import Target
 from hwplug.model_zoo.models.llama import LlamaForCausalLM, dense_mlp
@@ -36,7 +36,7 @@ __all__ = ["DeepseekV3Attention", "DeepseekV3ForCausalLM", "moe_routing"]
 
 
 class DeepseekV3Attention(nn.Module):
-    """Latent attention in its expanded form (see the module docstring).
+    """Latent attention over the latent cache (see the module docstring).
 
     ``forward(positions [T], hidden [T, hidden], kv_cache, metadata) -> [T, hidden]``.
     """
@@ -49,9 +49,8 @@ class DeepseekV3Attention(nn.Module):
         self.num_heads, hidden = hf_config.num_attention_heads, hf_config.hidden_size
         self.nope, self.rope = hf_config.qk_nope_head_dim, hf_config.qk_rope_head_dim
         self.v_head, self.kv_lora = hf_config.v_head_dim, hf_config.kv_lora_rank
-        self.head_size = self.nope + self.rope
         bias = bool(getattr(hf_config, "attention_bias", False))
-        q_rows = self.num_heads * self.head_size
+        q_rows = self.num_heads * (self.nope + self.rope)
         if hf_config.q_lora_rank:
             self.q_a_proj = Linear(hidden, hf_config.q_lora_rank, ctx, bias=bias)
             self.q_a_layernorm = RMSNorm(hf_config.q_lora_rank, hf_config.rms_norm_eps, ctx)
@@ -62,8 +61,12 @@ class DeepseekV3Attention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora, hf_config.rms_norm_eps, ctx)
         self.kv_b_proj = Linear(self.kv_lora, self.num_heads * (self.nope + self.v_head), ctx)
         self.o_proj = Linear(self.num_heads * self.v_head, hidden, ctx, bias=bias)
+        if self.kv_b_proj.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ModelError(f"MLA reads kv_b_proj's weight as W_UK / W_UV; a "
+                             f"{ctx.quant_method.get_name()} kv_b_proj is not supported yet")
         self.rotary_emb = rotary
-        self.attn = Attention(ctx, self.num_heads, self.num_heads, self.head_size)
+        self.attn = MLAAttention(ctx, self.num_heads, self.kv_lora, self.rope,
+                                 scale=(self.nope + self.rope) ** -0.5)
 
     @staticmethod
     def rope_is_neox(hf_config: Any) -> bool:
@@ -76,21 +79,24 @@ class DeepseekV3Attention(nn.Module):
             return self.q_proj(hidden)
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
 
+    def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W_UK [H, N, L]`` and ``W_UV [H, V, L]``: views of ``kv_b_proj``'s weight."""
+        per_head = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_head,
+                                              self.kv_lora)
+        w_uk, w_uv = per_head.split([self.nope, self.v_head], dim=1)
+        return w_uk, w_uv
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q = self._queries(hidden).view(tokens, self.num_heads, self.head_size)
+        q = self._queries(hidden).view(tokens, self.num_heads, self.nope + self.rope)
         latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora, self.rope], -1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(tokens, self.num_heads, -1)
-        k_nope, v = kv.split([self.nope, self.v_head], -1)
         q_nope, q_pe = q.split([self.nope, self.rope], -1)
         q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(),
                                      k_pe.reshape(tokens, 1, self.rope).contiguous())
-        q = torch.cat([q_nope, q_pe], -1)
-        k = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1)], -1)
-        v = nn.functional.pad(v, (0, self.head_size - self.v_head))
-        out = self.attn(q, k, v, kv_cache, metadata).view(tokens, self.num_heads, -1)
-        return self.o_proj(out[..., :self.v_head].reshape(tokens, -1))
+        out = self.attn(q_nope, q_pe, self.kv_a_layernorm(latent), k_pe.view(tokens, -1),
+                        kv_cache, metadata, *self._up_projections())
+        return self.o_proj(out)
 
 
 def moe_routing(hf_config: Any) -> dict[str, Any]:
@@ -148,7 +154,8 @@ class DeepseekV3ForCausalLM(MoeWeights, LlamaForCausalLM):
 
     @staticmethod
     def engine_config(hf_config: Any, dtype: str) -> EngineConfig:
-        """Expanded attention: every head its own key and value of ``qk_head_dim``."""
-        heads = hf_config.num_attention_heads
-        return EngineConfig(num_heads=heads, num_kv_heads=heads, dtype=dtype,
-                            head_size=hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim)
+        """Latent attention: one cached latent "head" of ``kv_lora_rank +
+        qk_rope_head_dim`` per token."""
+        return EngineConfig(num_heads=hf_config.num_attention_heads, num_kv_heads=1,
+                            dtype=dtype, is_mla=True,
+                            head_size=hf_config.kv_lora_rank + hf_config.qk_rope_head_dim)

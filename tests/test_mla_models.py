@@ -1,0 +1,75 @@
+"""DeepSeek-V3/V2 on the latent cache (issue 26): the ``TORCH_MLA`` backend serves them,
+``LLM`` gives transformers' greedy tokens with prefix caching on and off and with prefill
+chunked by a small ``max_num_batched_tokens``, and the engine's cache report shows
+``kv_lora_rank + qk_rope_head_dim`` values per token and layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_models_vs_transformers import reference_and_ours
+from test_moe_models import CONFIGS, GREEDY_STEPS
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2"])
+def test_deepseek_caches_latents_through_the_mla_backend(name):
+    config = CONFIGS[name]()
+    _, model, ctx = reference_and_ours(config)
+    assert ctx.engine_config.attention_backend == "TORCH_MLA"
+    assert ctx.attention_backend.kv_cache_shape(3, 8, 1, ctx.engine_config.head_size) == (
+        3, 8, config.kv_lora_rank + config.qk_rope_head_dim)
+
+
+@pytest.fixture(scope="module")
+def deepseek_dir(tmp_path_factory):
+    from tiny_checkpoints import _tokenizer
+
+    config = CONFIGS["deepseek-v3"]()
+    config.eos_token_id, config.bos_token_id = 1, 0
+    reference, _, _ = reference_and_ours(config)
+    path = tmp_path_factory.mktemp("deepseek")
+    reference.save_pretrained(path)
+    _tokenizer(config.vocab_size).save_pretrained(path)
+    return reference, path
+
+
+def test_the_cache_report_counts_latent_bytes_per_token(deepseek_dir):
+    from hwplug import LLM
+
+    reference, path = deepseek_dir
+    config = reference.config
+    plan = LLM(str(path), num_kv_blocks=10).kv_cache_plan
+    per_token = plan.nbytes / (plan.num_blocks * plan.block_size)
+    layers, fp32 = config.num_hidden_layers, 4
+    assert per_token == layers * (config.kv_lora_rank + config.qk_rope_head_dim) * fp32
+    full_kv = layers * 2 * config.num_attention_heads * (
+        config.qk_nope_head_dim + config.qk_rope_head_dim) * fp32  # the expanded K/V cache
+    assert per_token * 6 == full_kv  # 32 values a token and layer instead of 192
+
+
+SHARED = [5, 17, 3, 90, 41, 8, 8, 23, 61, 7, 2, 44, 19, 19, 80, 6]
+PROMPTS = [SHARED + [12, 33, 4], SHARED + [9, 9]]
+
+
+@pytest.mark.parametrize("options, hit_blocks", [
+    ({"enable_prefix_caching": False}, 0),
+    ({"enable_prefix_caching": True}, 2),
+    ({"max_num_batched_tokens": 5, "enable_prefix_caching": False}, 0),
+], ids=["no-prefix-caching", "prefix-caching", "chunked-prefill"])
+def test_llm_generates_transformers_tokens(deepseek_dir, options, hit_blocks):
+    """The second prompt shares 16 tokens (two blocks of 8) with the first; run one after
+    the other, prefix caching reuses them. 5 tokens a step prefill each prompt in chunks
+    that attend to the latents of the chunks before."""
+    from hwplug import LLM, SamplingParams
+
+    reference, path = deepseek_dir
+    llm = LLM(str(path), block_size=8, **options)
+    params = SamplingParams(max_tokens=GREEDY_STEPS, temperature=0.0, ignore_eos=True)
+    for prompt in PROMPTS:
+        (output,) = llm.generate([prompt], params)
+        with torch.inference_mode():
+            want = reference.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_STEPS,
+                                      min_new_tokens=GREEDY_STEPS, do_sample=False)
+        assert list(output.outputs[0].token_ids) == want[0, len(prompt):].tolist()
+    assert llm.block_manager.num_hit_blocks == hit_blocks
