@@ -13,7 +13,9 @@ layout's ``to_reference``, must hold what the reference wrote (connectors move i
 blocks through that layout). A cache write that raises is reported as a layout
 mismatch, with the shape the backend's ``kv_cache_shape`` declared next to the tensors'.
 Scenarios the backend does not claim (its class attributes) are skipped, and a separate
-check makes sure ``validate`` refuses them. GQA examples always have more than one KV head.
+check makes sure ``validate`` refuses them (and a latent spec, or for an MLA backend a
+standard one). An MLA backend (``is_mla``) runs the causal scenarios against the MLA
+references instead (:mod:`hwplug.conformance.mla_backends`). GQA examples always have more than one KV head.
 
 A backend for the platform present runs on its device; what the device does not meet
 (``validate(spec, platform)``: capability) is "not checked here". A scenario that matched
@@ -41,7 +43,8 @@ from hwplug.attention import (
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.execution import Observed, observing, ran_on
 from hwplug.conformance.explore import CannotRun, Failure, first_failure, guarded, judge
-from hwplug.conformance.inputs import BlockLayout, PagedBatch, Step, mixed_step, verify_step
+from hwplug.conformance.mla_backends import MLA_SCENARIOS, NOT_MLA, MLARun, mla_examples, mla_spec
+from hwplug.conformance.paged_batches import BlockLayout, PagedBatch, Step, mixed_step, verify_step
 from hwplug.conformance.result import Check, CheckResult, Outcome, Status
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import DTYPE_NAMES, torch_dtype
@@ -270,6 +273,8 @@ def _scenario_outcome(backend: type[AttentionBackend], scenario: Scenario,
     unclaimed = [attr for attr in scenario.claims if not getattr(backend, attr)]
     if unclaimed:
         return "skipped", f"not claimed: {', '.join(f'{a} is False' for a in unclaimed)}"
+    if backend.is_mla and scenario.name not in MLA_SCENARIOS:
+        return "skipped", NOT_MLA
     notes: list[str] = []
     placement = placement.serving(backend.platforms, notes)
     pairs = dtype_pairs(backend, placement.judgeable(list(backend.supported_dtypes), notes))
@@ -277,8 +282,13 @@ def _scenario_outcome(backend: type[AttentionBackend], scenario: Scenario,
         return "not checked", "; ".join(
             ["no (dtype, KV-cache dtype) pair the kit can judge here", *notes])
     with observing() as observed:
-        run = _Run(backend, placement, observed)
-        failure = first_failure(examples(backend, scenario, pairs), run, count)
+        if backend.is_mla:
+            run: _Run | MLARun = MLARun(backend, placement, observed)
+            strategy = mla_examples(scenario.plans, pairs,
+                                    _small(backend.supported_block_sizes, 32, (16,)))
+        else:
+            run, strategy = _Run(backend, placement, observed), examples(backend, scenario, pairs)
+        failure = first_failure(strategy, run, count)
     where = placement.describe()
     write = ("writes K/V in forward" if backend.updates_kv_cache_in_forward
              else "write_kv_cache then forward")
@@ -296,9 +306,10 @@ def _claimed_spec(backend: type[AttentionBackend]) -> AttentionSpec | None:
                                      for kv in backend.supported_kv_cache_dtypes]
     if not pairs:
         return None
-    return AttentionSpec(2, 2, (backend.supported_head_sizes or (64,))[0], pairs[0][0],
+    spec = AttentionSpec(2, 2, (backend.supported_head_sizes or (64,))[0], pairs[0][0],
                          pairs[0][1], backend.supported_block_sizes[0],
                          causal=backend.supports_causal)
+    return mla_spec(spec) if backend.is_mla else spec
 
 
 def _unclaimed(backend: type[AttentionBackend], base: AttentionSpec
@@ -336,7 +347,8 @@ def _refusal_outcome(backend: type[AttentionBackend]) -> tuple[Status, str]:
     refused = backend.validate(base)
     if refused:
         return "failed", f"validate refuses its own claimed spec {base}: {'; '.join(refused)}"
-    probes = _unclaimed(backend, base)
+    probes = [*_unclaimed(backend, base), ("non-MLA attention", replace(base, is_mla=False))
+              if backend.is_mla else ("MLA attention", mla_spec(base))]
     accepted = [what for what, spec in probes if not backend.validate(spec)]
     if accepted:
         return "failed", f"validate accepts what the class does not claim: {', '.join(accepted)}"

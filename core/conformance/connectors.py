@@ -37,7 +37,7 @@ from hwplug.connector import (
     KVLayout,
 )
 from hwplug.errors import ConfigError
-from hwplug.kv_cache_layout import REFERENCE_LAYOUT
+from hwplug.kv_cache_layout import REFERENCE_LAYOUT, registered_layout
 
 LAYOUT = KVLayout(backend="TORCH_PAGED", layout="NHD", kv_cache_dtype="float32", block_size=4,
                   num_kv_heads=2, head_size=8, num_layers=2)
@@ -60,7 +60,8 @@ def _round_trip(connector: Connector, placement: Placement, observed: Observed) 
     in ``observed``."""
     rng = torch.Generator().manual_seed(0)
     layout = connector.cache_layout
-    shape = layout.shape(NUM_BLOCKS, LAYOUT.block_size, LAYOUT.num_kv_heads, LAYOUT.head_size)
+    shape = layout.shape(NUM_BLOCKS, LAYOUT.block_size, connector.layout.num_kv_heads,
+                         LAYOUT.head_size)
     caches = {f"layers.{i}": torch.randn(shape, generator=rng).to(placement.device)
               for i in range(LAYOUT.num_layers)}
     originals = {name: cache.clone() for name, cache in caches.items()}
@@ -120,7 +121,9 @@ def _outcome(cls: type[Connector], placement: Placement) -> Outcome:
 def _checked(cls: type[Connector], options: dict, placement: Placement, layout: str,
              observed: Observed) -> tuple[Status, str]:
     try:
-        connector = cls(replace(LAYOUT, layout=layout), **options)
+        # a latent cache (MLA) holds one KV head
+        heads = LAYOUT.num_kv_heads if registered_layout(layout).holds_values else 1
+        connector = cls(replace(LAYOUT, layout=layout, num_kv_heads=heads), **options)
     except ConfigError as exc:
         return "not checked", f"cannot be built without options the kit cannot guess: {exc}"
     try:

@@ -30,6 +30,8 @@ from hwplug.kernel_registry.reference.cache import quantize
 if TYPE_CHECKING:
     from hwplug.attention import AttentionMetadata
 
+__all__ = ["concat_and_cache_mla", "mla_absorbed", "mla_attention", "mla_expanded"]
+
 #: ``latents [B, S, L + R]`` fp32 -> keys ``[B, Hk, S, Dq]`` and values ``[B, Hk, S, Dv]``.
 KeysValues = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 

@@ -92,6 +92,12 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="ggml_moe_experts", name="grouped", impl=_MOE + "ggml_moe_experts",
          dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped) through ggml_linear on the quantized rows"),
+    dict(op="mla_attention", name="absorbed",
+         impl="hwplug.kernel_registry.reference.mla:mla_absorbed", num_tokens=(1, 17),
+         dtypes=FLOAT_DTYPES,
+         description="the absorbed form for up to 16 tokens (decode batches, verify steps, "
+                     "short chunks): W_UK folded into the query, SDPA on the latents as one "
+                     "KV head, W_UV after; no context expanded per head"),
     dict(op="rms_norm", name="torch_fused", impl=_KERNELS + "rms_norm", dtypes=FLOAT_DTYPES,
          description="torch's fused F.rms_norm"),
     dict(op="rotary_embedding", name="torch_fused", impl=_KERNELS + "rotary_embedding",
