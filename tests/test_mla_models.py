@@ -73,3 +73,43 @@ def test_llm_generates_transformers_tokens(deepseek_dir, options, hit_blocks):
                                       min_new_tokens=GREEDY_STEPS, do_sample=False)
         assert list(output.outputs[0].token_ids) == want[0, len(prompt):].tolist()
     assert llm.block_manager.num_hit_blocks == hit_blocks
+
+
+def _dense_deepseek_logits(config, state, **options):
+    """Logits of two 12-token prompts and 5 decode steps each, through the paged cache,
+    and the model."""
+    from model_harness import InMemoryCheckpoint, PagedBatch
+    from test_models_vs_transformers import random_sequences
+
+    from hwplug.model_zoo.context import build_model
+
+    model, ctx = build_model(InMemoryCheckpoint(config, state), dtype="float32", block_size=8,
+                             **options)
+    sequences = random_sequences(config.vocab_size, (17, 17))
+    batch = PagedBatch(ctx, model.num_layers, 2, 17)
+    steps = [model.compute_logits(batch.run(model, [s[:12] for s in sequences], [12, 12]))]
+    for n in range(12, 17):
+        steps.append(model.compute_logits(batch.run(model, [s[n:n + 1] for s in sequences],
+                                                    [n + 1, n + 1])))
+    return torch.cat(steps), model
+
+
+@pytest.mark.parametrize("kv_cache_dtype, calculate_kv_scales", [
+    ("fp8_e4m3", True), ("fp8_e5m2", False)])
+def test_an_fp8_latent_cache_tracks_the_float32_one(kv_cache_dtype, calculate_kv_scales):
+    """Within FP8_KV_RTOL of the logits' range, as the standard fp8 cache (every layer's
+    MLP dense here: a perturbation that flips an expert choice would move a logit by far
+    more than the cache's rounding)."""
+    from test_fp8_kv_cache import FP8_KV_RTOL
+
+    config = CONFIGS["deepseek-v3"]()
+    config.first_k_dense_replace = config.num_hidden_layers
+    reference, _, _ = reference_and_ours(config)
+    state = reference.state_dict()
+    want, _ = _dense_deepseek_logits(config, state)
+    got, model = _dense_deepseek_logits(config, state, kv_cache_dtype=kv_cache_dtype,
+                                        calculate_kv_scales=calculate_kv_scales)
+    scales = [float(layer.self_attn.attn.kv_scale) for layer in model.model.layers]
+    assert (scales != [1.0] * len(scales)) == calculate_kv_scales, scales
+    error = float((got - want).abs().max() / (want.max() - want.min()))
+    assert 0 < error < FP8_KV_RTOL[kv_cache_dtype], error
