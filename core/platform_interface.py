@@ -155,19 +155,25 @@ class Platform(StrictInterface):
     def attention_backends(self) -> tuple[str, ...]:
         """Attention backends to try, best first: ``facts.attention_backend_priority``, then
         every other registered backend declared for this platform or a family of it
-        (``platforms`` not empty), in registration order."""
+        (``platforms`` not empty), in registration order, then the MLA backends declared
+        for any platform (``is_mla``, ``platforms`` empty: ``TORCH_MLA``), so a latent
+        attention model runs on a platform that lists none of its own. They serve only
+        MLA specs, so no other model ever reaches them."""
         listed = [registries.attention_backends.current_name(name)
                   for name in self.facts.attention_backend_priority]
+        portable_mla = []
         for name in registries.attention_backends.names():
             if name in listed:
                 continue
             try:
-                declared = registries.attention_backends.get(name).platforms
+                backend = registries.attention_backends.get(name)
             except Exception:  # reported by selection, which imports every backend too
                 continue
-            if declared and self.matches(declared):
+            if backend.platforms and self.matches(backend.platforms):
                 listed.append(name)
-        return tuple(listed)
+            elif not backend.platforms and backend.is_mla:
+                portable_mla.append(name)
+        return (*listed, *portable_mla)
 
     def apply_process_env(self) -> dict[str, str]:
         """Set each :attr:`process_env` variable the environment lacks; return what was set.

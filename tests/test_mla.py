@@ -132,3 +132,20 @@ def test_only_an_mla_backend_serves_an_mla_spec():
     backend = latent(spec)
     with pytest.raises(UnsupportedError, match="forward_mla"):
         backend.forward(None, None, None, None, None, 1.0)
+
+
+def test_a_platform_that_lists_no_mla_backend_still_serves_latent_attention():
+    from hwplug import current_platform
+    from hwplug.attention_selection import select_backend
+
+    cpu = current_platform()
+
+    class PagedOnly(type(cpu)):
+        attention_backend_priority = ("TORCH_PAGED",)
+
+    platform = PagedOnly(cpu.sighting)
+    assert platform.attention_backends()[-1] == "TORCH_MLA"
+    spec = AttentionSpec(HEADS, 1, LORA + ROPE, is_mla=True)
+    assert select_backend(platform, spec).backend.get_name() == "TORCH_MLA"
+    assert select_backend(platform, AttentionSpec(HEADS, 2, 32)).backend.get_name() == (
+        "TORCH_PAGED")
