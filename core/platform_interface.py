@@ -157,8 +157,9 @@ class Platform(StrictInterface):
         every other registered backend declared for this platform or a family of it
         (``platforms`` not empty), in registration order, then the MLA backends declared
         for any platform (``is_mla``, ``platforms`` empty: ``TORCH_MLA``), so a latent
-        attention model runs on a platform that lists none of its own. They serve only
-        MLA specs, so no other model ever reaches them."""
+        attention model runs on a platform that lists none of its own (a platform that
+        lists no backend at all still declares none). They serve only MLA specs, so no
+        other model ever reaches them."""
         listed = [registries.attention_backends.current_name(name)
                   for name in self.facts.attention_backend_priority]
         portable_mla = []
@@ -173,7 +174,7 @@ class Platform(StrictInterface):
                 listed.append(name)
             elif not backend.platforms and backend.is_mla:
                 portable_mla.append(name)
-        return (*listed, *portable_mla)
+        return (*listed, *portable_mla) if listed else ()
 
     def apply_process_env(self) -> dict[str, str]:
         """Set each :attr:`process_env` variable the environment lacks; return what was set.
