@@ -1,6 +1,7 @@
 """``TORCH_MLA``: the multi-head latent attention backend built from the registry's ops.
 
-It runs on every platform that lists it: ``concat_and_cache_mla`` stores each step's
+It runs on every platform (after a platform's own backends, see
+:meth:`hwplug.Platform.attention_backends`): ``concat_and_cache_mla`` stores each step's
 latents in the ``MLA`` cache (``[num_blocks, block_size, kv_lora_rank +
 qk_rope_head_dim]``) and ``mla_attention`` attends over it, both bound from the model's
 kernel plan (the pure-torch references where nothing better is registered: the expanded
