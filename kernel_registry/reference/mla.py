@@ -7,8 +7,10 @@ attends with ``q = [q_nope, q_pe]``: prefill's form. :func:`mla_absorbed` folds 
 into the query (``q = [q_nope W_UK, q_pe]``), attends against the latents as one shared
 KV head (values: the latents' first ``L`` columns) and applies ``W_UV`` after: decode's
 form. They are the same function: ``q_nope . (W_UK c) = (q_nope W_UK) . c``. Both gather
-each sequence's blocks, pad queries per sequence and run ``scaled_dot_product_attention``
-under a causal mask, fp32 inside; no per-token Python loop.
+each sequence's blocks and pad queries per sequence, fp32 inside, no per-token Python
+loop: the expanded form runs ``scaled_dot_product_attention`` under a causal mask, the
+absorbed one two matmuls per sequence with every head's queries as rows against the one
+latent head (no per-head copy of the latents).
 """
 
 from __future__ import annotations
@@ -137,8 +139,15 @@ def _attend(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMeta
     first, end = _visible_keys((seq_lens - query_lens)[:, None] + offsets, seq_lens, True, None)
     key_positions = torch.arange(keys.shape[2], device=keys.device)
     visible = (key_positions >= first) & (key_positions < end)  # [B, Qmax, S]
-    out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values,
-                                         attn_mask=visible.unsqueeze(1), scale=scale,
-                                         enable_gqa=keys.shape[1] != num_heads)
+    if keys.shape[1] == 1:  # one latent head for all: heads are more query rows (no copies)
+        scores = torch.matmul(padded.flatten(1, 2), keys[:, 0].transpose(1, 2)).mul_(scale)
+        scores = scores.view(*padded.shape[:3], -1).masked_fill_(~visible[:, :, None],
+                                                                 float("-inf"))
+        out = torch.matmul(scores.softmax(-1).flatten(1, 2), values[:, 0])
+        out = out.view(*padded.shape[:3], value_size)
+    else:
+        out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values,
+                                             attn_mask=visible.unsqueeze(1),
+                                             scale=scale).transpose(1, 2)
     rows = _packed_row_index(qsl, metadata.max_query_len, num_tokens)
-    return out.transpose(1, 2).flatten(0, 1)[rows]
+    return out.flatten(0, 1)[rows]
