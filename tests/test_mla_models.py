@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_harness import PagedBatch
 from test_models_vs_transformers import reference_and_ours
 from test_moe_models import CONFIGS, GREEDY_STEPS
 
@@ -113,3 +114,48 @@ def test_an_fp8_latent_cache_tracks_the_float32_one(kv_cache_dtype, calculate_kv
     assert (scales != [1.0] * len(scales)) == calculate_kv_scales, scales
     error = float((got - want).abs().max() / (want.max() - want.min()))
     assert 0 < error < FP8_KV_RTOL[kv_cache_dtype], error
+
+
+#: Max |fp8-block logit - dequantized logit| over the dequantized logits' range: measured
+#: 0.27 (every linear of this random DeepSeek quantizes its activations to fp8 per group
+#: of 128; test_quant_models' Llama bound is 0.10); W_UK / W_UV are compared exactly.
+FP8_BLOCK_DEEPSEEK_RTOL = 0.35
+
+
+def test_an_fp8_block_kv_b_proj_is_dequantized_for_the_up_projections(tmp_path, monkeypatch):
+    """DeepSeek-V3's own checkpoint format: every linear (kv_b_proj included) fp8 with
+    128x128 block scales. W_UK / W_UV are exactly the written weights dequantized, and the
+    model runs: its logits stay within FP8_BLOCK_DEEPSEEK_RTOL of the range of the model
+    built from those dequantized weights (they differ through the fp8 activations of every
+    other linear layer)."""
+    import quant_formats
+    from model_harness import InMemoryCheckpoint
+    from test_quant_models import load
+
+    from hwplug.model_zoo.context import build_model
+
+    monkeypatch.setattr(quant_formats, "LINEARS", (*quant_formats.LINEARS, "q_a_proj", "q_b_proj",
+                                                   "kv_a_proj_with_mqa", "kv_b_proj"))
+    config = CONFIGS["deepseek-v3"]()
+    config.first_k_dense_replace = config.num_hidden_layers  # dense: no expert flips
+    # every quantized matrix of whole 128 x 128 blocks, at least two of them each way
+    config.update(dict(hidden_size=256, intermediate_size=512, q_lora_rank=256,
+                       kv_lora_rank=256, qk_nope_head_dim=32, qk_rope_head_dim=128,
+                       v_head_dim=64))
+    reference, _, _ = reference_and_ours(config)
+    dequantized = quant_formats.write_quantized(reference.state_dict(), config.to_dict(),
+                                                "fp8-block", tmp_path, {})
+    model, ctx = load(tmp_path, "float32")
+    want_model, _ = build_model(InMemoryCheckpoint(config, dequantized), dtype="float32",
+                                block_size=8)
+    attention = model.model.layers[0].self_attn
+    assert attention.kv_b_proj.weight.dtype == torch.float8_e4m3fn
+    prompt = torch.tensor([3, 17, 99, 42, 5, 64, 8, 1])
+    logits = [m.compute_logits(PagedBatch(ctx, m.num_layers, 1, 8).run(m, [prompt], [8]))
+              for m in (model, want_model)]
+    w_uk, w_uv = attention._up_projections()
+    written = dequantized["model.layers.0.self_attn.kv_b_proj.weight"].view(4, 96, 256)
+    assert torch.equal(w_uk, written[:, :32]) and torch.equal(w_uv, written[:, 32:])
+    want = logits[1]
+    error = float((logits[0] - want).abs().max() / (want.max() - want.min()))
+    assert 0 < error < FP8_BLOCK_DEEPSEEK_RTOL, error

@@ -9,8 +9,8 @@ from ``q_proj`` or, with ``q_lora_rank``, ``q_b_proj(norm(q_a_proj))``. The cach
 the normalised latent and the roped shared key (layout ``MLA``, ``kv_lora_rank +
 qk_rope_head_dim`` values per token and layer); ``kv_b_proj``, split per head into ``W_UK``
 and ``W_UV``, expands it in prefill and is absorbed into the query and the output in
-decode (:class:`~hwplug.model_zoo.layers.MLAAttention`, an MLA backend). ``kv_b_proj`` must
-be unquantized. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or
+decode (:class:`~hwplug.model_zoo.layers.MLAAttention`, an MLA backend); a quantized
+``kv_b_proj`` is dequantized once for it. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or
 halves; YaRN scaling is not supported yet. Layers below ``first_k_dense_replace`` have a
 dense MLP.
 """
@@ -61,9 +61,9 @@ class DeepseekV3Attention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora, hf_config.rms_norm_eps, ctx)
         self.kv_b_proj = Linear(self.kv_lora, self.num_heads * (self.nope + self.v_head), ctx)
         self.o_proj = Linear(self.num_heads * self.v_head, hidden, ctx, bias=bias)
-        if self.kv_b_proj.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ModelError(f"MLA reads kv_b_proj's weight as W_UK / W_UV; a "
-                             f"{ctx.quant_method.get_name()} kv_b_proj is not supported yet")
+        #: ``kv_b_proj`` dequantized, once, when its quant method stores it otherwise.
+        self._w_kv_b: torch.Tensor | None = None
+        self._dtype = ctx.dtype
         self.rotary_emb = rotary
         self.attn = MLAAttention(ctx, self.num_heads, self.kv_lora, self.rope,
                                  scale=(self.nope + self.rope) ** -0.5)
@@ -80,9 +80,16 @@ class DeepseekV3Attention(nn.Module):
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
 
     def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``W_UK [H, N, L]`` and ``W_UV [H, V, L]``: views of ``kv_b_proj``'s weight."""
-        per_head = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_head,
-                                              self.kv_lora)
+        """``W_UK [H, N, L]`` and ``W_UV [H, V, L]``: views of ``kv_b_proj``'s weight, or of
+        its quant method's ``dequantize`` (in the model dtype, made on the first call:
+        weights are read-only after loading)."""
+        weight = getattr(self.kv_b_proj, "weight", None)
+        if weight is None or weight.dtype != self._dtype:
+            if self._w_kv_b is None:
+                layer = self.kv_b_proj
+                self._w_kv_b = layer.quant_method.dequantize(layer).to(self._dtype)
+            weight = self._w_kv_b
+        per_head = weight.view(self.num_heads, self.nope + self.v_head, self.kv_lora)
         w_uk, w_uv = per_head.split([self.nope, self.v_head], dim=1)
         return w_uk, w_uv
 
