@@ -22,9 +22,12 @@ from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.cache import entry_dir
 from hwplug.model_zoo.loaders.hf_dir import PLAIN_CONFIG_NAME, load_config, write_plain_config
 
-#: Imported by the architecture's config class (through transformers' validators) and by
-#: torch's meta-device arange; a cached load needs neither.
-HEAVY_MODULES = ("transformers.models.llama.configuration_llama", "torch._dynamo")
+#: Imported by the architecture's config class (through transformers' validators), by
+#: torch's meta-device arange and by transformers' auto classes (their config tables); a
+#: cached load needs none of them.
+HEAVY_MODULES = ("transformers.models.llama.configuration_llama", "torch._dynamo",
+                 "transformers.models.auto.configuration_auto",
+                 "transformers.models.auto.tokenization_auto")
 
 
 @pytest.fixture(scope="module")

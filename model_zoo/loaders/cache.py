@@ -30,7 +30,7 @@ from hwplug.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 #: Bump when the layout or content of an entry changes; old entries are then ignored.
-CACHE_FORMAT_VERSION = 3
+CACHE_FORMAT_VERSION = 4
 #: A staging directory this much older than now belongs to a process that died.
 STALE_STAGING_S = 3600.0
 

@@ -3,8 +3,8 @@
 A conversion is a Hugging Face directory (``config.json``, the tokenizer files and one
 ``model.safetensors``) under ``HWPLUG_CACHE_DIR/<kind>/<key>`` (see :mod:`.cache`), loaded
 by :func:`~.hf_dir.load_hf_dir` on this and every later load; the config's fields are also
-written as ``hwplug_config.json`` (see :mod:`.hf_dir`), so a cached load need not import
-the architecture's config class.
+written as ``hwplug_config.json`` and a tokenizer its files reproduce is marked plain (see
+:mod:`.hf_dir`): a cached load imports neither the config class nor ``AutoTokenizer``.
 
 By default (kind ``gguf-blocks``) the weights stay as the file stores them and are used in
 place: every matrix is ``<name>.qweight`` (``uint8 [rows, row_bytes]``, its GGUF blocks)
@@ -64,7 +64,7 @@ from hwplug.model_zoo.loaders.hf_dir import (
     WEIGHTS_NAME,
     from_pretrained,
     load_hf_dir,
-    write_plain_config,
+    save_config_and_tokenizer,
 )
 from hwplug.model_zoo.loaders.mapped import MappedFile, MappedTensor
 from hwplug.model_zoo.loaders.validate import (
@@ -240,9 +240,7 @@ def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = T
     if not dequantize:
         config.quantization_config = {"quant_method": "gguf"}
         write_index(out, path.stat().st_size, tensors)
-    config.save_pretrained(out)
-    write_plain_config(config, out)
-    tokenizer.save_pretrained(out)
+    save_config_and_tokenizer(config, tokenizer, out)
     save_file(tensors.written, out / WEIGHTS_NAME,
               metadata={"format": "pt", "source": str(path)})
 

@@ -8,7 +8,11 @@ A directory hwplug converted (see :mod:`.gguf_file`) may also hold :data:`PLAIN_
 the architecture config's every field, loaded as a plain ``PretrainedConfig``. Importing an
 architecture's config class imports much of transformers (its validators pull in
 torch._dynamo and torch.distributed: about 1.3 s), so a cached load that skips it starts
-that much sooner.
+that much sooner. Likewise :data:`PLAIN_TOKENIZER_NAME` marks a tokenizer that loads as a
+plain ``PreTrainedTokenizerFast`` (its ``tokenizer.json`` read by the tokenizers library)
+exactly as its class does: ``AutoTokenizer`` imports transformers' auto-config tables
+(about 0.2 s) and a class such as ``Qwen2Tokenizer`` rebuilds its vocabulary in Python
+(about 0.15 s for 150k tokens), neither of which a cached load then pays.
 """
 
 from __future__ import annotations
@@ -20,11 +24,10 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 from transformers import (
-    AutoConfig,
-    AutoTokenizer,
     GenerationConfig,
     PretrainedConfig,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from hwplug.errors import ModelError
@@ -44,6 +47,15 @@ PLAIN_CONFIG_NAME = "hwplug_config.json"
 #: Fields a plain config need not reproduce: one a plain ``PretrainedConfig`` drops and
 #: hwplug does not read (a transformers generation setting), and the writer's version.
 PLAIN_CONFIG_UNCOMPARED = frozenset({"use_cache", "transformers_version"})
+PLAIN_TOKENIZER_NAME = "hwplug_tokenizer.json"
+#: Texts a plain tokenizer must encode as its class does (with the special tokens joined).
+TOKENIZER_PROBES = ("Hello, world!", "  two spaces,\ttabs\n\nand new lines \r\n",
+                    "Ünïcödé: 中文, 😀, café, naïve", "def f(x):\n    return x ** 2  # code",
+                    "1234567890 3.14159e-3 0x1F", "")
+#: Tokenizer settings a plain tokenizer must share with its class.
+TOKENIZER_SETTINGS = ("special_tokens_map", "all_special_ids", "chat_template",
+                      "model_max_length", "padding_side", "truncation_side",
+                      "clean_up_tokenization_spaces")
 
 
 def load_hf_dir(directory: Path, *, source: Path | None = None,
@@ -77,7 +89,7 @@ def load_hf_dir(directory: Path, *, source: Path | None = None,
     config = load_config(directory)
     where = str(source or directory)
     check_tensors(check_config(config, where), tensors, where)
-    tokenizer = from_pretrained(AutoTokenizer, "tokenizer", directory, config=config)
+    tokenizer = load_tokenizer(directory, config)
     generation_config = None
     if (directory / GENERATION_CONFIG_NAME).is_file():
         generation_config = from_pretrained(GenerationConfig, "generation config", directory)
@@ -100,11 +112,24 @@ def load_config(directory: Path) -> PretrainedConfig:
     :class:`ModelError` naming the file when it cannot be read."""
     plain = directory / PLAIN_CONFIG_NAME
     if not plain.is_file():
+        from transformers import AutoConfig  # a plain config (the cached load) skips it
+
         return from_pretrained(AutoConfig, "config", directory)
     try:
         return PretrainedConfig.from_dict(json.loads(plain.read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"cannot load the config from {plain}: {exc}") from exc
+
+
+def save_config_and_tokenizer(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
+                              directory: Path) -> None:
+    """Save ``config`` and ``tokenizer`` into ``directory`` for every reader
+    (``save_pretrained``), and the plain forms a later :func:`load_hf_dir` reads where they
+    reproduce them (:func:`write_plain_config`, :func:`write_plain_tokenizer`)."""
+    config.save_pretrained(directory)
+    write_plain_config(config, directory)
+    tokenizer.save_pretrained(directory)
+    write_plain_tokenizer(tokenizer, directory)
 
 
 def write_plain_config(config: PretrainedConfig, directory: Path) -> bool:
@@ -124,6 +149,60 @@ def write_plain_config(config: PretrainedConfig, directory: Path) -> bool:
         return False
     (directory / PLAIN_CONFIG_NAME).write_text(json.dumps(fields, indent=1, sort_keys=True))
     return True
+
+
+def load_tokenizer(directory: Path,
+                   config: PretrainedConfig | None) -> PreTrainedTokenizerBase:
+    """``directory``'s tokenizer: a plain ``PreTrainedTokenizerFast`` when the directory has
+    :data:`PLAIN_TOKENIZER_NAME`, else through ``AutoTokenizer`` (the class its
+    ``tokenizer_config.json`` names). Raises :class:`ModelError` naming the directory."""
+    if (directory / PLAIN_TOKENIZER_NAME).is_file():
+        return from_pretrained(PreTrainedTokenizerFast, "tokenizer", directory)
+    from transformers import AutoTokenizer  # a plain tokenizer (the cached load) skips it
+
+    return from_pretrained(AutoTokenizer, "tokenizer", directory, config=config)
+
+
+def write_plain_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> bool:
+    """Write ``directory``/:data:`PLAIN_TOKENIZER_NAME` if ``tokenizer``, already saved in
+    ``directory``, loads from there as a plain ``PreTrainedTokenizerFast`` that has its
+    vocabulary, added tokens and :data:`TOKENIZER_SETTINGS`, encodes
+    :data:`TOKENIZER_PROBES` (and its special tokens) to the same ids and decodes every id
+    to the same text; return whether it did."""
+    plain = from_pretrained(PreTrainedTokenizerFast, "tokenizer", directory)
+    differ = tokenizer_differences(tokenizer, plain)
+    if differ:
+        logger.debug("%s keeps its tokenizer class %s: a plain one differs in %s", directory,
+                     type(tokenizer).__name__, ", ".join(differ))
+        return False
+    (directory / PLAIN_TOKENIZER_NAME).write_text(json.dumps(
+        {"loads_as": "PreTrainedTokenizerFast", "saved_by": type(tokenizer).__name__}))
+    return True
+
+
+def tokenizer_differences(tokenizer: PreTrainedTokenizerBase,
+                          other: PreTrainedTokenizerBase) -> list[str]:
+    """What of :func:`write_plain_tokenizer`'s comparison differs between ``tokenizer`` and
+    ``other`` (empty: nothing)."""
+    def added(tok: PreTrainedTokenizerBase) -> dict[int, Any]:
+        return {i: token.__getstate__() for i, token in tok.added_tokens_decoder.items()}
+
+    differ = [name for name in TOKENIZER_SETTINGS
+              if getattr(tokenizer, name, None) != getattr(other, name, None)]
+    if tokenizer.get_vocab() != other.get_vocab():
+        differ.append("vocabulary")
+    if added(tokenizer) != added(other):
+        differ.append("added tokens")
+    texts = [*TOKENIZER_PROBES, " ".join(tokenizer.all_special_tokens) + " Hi!"]
+    for special in (True, False):
+        if tokenizer(texts, add_special_tokens=special)["input_ids"] != other(
+                texts, add_special_tokens=special)["input_ids"]:
+            differ.append(f"encoding (add_special_tokens={special})")
+        every_id = list(range(len(tokenizer)))
+        if tokenizer.decode(every_id, skip_special_tokens=special) != other.decode(
+                every_id, skip_special_tokens=special):
+            differ.append(f"decoding (skip_special_tokens={special})")
+    return differ
 
 
 def find_weight_files(directory: Path) -> tuple[Path, ...]:
