@@ -18,9 +18,10 @@ from model_harness import InMemoryCheckpoint
 from tiny_models import random_state
 
 import hwplug
+from hwplug.attention import AttentionMetadata
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.model_zoo.context import build_model
-from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner
+from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner, StepInputs
 from hwplug.platforms.cpu.fused.ops import PORTABLE
 from hwplug.platforms.cpu.platform import CpuPlatform
 from hwplug.platforms.cpu.step_graph import native_call, record, same_calls
@@ -147,9 +148,10 @@ def test_decode_graphs_give_the_eager_tokens_and_logprobs(caplog):
         with caplog.at_level(logging.INFO, "hwplug.model_zoo.engine.decode_graphs"):
             got = _generate(graphed)
         graphs = graphed.runner.graphs
-        assert graphs.recorded == [1, 4] and graphs.replays == 2 * 23
+        # 23 decode steps per bucket, the first of each eager (before it is recorded)
+        assert graphs.recorded == [1, 4] and graphs.replays == 2 * 22
         assert graphs.describe() == ("step graphs: decode batches of up to 1, 4 sequences "
-                                     "replayed (46 steps)")
+                                     "replayed (44 steps)")
         assert ("decode steps of up to 4 sequences replay a recorded step (native kernel calls)"
                 in caplog.text)
     finally:
@@ -186,10 +188,11 @@ def test_float_weights_replay_where_every_op_is_c_and_say_why_not_elsewhere(
         replayed = {1, 2} if avx2 and not disabled else {1} if avx2 else set()
         assert set(graphs.recorded) == replayed
         assert set(graphs.refused) == {1, 2} - replayed
-        # three decode steps each: the pair's, then the single sequence's
-        assert graphs.replays == 3 * len(replayed)
+        # three decode steps each, the pair's then the single sequence's; the first of
+        # each bucket runs eagerly (before it is recorded)
+        assert graphs.replays == 2 * len(replayed)
         if replayed == {1, 2}:
-            assert "batches of up to 1, 2 sequences replayed (6 steps)" in graphs.describe()
+            assert "batches of up to 1, 2 sequences replayed (4 steps)" in graphs.describe()
         else:
             assert "batches of up to 2 sequences run eagerly (the step computes in torch " \
                    "(_linear_pointwise)" in graphs.describe()
@@ -215,6 +218,33 @@ def test_a_platform_that_replays_no_steps_never_records():
         runner = ModelRunner(model, ctx, 16, step_graphs=GraphLimits(4, 64))
         assert (runner.graphs is not None) == graphs
     assert EagerCpu().describe()["step_replay"] is None
+
+
+def test_a_bucket_is_recorded_at_its_second_decode_step_and_replays_the_eager_logits():
+    """A bucket's first decode step runs eagerly (a one-token generation records nothing);
+    its second is recorded and replayed, with the logits the eager step computes."""
+    config, state = random_state("llama")
+    model, ctx = build_model(InMemoryCheckpoint(config, state), dtype="float32", block_size=8)
+    runner = ModelRunner(model, ctx, 16, step_graphs=GraphLimits(4, 64))
+    graphs = runner.graphs
+    tokens, positions, slots, tables = [5, 7], [0, 0], [0, 8], [[0], [1]]
+    assert graphs.logits(tokens, positions, slots, tables) is None
+    assert (graphs.recorded, graphs.refused, graphs.replays) == ([], {}, 0)
+    assert graphs.describe() == "step graphs: none recorded yet (no decode step)"
+    got = graphs.logits(tokens, positions, slots, tables)
+    if graphs.refused:  # a CPU without the C kernels of every op: the bucket runs eagerly
+        assert got is None and list(graphs.refused) == [2]
+        return
+    assert (graphs.recorded, graphs.replays) == ([2], 1)
+    metadata = AttentionMetadata(torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
+                                 torch.ones(2, dtype=torch.int32),
+                                 torch.arange(3, dtype=torch.int32), 1, 1)
+    with torch.inference_mode():
+        want = model.compute_logits(runner.forward(StepInputs(
+            torch.tensor(tokens), torch.tensor(positions), metadata, None)))
+    torch.testing.assert_close(got, want)
+    assert graphs.logits(tokens, positions, slots, tables) is not None  # replayed again
+    assert (graphs.recorded, graphs.replays) == ([2], 2)
 
 
 def test_step_graphs_takes_a_bool():

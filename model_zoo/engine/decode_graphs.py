@@ -10,7 +10,10 @@ written into the bucket's static input tensors. On a platform that samples on it
 too (:meth:`DecodeGraphs.sample`). Rows past ``n`` are padding: token 0 at
 position 0, slot -1 (not written), one token of block 0 (read, never written).
 
-A bucket is recorded twice, over the shortest context (one token) and the longest
+A bucket is recorded at its :data:`RECORD_AT`-th decode step; the steps before run eagerly,
+so a generation of one token (a cold start's ``--max-tokens 1``), or a batch size met
+once, never pays for the recordings: two forward passes, the second over the longest
+context. A bucket is recorded twice, over the shortest context (one token) and the longest
 (``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
 ``StepRecorder.check_same``): a kernel chosen in Python from a
@@ -53,6 +56,8 @@ logger = logging.getLogger(__name__)
 #: The batch sizes recorded (a step of n sequences runs in the first bucket >= n; the last
 #: bucket is ``max_num_seqs`` when that is smaller; larger steps run eagerly).
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: The decode step of a bucket (counting from 1) at which it is recorded and first replayed.
+RECORD_AT = 2
 
 
 def record_twice(recorder: StepRecorder, first: Callable[[], RecordedStep],
@@ -116,6 +121,8 @@ class DecodeGraphs:
         self.refused: dict[int, str] = {}
         #: Steps served by a replay, and of them verify steps.
         self.replays = self.verify_replays = 0
+        #: bucket -> its steps so far that ran eagerly before it was recorded.
+        self._unrecorded: dict[int, int] = {}
 
     @property
     def recorded(self) -> list[int]:
@@ -144,8 +151,9 @@ class DecodeGraphs:
         """Logits ``[n, vocab]`` of a decode step of n rows (row i: token ``token_ids[i]``
         at ``positions[i]``, stored at ``slots[i]``, its sequence's blocks
         ``block_tables[i]``; a verify step, ``verify``, gives each of its query rows), or
-        None when that step runs eagerly (a refused bucket, more rows than the last
-        bucket, a block table longer than ``max_blocks``; logged at debug level)."""
+        None when that step runs eagerly (a bucket before its :data:`RECORD_AT`-th step, a
+        refused bucket, more rows than the last bucket, a block table longer than
+        ``max_blocks``; logged at debug level)."""
         graph = self._filled(token_ids, positions, slots, block_tables)
         if graph is None:
             return None
@@ -179,8 +187,14 @@ class DecodeGraphs:
                          f"a block table of {width} blocks (> {self.max_blocks})")
             return None
         bucket = self.buckets[at]
-        entry = None if bucket in self.refused else (
-            self._graphs.get(bucket) or self._record(bucket))
+        entry = None if bucket in self.refused else self._graphs.get(bucket)
+        if entry is None and bucket not in self.refused:
+            steps = self._unrecorded[bucket] = self._unrecorded.get(bucket, 0) + 1
+            if steps < RECORD_AT:
+                logger.debug("a step of %d rows runs eagerly: bucket %d is recorded at its "
+                             "step %d", n, bucket, RECORD_AT)
+                return None
+            entry = self._record(bucket)
         if entry is None:
             logger.debug("a step of %d rows runs eagerly: bucket %d is refused (%s)", n,
                          bucket, self.refused[bucket])

@@ -54,7 +54,12 @@ def step_of(llm, tokens: list[int], length: int) -> tuple[list, list, list, list
 
 
 def replayed(llm, tokens: list[int], length: int) -> torch.Tensor:
-    logits = llm.runner.graphs.logits(*step_of(llm, tokens, length))
+    """The step's logits from its bucket's graph (a bucket's first step only counts towards
+    its recording: the engine runs it eagerly)."""
+    graphs, step = llm.runner.graphs, step_of(llm, tokens, length)
+    logits = graphs.logits(*step)
+    if logits is None and not graphs.refused:
+        logits = graphs.logits(*step)
     assert logits is not None, llm.runner.graphs.refused
     return logits.clone()
 
