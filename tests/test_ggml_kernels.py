@@ -288,23 +288,6 @@ def test_integer_dots_hold_the_largest_weights_and_activations_exactly(fresh_dis
             assert torch.equal(build.linear_blocks(-x, qweight, kind, None, activations), -want)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-@pytest.mark.parametrize("kind", [k for k in INT8_ONLY if ggml_block(k) == 256],
-                         ids=lambda t: Q(t).name)
-def test_a_rows_result_does_not_depend_on_the_other_rows(fresh_discovery, name, kind):
-    """The super-block types compute each (weight row, activation row) pair with the same
-    fp32 operations whichever kernel serves the call (one row's tiles, or the VNNI build's
-    groups of 16 weight rows from six activation rows): a row alone and the same row among
-    18 give bitwise equal outputs, so a sequence's logits do not depend on its batch."""
-    build = built(name)
-    qweight, cols = weight_for(kind, 43, seed=kind + 9)  # 2 groups of 16 + 11 rows
-    x = torch.randn(18, cols, generator=torch.Generator().manual_seed(7))
-    together = build.linear_blocks(x, qweight, kind, None, "int8")
-    for row in range(18):
-        alone = build.linear_blocks(x[row:row + 1], qweight, kind, None, "int8")
-        assert torch.equal(alone[0], together[row]), f"row {row}"
-
-
 def user_table(tmp_path, monkeypatch, entry: dict) -> None:
     """``entry`` as the user's ``ggml_linear`` table at every thread bucket hwplug's has."""
     buckets = read_layer(c_ops.TUNING)["default"]

@@ -59,11 +59,13 @@ from hwplug.platforms.device_names import canonical_device_name
 #: int16: its int8 dots (VNNI) measured level with int16 (a 2-vCPU AMD EPYC Zen 5, one
 #: thread, Qwen2.5-1.5B's shapes: 92-810 against 98-743 µs, memory-bound at ~25 GB/s).
 #: IQ4_NL and the super-block types (Q2_K .. Q6_K, IQ4_XS) take int8 only, as llama.cpp
-#: does (Q8_0 and Q8_K activations). Their switch to the tiles, from benchmarks/ggml_linear.py
-#: on that Zen 5 (one thread, 1536x1536 and 8960x1536, other loads on the machine): the
-#: super-block types' integer kernel beat the tiles by 1.2-2.3x at 16-64 rows and was about
-#: level at 128 (Q4_K 6299 / 8787 µs, Q6_K 5972 / 7780 and 50687 / 37338), hence 128;
-#: IQ4_NL's was level at 32 (2437 / 2445 µs), hence 32.
+#: does (Q8_0 and Q8_K activations). The super-block types never take the tiles (null):
+#: their VNNI build's 16-row groups (kgroup.h) beat the tiles by 2.7-4.8x at 128-512 rows
+#: (that Zen 5, quiet, two threads, Qwen2.5-1.5B's 1536x1536, 8960x1536 and 1536x8960, Q4_K
+#: and Q6_K: 1.0-24 ms against 2.7-101), and their AVX2 build's tiles were about level with
+#: the fp32 tiles at 128 rows (Q4_K 6299 / 8787 µs, Q6_K 5972 / 7780 and 50687 / 37338, one
+#: thread, a loaded machine), so prefill stays batch-invariant for them too. IQ4_NL's
+#: integer kernel was level with the tiles at 32 rows (2437 / 2445 µs), hence 32.
 TUNING = Path(__file__).with_name("tuning.json")
 #: The activations' integer types and their bits, as the C kernel takes them.
 ACTIVATIONS = {"int8": 8, "int16": 16}
