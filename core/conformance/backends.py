@@ -42,7 +42,13 @@ from hwplug.attention import (
 )
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.execution import Observed, observing, ran_on
-from hwplug.conformance.explore import CannotRun, Failure, first_failure, guarded, judge
+from hwplug.conformance.explore import (
+    Failure,
+    check_claimed_spec,
+    first_failure,
+    guarded,
+    judge,
+)
 from hwplug.conformance.mla_backends import MLA_SCENARIOS, NOT_MLA, MLARun, mla_examples, mla_spec
 from hwplug.conformance.paged_batches import BlockLayout, PagedBatch, Step, mixed_step, verify_step
 from hwplug.conformance.result import Check, CheckResult, Outcome, Status
@@ -242,15 +248,8 @@ class _Run:
         self.observed = observed
 
     def __call__(self, example: Example) -> None:
-        reasons = self.backend.validate(example.spec)
-        if reasons:
-            raise Failure(f"validate refused a spec it claims ({example.label()}): "
-                          f"{'; '.join(reasons)}")
-        platform = self.placement.platform
-        device = [r for r in (self.backend.validate(example.spec, platform) if platform else ())
-                  if r not in reasons]
-        if device:
-            raise CannotRun(f"{platform.name} here: {'; '.join(device)}")
+        check_claimed_spec(self.backend, example.spec, example.label(),
+                           self.placement.platform)
         episode = _Episode(self.backend, example, self.placement.device)
         tolerance = loosest_tolerance(ops.paged_attention.tolerances,
                                       (example.spec.dtype, example.spec.kv_cache_dtype))

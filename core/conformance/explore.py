@@ -18,7 +18,7 @@ import importlib.util
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -36,6 +36,19 @@ class Failure(Exception):
 class CannotRun(Exception):
     """Raised by a check body: the code needs hardware (or a device feature, a package)
     that this machine lacks; the check is "not checked here", not failed."""
+
+
+def check_claimed_spec(backend: Any, spec: Any, label: str, platform: Any) -> None:
+    """An attention backend's ``validate`` on a spec it claims: :class:`Failure` where it
+    refuses the spec itself, :class:`CannotRun` where it refuses only ``platform`` (this
+    machine's; None: not checked) for it."""
+    reasons = backend.validate(spec)
+    if reasons:
+        raise Failure(f"validate refused a spec it claims ({label}): {'; '.join(reasons)}")
+    device = [r for r in (backend.validate(spec, platform) if platform else ())
+              if r not in reasons]
+    if device:
+        raise CannotRun(f"{platform.name} here: {'; '.join(device)}")
 
 
 def first_failure(strategy: st.SearchStrategy[T], body: Callable[[T], None],

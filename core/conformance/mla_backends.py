@@ -24,7 +24,7 @@ from hwplug.attention import AttentionSpec
 from hwplug.attention_mla import MLAAttentionBackend
 from hwplug.conformance.compare import loosest_tolerance, mismatch
 from hwplug.conformance.execution import Observed
-from hwplug.conformance.explore import CannotRun, Failure, guarded
+from hwplug.conformance.explore import Failure, check_claimed_spec, guarded
 from hwplug.conformance.paged_batches import BlockLayout, PagedBatch, Step
 from hwplug.conformance.target import Placement
 from hwplug.dtypes import is_quantized_kv_cache, torch_dtype
@@ -147,15 +147,8 @@ class MLARun:
         self.observed = observed
 
     def __call__(self, example: MLAExample) -> None:
-        reasons = self.backend.validate(example.spec)
-        if reasons:
-            raise Failure(f"validate refused a spec it claims ({example.label()}): "
-                          f"{'; '.join(reasons)}")
-        platform = self.placement.platform
-        device = [r for r in (self.backend.validate(example.spec, platform) if platform else ())
-                  if r not in reasons]
-        if device:
-            raise CannotRun(f"{platform.name} here: {'; '.join(device)}")
+        check_claimed_spec(self.backend, example.spec, example.label(),
+                           self.placement.platform)
         episode = _Episode(self.backend, example, self.placement.device)
         for index in (0, 1):
             steps = [plan[index] for plan in example.plans]
