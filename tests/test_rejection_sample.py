@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chi2
+from distribution_checks import chi_square, threshold
 
 from hwplug.kernel_registry.ops_sampling import rejection_sample
 from hwplug.kernel_registry.reference.sampling import target_probs
 
 DRAWS = 20_000
-ALPHA = 1e-3
 
 
 def verify(logits_rows, drafts, counts, *, draft_probs=None, temperature=0.0, top_k=0,
@@ -58,21 +57,6 @@ def test_greedy_accepts_while_the_argmax_matches():
     for row, expected in zip(got.tolist(), want, strict=True):
         assert row[:len(expected)] == expected and set(row[len(expected):]) <= {-1}
     assert [len(w) for w in want] == [1, 1, 3, 3, 5]  # mismatch, none proposed, ..., bonus
-
-
-def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's statistic of ``tokens`` against ``probs``; a token of probability 0 drawn
-    is an infinite statistic."""
-    counts = torch.bincount(tokens, minlength=probs.numel()).double()
-    support = probs > 0
-    if bool((counts[~support] > 0).any()):
-        return float("inf")
-    expected = probs[support].double() * counts.sum()
-    return float(((counts[support] - expected) ** 2 / expected).sum())
-
-
-def threshold(probs: torch.Tensor) -> float:
-    return float(chi2.ppf(1 - ALPHA, int((probs > 0).sum()) - 1))
 
 
 LOGITS = torch.tensor([[1.2, 0.3, -0.5, 2.0, 0.0], [0.1, 1.5, -1.0, 0.4, 0.9],

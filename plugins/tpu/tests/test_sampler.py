@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chi2
+from distribution_checks import chi_square, threshold
 
 from hwplug.kernel_registry.reference.sampling import target_probs
 from hwplug.model_zoo.engine.logprobs import top_logprobs
@@ -21,7 +21,6 @@ from hwplug.step_replay import SampleRequest
 from hwplug_tpu.sampler import SAMPLER
 
 DRAWS = 20_000
-ALPHA = 1e-3
 LOGITS = torch.tensor([1.2, 0.3, -0.5, 2.0, 0.0, 0.8])
 
 
@@ -31,21 +30,6 @@ def request(n: int, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 
     return SampleRequest([temperature] * n, [top_k] * n, [top_p] * n,
                          seeds if seeds is not None else [7] * n,
                          positions if positions is not None else list(range(n)), logprobs)
-
-
-def chi_square(tokens: list[int], probs: torch.Tensor) -> float:
-    """Pearson's statistic of ``tokens`` against ``probs``; a token of probability 0 drawn
-    is an infinite statistic."""
-    counts = torch.bincount(torch.tensor(tokens), minlength=probs.numel()).double()
-    support = probs > 0
-    if bool((counts[~support] > 0).any()):
-        return float("inf")
-    expected = probs[support].double() * counts.sum()
-    return float(((counts[support] - expected) ** 2 / expected).sum())
-
-
-def threshold(probs: torch.Tensor) -> float:
-    return float(chi2.ppf(1 - ALPHA, int((probs > 0).sum()) - 1))
 
 
 def test_greedy_rows_take_the_hosts_argmax():
