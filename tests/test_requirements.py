@@ -105,7 +105,9 @@ def test_a_registered_quant_method_runs_where_its_requirements_hold(registered):
 
 def test_backends_declared_for_a_platform_follow_its_priority_list(registered):
     platform = registered
-    assert platform.attention_backends()[:2] == ("TORCH_PAGED", "CPU_ONLY")
+    backends, priority = platform.attention_backends(), platform.facts.attention_backend_priority
+    assert backends[:len(priority)] == tuple(priority)  # its own list first, then the plugin's
+    assert backends[len(priority)] == "CPU_ONLY"
     assert "TRITON_ATTN" not in platform.attention_backends()  # declared for cuda
     assert CpuBackend.validate(AttentionSpec(4, 2, 64), platform) == []
     assert CpuBackend.requirements().platforms == ("cpu",)
