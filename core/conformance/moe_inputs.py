@@ -69,13 +69,20 @@ def moe_topk(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Cas
                 f"logits {tuple(logits.shape)} {dtype}, {label}")
 
 
+def _experts_case(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]
+                  ) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """What the unquantized experts' generators draw first, in this order: ``(rng, x [T,
+    H], w13 [E, 2I, H], w2 [E, H, I], _routing(...))``."""
+    rng, (experts, hidden, intermediate) = seeded(draw), _sizes(draw)
+    x = randn(rng, (draw(tokens), hidden), dtype)
+    w13, w2 = _experts(rng, experts, hidden, intermediate, dtype)
+    return rng, x, w13, w2, _routing(draw, rng, experts)
+
+
 @st.composite
 def moe_experts(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng, (experts, hidden, intermediate) = seeded(draw), _sizes(draw)
-    num_tokens = draw(tokens)
-    x = randn(rng, (num_tokens, hidden), dtype)
-    w13, w2 = _experts(rng, experts, hidden, intermediate, dtype)
-    top_k, renormalize, options, label = _routing(draw, rng, experts)
+    rng, x, w13, w2, (top_k, renormalize, options, label) = _experts_case(draw, dtype, tokens)
+    (num_tokens, hidden), (experts, intermediate) = x.shape, w2.shape[::2]
     weights, ids = reference_topk(_logits(rng, num_tokens, experts, "float32"), top_k,
                                   renormalize, **options)
     activation = draw(st.sampled_from(("silu", "gelu")))
@@ -86,11 +93,8 @@ def moe_experts(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> 
 
 @st.composite
 def fused_moe(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    rng, (experts, hidden, intermediate) = seeded(draw), _sizes(draw)
-    num_tokens = draw(tokens)
-    x = randn(rng, (num_tokens, hidden), dtype)
-    w13, w2 = _experts(rng, experts, hidden, intermediate, dtype)
-    top_k, renormalize, options, label = _routing(draw, rng, experts)
+    rng, x, w13, w2, (top_k, renormalize, options, label) = _experts_case(draw, dtype, tokens)
+    (num_tokens, hidden), (experts, intermediate) = x.shape, w2.shape[::2]
     options["activation"] = draw(st.sampled_from(("silu", "gelu")))
     if draw(st.booleans()):
         shared_w13, shared_w2 = _experts(rng, 1, hidden, intermediate, dtype)
