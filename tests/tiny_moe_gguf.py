@@ -11,7 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFWriter, TokenType
+from gguf import (
+    GGML_QUANT_SIZES,
+    MODEL_ARCH,
+    ExpertGatingFuncType,
+    GGMLQuantizationType,
+    GGUFWriter,
+    TokenType,
+    get_tensor_name_map,
+)
+from gguf.quants import quantize
 
 #: transformers' name (after ``model.layers.<i>.``) -> llama.cpp's (after ``blk.<i>.``).
 LAYER_NAMES = {
@@ -72,16 +81,7 @@ def write_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
     writer.add_expert_used_count(config.num_experts_per_tok)
     if not mixtral:
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    tokens = _byte_tokens()
-    pads = config.vocab_size - VOCAB  # control tokens past the first VOCAB
-    writer.add_token_list([*tokens, tokens[32] * 2,  # llama.cpp needs a merge
-                           *(f"<|pad{i}|>" for i in range(pads))])
-    writer.add_token_types([TokenType.NORMAL] * VOCAB + [TokenType.CONTROL] * pads)
-    writer.add_token_merges([f"{tokens[32]} {tokens[32]}"])
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(1)
+    _add_vocabulary(writer, config.vocab_size)
     for name, tensor in model.state_dict().items():
         data = tensor.float().numpy()
         if name in GLOBAL_NAMES:
@@ -97,6 +97,94 @@ def write_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
             writer.add_tensor(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up))
         else:
             writer.add_tensor(f"blk.{layer}.{LAYER_NAMES[rest]}", data)
+    return _finish(writer, path)
+
+
+def write_deepseek_gguf(model: torch.nn.Module, path: Path,
+                        matrices: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
+    """Write transformers ``DeepseekV3ForCausalLM`` ``model`` (no rope scaling; vocabulary
+    as for :func:`write_moe_gguf`) to ``path`` as an F32 GGUF the way llama.cpp's converter
+    writes ``deepseek2``: MLA metadata (key/value lengths of the latent "head", the
+    per-head ``key_length_mla``/``value_length_mla``), sigmoid gating with
+    ``exp_probs_b``, grouped top-k, shared experts, and ``kv_b_proj`` split per head into
+    ``attn_k_b`` (transposed: ``[H, kv_lora_rank, qk_nope_head_dim]``) and ``attn_v_b``.
+    ``matrices``: the type of the 2-D weights whose rows are whole blocks of it (the ``gguf``
+    package's quantizer; llama.cpp's makes the K-quants), the rest F32."""
+    config = model.config
+    writer = GGUFWriter(path, "deepseek2")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(1)  # the latent is one head shared by all
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_leading_dense_block_count(config.first_k_dense_replace)
+    writer.add_vocab_size(config.vocab_size)
+    if config.q_lora_rank:
+        writer.add_q_lora_rank(config.q_lora_rank)
+    writer.add_kv_lora_rank(config.kv_lora_rank)
+    writer.add_key_length(config.kv_lora_rank + config.qk_rope_head_dim)
+    writer.add_value_length(config.kv_lora_rank)
+    writer.add_key_length_mla(config.qk_nope_head_dim + config.qk_rope_head_dim)
+    writer.add_value_length_mla(config.v_head_dim)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    writer.add_expert_count(config.n_routed_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_shared_count(config.n_shared_experts)
+    writer.add_expert_weights_scale(config.routed_scaling_factor)
+    writer.add_expert_weights_norm(bool(config.norm_topk_prob))
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_group_count(config.n_group)
+    writer.add_expert_group_used_count(config.topk_group)
+    writer.add_rope_dimension_count(config.qk_rope_head_dim)
+    _add_vocabulary(writer, config.vocab_size)
+    names = get_tensor_name_map(MODEL_ARCH.DEEPSEEK2, config.num_hidden_layers)
+    heads, nope = config.num_attention_heads, config.qk_nope_head_dim
+    for name, tensor in model.state_dict().items():
+        data = tensor.float().numpy()
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("kv_b_proj.weight"):
+            per_head = data.reshape(heads, nope + config.v_head_dim, -1)
+            writer.add_tensor(f"blk.{layer}.attn_k_b.weight",
+                              np.ascontiguousarray(per_head[:, :nope].swapaxes(1, 2)))
+            writer.add_tensor(f"blk.{layer}.attn_v_b.weight",
+                              np.ascontiguousarray(per_head[:, nope:]))
+        elif name.endswith("e_score_correction_bias"):
+            writer.add_tensor(f"blk.{layer}.exp_probs_b.bias", data)
+        elif name.endswith("experts.gate_up_proj"):
+            gate, up = np.split(data, 2, axis=1)
+            writer.add_tensor(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+            writer.add_tensor(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(up))
+        elif name.endswith("experts.down_proj"):
+            writer.add_tensor(f"blk.{layer}.ffn_down_exps.weight", data)
+        else:
+            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            block = GGML_QUANT_SIZES[matrices][0]
+            if data.ndim == 2 and data.shape[1] % block == 0 and matrices != GGMLQuantizationType.F32:
+                writer.add_tensor(gguf_name, quantize(data, matrices), raw_dtype=matrices)
+            else:
+                writer.add_tensor(gguf_name, data)
+    return _finish(writer, path)
+
+
+def _add_vocabulary(writer: GGUFWriter, vocab_size: int) -> None:
+    """The byte-level GPT-2 tokenizer of :data:`VOCAB` tokens, control tokens up to
+    ``vocab_size``."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    tokens = _byte_tokens()
+    pads = vocab_size - VOCAB  # control tokens past the first VOCAB
+    writer.add_token_list([*tokens, tokens[32] * 2,  # llama.cpp needs a merge
+                           *(f"<|pad{i}|>" for i in range(pads))])
+    writer.add_token_types([TokenType.NORMAL] * VOCAB + [TokenType.CONTROL] * pads)
+    writer.add_token_merges([f"{tokens[32]} {tokens[32]}"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+
+
+def _finish(writer: GGUFWriter, path: Path) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -45,12 +45,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from gguf import (
-    MODEL_ARCH_NAMES,
     GGMLQuantizationType,
     GGUFReader,
     GGUFValueType,
     ReaderTensor,
-    get_tensor_name_map,
 )
 from gguf.quants import dequantize
 from safetensors.torch import save_file
@@ -58,8 +56,10 @@ from safetensors.torch import save_file
 from hwplug.errors import ModelError
 from hwplug.kernel_registry.reference.ggml import nonfinite_scales
 from hwplug.model_zoo.loaders import cache
+from hwplug.model_zoo.loaders import gguf_deepseek as deepseek
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint
-from hwplug.model_zoo.loaders.gguf_experts import ExpertBlocks, complete_config, expert_names
+from hwplug.model_zoo.loaders.gguf_experts import ExpertBlocks, complete_config
+from hwplug.model_zoo.loaders.gguf_names import causal_lm_skeleton, gguf_to_transformers_names
 from hwplug.model_zoo.loaders.hf_dir import (
     WEIGHTS_NAME,
     from_pretrained,
@@ -229,12 +229,16 @@ def convert_gguf(path: Path, reader: GGUFReader, out: Path, dequantize: bool = T
     listed in :data:`GGUF_INDEX_NAME` (see the module docstring). Raises
     :class:`ModelError` for an architecture or a quantisation type transformers or gguf
     cannot handle."""
-    from transformers import AutoConfig, AutoTokenizer  # conversion only: a cached load skips
+    # conversion only: a cached load skips these imports
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
-    config = from_pretrained(AutoConfig, "config", path.parent, gguf_file=path.name)
-    config = complete_config(config, reader)
-    tokenizer = from_pretrained(AutoTokenizer, "tokenizer", path.parent, gguf_file=path.name)
-    model_class, parameter_names = _causal_lm_skeleton(config, path)
+    if gguf_architecture(path, reader) == deepseek.ARCHITECTURE:  # transformers reads none
+        config, tokenizer_class = deepseek.deepseek_config(reader, path), PreTrainedTokenizerFast
+    else:
+        config = from_pretrained(AutoConfig, "config", path.parent, gguf_file=path.name)
+        config, tokenizer_class = complete_config(config, reader), AutoTokenizer
+    tokenizer = from_pretrained(tokenizer_class, "tokenizer", path.parent, gguf_file=path.name)
+    model_class, parameter_names = causal_lm_skeleton(config, path)
     config.architectures = config.architectures or [model_class]
     tensors = converted_tensors(path, reader, config, parameter_names, dequantize)
     if not dequantize:
@@ -284,12 +288,14 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
     parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}
     converted = ConvertedTensors(written=parsed["tensors"])
     skipped, experts = [], ExpertBlocks()
+    latent = deepseek.LatentUpProjection(config.num_attention_heads)
     for tensor in reader.tensors:
         bad = nonfinite_scales(tensor.data, tensor.tensor_type)
         if bad:
             raise ModelError(f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}) has "
                              f"{bad} NaN or infinite block scales")
-        if experts.take(tensor, names, converted, dequantize_all):
+        if experts.take(tensor, names, converted, dequantize_all) or \
+                latent.take(tensor, converted, dequantize_all):
             continue
         try:
             matrix = not dequantize_all and len(tensor.shape) == 2
@@ -327,6 +333,7 @@ def converted_tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
             raise ModelError(f"{path}: tensor {tensor.name} cannot be dequantised: "
                              f"{exc!r}") from exc
     experts.check_done()
+    latent.check_done()
     if skipped:
         logger.info("%s: %d tensors have no %s parameter and are skipped: %s", path,
                     len(skipped), config.architectures[0], ", ".join(skipped))
@@ -364,34 +371,3 @@ def _rows(rows: np.ndarray) -> np.ndarray:
     bytes are their blocks) as C-contiguous ``uint8 [rows, row_bytes]``."""
     data = np.ascontiguousarray(rows)
     return data.view(np.uint8).reshape(len(data), -1)
-
-
-def gguf_to_transformers_names(architecture: str, parameter_names: Iterable[str],
-                               num_layers: int) -> dict[str, str]:
-    """``{gguf tensor name: transformers parameter name}`` for a model of the GGUF
-    ``architecture`` (e.g. ``"llama"``) with these parameters."""
-    arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
-    if arch is None:
-        raise ModelError(f"the installed gguf package does not know the GGUF architecture "
-                         f"{architecture!r}")
-    name_map = get_tensor_name_map(arch, num_layers)
-    mapping = expert_names(parameter_names)
-    for parameter in parameter_names:
-        gguf_name = name_map.get_name(parameter, try_suffixes=(".weight", ".bias"))
-        if gguf_name is not None:
-            mapping[gguf_name] = parameter
-    return mapping
-
-
-def _causal_lm_skeleton(config: PretrainedConfig, path: Path) -> tuple[str, list[str]]:
-    """The name and parameter names of ``config``'s transformers causal-LM class, built on
-    the meta device (no memory used)."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception as exc:  # an unknown model type, or sizes transformers rejects
-        raise ModelError(f"{path}: transformers has no causal-LM class for model type "
-                         f"{config.model_type!r}: {exc}") from exc
-    return type(model).__name__, list(model.state_dict())
