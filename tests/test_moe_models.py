@@ -51,6 +51,16 @@ CONFIGS = {
         num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
         rope_scaling=None),
+    # V3's own RoPE: YaRN, 4x the original 16 positions, attention and softmax scales
+    # corrected (mscale 1, mscale_all_dim 0.8: cos and sin scaled by 1.025)
+    "deepseek-v3-yarn": lambda: DeepseekV3Config(
+        **{**TINY, "num_key_value_heads": 4}, architectures=["DeepseekV3ForCausalLM"],
+        intermediate_size=96, moe_intermediate_size=24, q_lora_rank=32, kv_lora_rank=24,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16,
+                          mscale=1.0, mscale_all_dim=0.8, beta_fast=32, beta_slow=1)),
     # V2: softmax routing, not renormalised, best 2 of 4 groups by their best expert
     "deepseek-v2": lambda: DeepseekV2Config(
         **{**TINY, "num_key_value_heads": 4}, architectures=["DeepseekV2ForCausalLM"],

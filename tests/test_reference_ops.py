@@ -126,6 +126,10 @@ ROPE_SCALINGS = {
     # A short original context, so all three llama3 bands (kept, interpolated, scaled) occur.
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+    # cos and sin scaled by 0.1 ln(8) + 1; and by DeepSeek's mscale ratio
+    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                    "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 16, "beta_slow": 2},
 }
 
 
@@ -151,8 +155,8 @@ def test_cos_sin_cache_reads_legacy_type_key():
 
 
 def test_cos_sin_cache_rejects_unknown_rope_type_and_odd_dim():
-    with pytest.raises(UnsupportedError, match="'yarn'.*default, linear, llama3"):
-        build_cos_sin_cache(64, 32, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(UnsupportedError, match="'longrope'.*default, linear, llama3, yarn"):
+        build_cos_sin_cache(64, 32, 10000.0, {"rope_type": "longrope", "factor": 2.0})
     with pytest.raises(ValueError, match="even"):
         build_cos_sin_cache(63, 32, 10000.0)
 

@@ -10,7 +10,7 @@ import torch
 
 from hwplug.errors import ConfigError, UnsupportedError
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rotary_embedding(
@@ -59,8 +59,11 @@ def build_cos_sin_cache(
 
     ``rope_scaling`` is a transformers-style dict: None or ``{"rope_type": "default"}``,
     ``{"rope_type": "linear", "factor"}`` or ``{"rope_type": "llama3", "factor",
-    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}`` (the
-    legacy key ``"type"`` is read too). Computed on the CPU whatever the default device (the
+    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}`` or
+    ``{"rope_type": "yarn", "factor", "original_max_position_embeddings"}`` with optional
+    ``beta_fast`` (32), ``beta_slow`` (1), ``truncate`` (True) and ``attention_factor``
+    (else from ``mscale`` and ``mscale_all_dim``; it scales cos and sin) (the legacy key
+    ``"type"`` is read too). Computed on the CPU whatever the default device (the
     caller moves it). Raises :class:`~hwplug.errors.ConfigError` for an odd ``rot_dim`` and
     :class:`~hwplug.errors.UnsupportedError` for another rope type.
     """
@@ -70,16 +73,50 @@ def build_cos_sin_cache(
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device="cpu")
                                / rot_dim))
+    attention_factor = 1.0
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif rope_type == "yarn":
+        inv_freq, attention_factor = _yarn_inv_freq(inv_freq, rot_dim, base, scaling)
     elif rope_type != "default":
         raise UnsupportedError(
             f"rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
         )
     angles = torch.arange(max_position, dtype=torch.float32, device="cpu")[:, None] * inv_freq
-    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+    return torch.cat((angles.cos() * attention_factor, angles.sin() * attention_factor), dim=-1)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(factor) + 1`` (1 for ``factor <=
+    1``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, rot_dim: int, base: float,
+                   scaling: Mapping[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071): dimensions that turn fewer than ``beta_slow`` times over
+    the original context are interpolated by ``factor``, those that turn more than
+    ``beta_fast`` times keep their frequency, a linear ramp between; and the attention
+    factor cos and sin are scaled by."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else yarn_mscale(factor))
+
+    def dimension(rotations: float) -> float:  # the dimension turning `rotations` times
+        return rot_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(scaling.get("beta_fast") or 32), dimension(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rot_dim - 1)
+    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32, device="cpu") - low)
+            / ((high - low) if high != low else 0.001)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp), float(attention_factor)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:

@@ -80,6 +80,9 @@ class RotaryEmbedding(nn.Module):
         row per position below ``ctx.max_model_len`` (the context's when None)."""
         theta, scaling, partial = rope_parameters(hf_config)
         positions = int(hf_config.max_position_embeddings)
+        if scaling and scaling["rope_type"] == "yarn" and scaling.get("factor") is None:
+            # transformers' reading: the context grown from the original one
+            scaling["factor"] = positions / scaling["original_max_position_embeddings"]
         if ctx is not None and ctx.max_model_len is not None:
             positions = min(positions, ctx.max_model_len)
         return cls(int(head_size * partial), positions, theta, scaling, is_neox, ctx)

@@ -11,8 +11,9 @@ qk_rope_head_dim`` values per token and layer); ``kv_b_proj``, split per head in
 and ``W_UV``, expands it in prefill and is absorbed into the query and the output in
 decode (:class:`~hwplug.model_zoo.layers.MLAAttention`, an MLA backend); a quantized
 ``kv_b_proj`` is dequantized once for it. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or
-halves; YaRN scaling is not supported yet. Layers below ``first_k_dense_replace`` have a
-dense MLP.
+halves; with YaRN scaling (DeepSeek-V3's own config) the softmax scale grows by
+``yarn_mscale(factor, mscale_all_dim) ** 2``, as in DeepSeek's reference code. Layers below
+``first_k_dense_replace`` have a dense MLP.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from torch import nn
 from hwplug.attention import AttentionMetadata
 from hwplug.config import EngineConfig
 from hwplug.errors import ModelError
+from hwplug.kernel_registry.reference.rotary import yarn_mscale
 from hwplug.model_zoo.context import ModelContext
 from hwplug.model_zoo.layers import Linear, MLAAttention, RMSNorm, RotaryEmbedding
 from hwplug.model_zoo.layers.moe import FusedMoE
+from hwplug.model_zoo.layers.rotary import rope_parameters
 from hwplug.model_zoo.layers.weights import Target
 from hwplug.model_zoo.models.llama import LlamaForCausalLM, dense_mlp
 from hwplug.model_zoo.models.moe import MoeWeights
@@ -66,7 +69,7 @@ class DeepseekV3Attention(nn.Module):
         self._dtype = ctx.dtype
         self.rotary_emb = rotary
         self.attn = MLAAttention(ctx, self.num_heads, self.kv_lora, self.rope,
-                                 scale=(self.nope + self.rope) ** -0.5)
+                                 scale=(self.nope + self.rope) ** -0.5 * _mscale(hf_config) ** 2)
 
     @staticmethod
     def rope_is_neox(hf_config: Any) -> bool:
@@ -106,6 +109,15 @@ class DeepseekV3Attention(nn.Module):
         return self.o_proj(out)
 
 
+def _mscale(hf_config: Any) -> float:
+    """YaRN's softmax scale correction (its square multiplies the scale): 1 without YaRN or
+    without ``mscale_all_dim``."""
+    _, scaling, _ = rope_parameters(hf_config)
+    if not scaling or scaling["rope_type"] != "yarn" or not scaling.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"])
+
+
 def moe_routing(hf_config: Any) -> dict[str, Any]:
     """:class:`FusedMoE`'s routing options of a DeepSeek config: V3's sigmoid scores with a
     correction bias and grouped top-k (a group scored by its best two); V2's softmax over
@@ -132,9 +144,10 @@ class DeepseekV3ForCausalLM(MoeWeights, LlamaForCausalLM):
     attention_cls = DeepseekV3Attention  # type: ignore[assignment]
 
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
-        scaling = getattr(hf_config, "rope_scaling", None) or {}
-        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-            raise ModelError(f"DeepSeek RoPE scaling {scaling!r} is not supported yet")
+        _, scaling, _ = rope_parameters(hf_config)
+        if scaling and scaling["rope_type"] != "yarn":
+            raise ModelError(f"DeepSeek RoPE scaling {scaling!r} is not supported (supported: "
+                             "none, yarn)")
         self.num_experts = hf_config.n_routed_experts
         super().__init__(hf_config, ctx)
 
