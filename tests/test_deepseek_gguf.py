@@ -3,7 +3,8 @@ head into ``attn_k_b``/``attn_v_b``, ``exp_probs_b``, grouped sigmoid routing, a
 expert; tests/tiny_moe_gguf.py): hwplug builds the config from the metadata, joins the
 latent up-projection back, and in F32 gives transformers' logits and greedy tokens (and
 llama.cpp's, where llama-cpp-python is installed); kept in Q8_0 blocks it agrees with the
-same file dequantized."""
+same file dequantized. Both with plain RoPE and with YaRN (llama.cpp's ``rope.scaling.*``
+keys)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,11 @@ STEPS = 8
 Q8_LOGIT_RTOL = 1e-2
 
 
-def _reference(hidden: int = 64) -> torch.nn.Module:
+YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, mscale=0.8,
+            mscale_all_dim=0.8, beta_fast=32, beta_slow=1)
+
+
+def _reference(hidden: int = 64, rope_scaling: dict | None = None) -> torch.nn.Module:
     """Layer 0 dense, layer 1 sparse: 8 experts, top-3 of the best 2 of 4 groups, sigmoid
     scores with a correction bias, renormalised, scaled 2.5, one shared expert."""
     config = DeepseekV3Config(
@@ -39,7 +44,7 @@ def _reference(hidden: int = 64) -> torch.nn.Module:
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
         num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-        rope_scaling=None)
+        rope_scaling=rope_scaling)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     randomize(model, std=0.15)
     with torch.no_grad():  # a bias that changes which experts win
@@ -61,9 +66,9 @@ def _greedy(path: Path, dequantize_all: bool = False) -> tuple[list[int], torch.
     return tokens[len(PROMPT):].tolist(), prefill
 
 
-@pytest.fixture(scope="module")
-def f32_file(tmp_path_factory) -> tuple[torch.nn.Module, Path]:
-    reference = _reference()
+@pytest.fixture(scope="module", params=[None, YARN], ids=["rope", "yarn"])
+def f32_file(request, tmp_path_factory) -> tuple[torch.nn.Module, Path]:
+    reference = _reference(rope_scaling=request.param)
     return reference, write_deepseek_gguf(reference, tmp_path_factory.mktemp("ds") / "f32.gguf")
 
 
@@ -90,6 +95,7 @@ def test_the_config_is_the_one_the_file_was_written_from(f32_file):
                 "n_shared_experts", "first_k_dense_replace", "routed_scaling_factor",
                 "norm_topk_prob", "moe_intermediate_size", "intermediate_size"):
         assert getattr(config, key) == getattr(want, key), key
+    assert config.rope_parameters["rope_type"] == want.rope_parameters["rope_type"]
 
 
 def test_llama_cpp_decodes_the_same_greedy_tokens(f32_file):

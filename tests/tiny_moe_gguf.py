@@ -17,6 +17,7 @@ from gguf import (
     ExpertGatingFuncType,
     GGMLQuantizationType,
     GGUFWriter,
+    RopeScalingType,
     TokenType,
     get_tensor_name_map,
 )
@@ -102,7 +103,8 @@ def write_moe_gguf(model: torch.nn.Module, path: Path) -> Path:
 
 def write_deepseek_gguf(model: torch.nn.Module, path: Path,
                         matrices: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
-    """Write transformers ``DeepseekV3ForCausalLM`` ``model`` (no rope scaling; vocabulary
+    """Write transformers ``DeepseekV3ForCausalLM`` ``model`` (RoPE plain or YaRN with
+    ``mscale == mscale_all_dim``, as llama.cpp assumes; vocabulary
     as for :func:`write_moe_gguf`) to ``path`` as an F32 GGUF the way llama.cpp's converter
     writes ``deepseek2``: MLA metadata (key/value lengths of the latent "head", the
     per-head ``key_length_mla``/``value_length_mla``), sigmoid gating with
@@ -139,6 +141,12 @@ def write_deepseek_gguf(model: torch.nn.Module, path: Path,
     writer.add_expert_group_count(config.n_group)
     writer.add_expert_group_used_count(config.topk_group)
     writer.add_rope_dimension_count(config.qk_rope_head_dim)
+    if config.rope_parameters.get("rope_type") == "yarn":
+        yarn = config.rope_parameters
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(yarn["factor"])
+        writer.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * yarn["mscale_all_dim"])
     _add_vocabulary(writer, config.vocab_size)
     names = get_tensor_name_map(MODEL_ARCH.DEEPSEEK2, config.num_hidden_layers)
     heads, nope = config.num_attention_heads, config.qk_nope_head_dim

@@ -7,9 +7,9 @@ transformers reads no ``deepseek2`` GGUF, so :func:`deepseek_config` builds the
 (``attention.q_lora_rank``, ``attention.kv_lora_rank``, ``attention.key_length_mla`` =
 ``qk_nope_head_dim + qk_rope_head_dim``, ``attention.value_length_mla`` = ``v_head_dim``,
 ``rope.dimension_count`` = ``qk_rope_head_dim``) and the experts' (count, used, shared,
-``leading_dense_block_count``, weights scale and norm, group count and used groups). Files
-with RoPE scaling are refused (:class:`~hwplug.errors.ModelError`): the zoo's DeepSeek does
-not scale RoPE.
+``leading_dense_block_count``, weights scale and norm, group count and used groups) and
+YaRN RoPE scaling (``rope.scaling.*``: factor, original context, ``yarn_log_multiplier`` =
+``0.1 * mscale_all_dim``); other scalings are refused (:class:`~hwplug.errors.ModelError`).
 
 llama.cpp splits each layer's ``kv_b_proj`` ``[H * (nope + v), kv_lora_rank]`` per head into
 ``attn_k_b`` (``[H, kv_lora_rank, nope]``, transposed for its absorbed decode) and
@@ -59,9 +59,19 @@ def deepseek_config(reader: GGUFReader, path: str) -> PretrainedConfig:
         return found.contents()
 
     scaling = field("rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    if scaling not in ("none", "yarn"):
         raise ModelError(f"{path}: RoPE scaling {scaling!r} is not supported for DeepSeek "
-                         "models (supported: none)")
+                         "models (supported: none, yarn)")
+    if scaling == "yarn":  # llama.cpp writes 0.1 * mscale_all_dim; its mscale is the same
+        mscale = float(field("rope.scaling.yarn_log_multiplier", 0.1)) / 0.1
+        scaling = dict(rope_type="yarn", factor=float(field("rope.scaling.factor")),
+                       original_max_position_embeddings=int(
+                           field("rope.scaling.original_context_length")),
+                       mscale=mscale, mscale_all_dim=mscale,
+                       beta_fast=float(field("rope.scaling.yarn_beta_fast", 32.0)),
+                       beta_slow=float(field("rope.scaling.yarn_beta_slow", 1.0)))
+    else:
+        scaling = None
     rope = int(field("rope.dimension_count"))
     heads = int(field("attention.head_count"))
     gating = int(field("expert_gating_func", SOFTMAX))
@@ -91,7 +101,7 @@ def deepseek_config(reader: GGUFReader, path: str) -> PretrainedConfig:
         norm_topk_prob=bool(field("expert_weights_norm", False)),
         n_group=int(field("expert_group_count", 1)),
         topk_group=int(field("expert_group_used_count", 1)),
-        rope_scaling=None, rope_theta=float(field("rope.freq_base", 10000.0)),
+        rope_scaling=scaling, rope_theta=float(field("rope.freq_base", 10000.0)),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
     )
     if gating == SIGMOID:
