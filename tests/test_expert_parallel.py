@@ -2,7 +2,8 @@
 every mixture-of-experts layer's experts (uneven where the ranks do not divide them), and
 tokens travel to their experts' ranks and back through the communicator's all-to-all.
 
-Qwen3-MoE (8 experts, top-3, a dense layer between sparse ones) and Mixtral (5 experts)
+Qwen3-MoE (8 experts, top-3, a dense layer between sparse ones), Mixtral (5 experts) and
+DeepSeek-V3 (latent attention split by heads, grouped routing, a shared expert)
 saved by transformers, and a Qwen3-MoE GGUF with its experts kept in K-quant blocks: the
 ranks' prefill logits equal one process's within ATOL (the ranks sum each token's experts
 in another order), and greedy decoding of two prompts together gives one process's tokens,
@@ -50,7 +51,7 @@ def _saved(name: str, path: Path, **overrides: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name, ranks", [("qwen3-moe", 3), ("mixtral", 2)])
+@pytest.mark.parametrize("name, ranks", [("qwen3-moe", 3), ("mixtral", 2), ("deepseek-v3", 2)])
 def test_ranks_holding_shares_of_the_experts_give_one_process_logits_and_tokens(
         name, ranks, tmp_path):
     path = str(_saved(name, tmp_path, **(THREE_WAY if ranks == 3 else {})))

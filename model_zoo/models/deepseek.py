@@ -10,7 +10,8 @@ the normalised latent and the roped shared key (layout ``MLA``, ``kv_lora_rank +
 qk_rope_head_dim`` values per token and layer); ``kv_b_proj``, split per head into ``W_UK``
 and ``W_UV``, expands it in prefill and is absorbed into the query and the output in
 decode (:class:`~hwplug.model_zoo.layers.MLAAttention`, an MLA backend); a quantized
-``kv_b_proj`` is dequantized once for it. RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or
+``kv_b_proj`` is dequantized once for it. Under tensor parallelism the heads split evenly
+over the ranks (queries, ``kv_b_proj`` and ``o_proj`` by head; the latent is every rank's). RoPE pairs interleaved dimensions (``rope_interleave``, gptj order) or
 halves; with YaRN scaling (DeepSeek-V3's own config) the softmax scale grows by
 ``yarn_mscale(factor, mscale_all_dim) ** 2``, as in DeepSeek's reference code. Layers below
 ``first_k_dense_replace`` have a dense MLP.
@@ -47,23 +48,26 @@ class DeepseekV3Attention(nn.Module):
     def __init__(self, hf_config: Any, ctx: ModelContext, layer_idx: int,
                  rotary: RotaryEmbedding) -> None:
         super().__init__()
-        if ctx.parallel.size > 1:
-            raise ModelError("DeepSeek attention runs on one rank (no tensor parallelism yet)")
-        self.num_heads, hidden = hf_config.num_attention_heads, hf_config.hidden_size
+        heads, hidden = hf_config.num_attention_heads, hf_config.hidden_size
+        _, self.num_heads = ctx.parallel.share(heads, "attention heads")  # this rank's
         self.nope, self.rope = hf_config.qk_nope_head_dim, hf_config.qk_rope_head_dim
         self.v_head, self.kv_lora = hf_config.v_head_dim, hf_config.kv_lora_rank
         bias = bool(getattr(hf_config, "attention_bias", False))
-        q_rows = self.num_heads * (self.nope + self.rope)
+        q_rows = heads * (self.nope + self.rope)
+        # under tensor parallelism each rank projects its heads' rows (column shares, whole
+        # heads: the head count splits evenly) from the latents every rank computes and
+        # caches; o_proj sums the ranks' heads (row parallel)
         if hf_config.q_lora_rank:
             self.q_a_proj = Linear(hidden, hf_config.q_lora_rank, ctx, bias=bias)
             self.q_a_layernorm = RMSNorm(hf_config.q_lora_rank, hf_config.rms_norm_eps, ctx)
-            self.q_b_proj = Linear(hf_config.q_lora_rank, q_rows, ctx)
+            self.q_b_proj = Linear(hf_config.q_lora_rank, q_rows, ctx, parallel="column")
         else:
-            self.q_proj = Linear(hidden, q_rows, ctx)
+            self.q_proj = Linear(hidden, q_rows, ctx, parallel="column")
         self.kv_a_proj_with_mqa = Linear(hidden, self.kv_lora + self.rope, ctx, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora, hf_config.rms_norm_eps, ctx)
-        self.kv_b_proj = Linear(self.kv_lora, self.num_heads * (self.nope + self.v_head), ctx)
-        self.o_proj = Linear(self.num_heads * self.v_head, hidden, ctx, bias=bias)
+        self.kv_b_proj = Linear(self.kv_lora, heads * (self.nope + self.v_head), ctx,
+                                parallel="column")
+        self.o_proj = Linear(heads * self.v_head, hidden, ctx, bias=bias, parallel="row")
         #: ``kv_b_proj`` dequantized, once, when its quant method stores it otherwise.
         self._w_kv_b: torch.Tensor | None = None
         self._dtype = ctx.dtype
