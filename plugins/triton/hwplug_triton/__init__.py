@@ -8,6 +8,6 @@ that serve only where the registry chooses their kernels. Importing this package
 neither torch nor triton.
 """
 
-from hwplug_triton.registration import FP8_OPS, NHD_OPS, register
+from hwplug_triton.registration import FP8_OPS, MLA_OPS, NHD_OPS, register
 
-__all__ = ["FP8_OPS", "NHD_OPS", "register"]
+__all__ = ["FP8_OPS", "MLA_OPS", "NHD_OPS", "register"]

@@ -5,7 +5,8 @@ Kernels and their ``supported`` checks are registered as lazy ``"module:function
 strings, so triton is imported only when a variant is first considered. Each entry point
 is registered ``.unchecked``: the registry runs the module's ``supported`` once per call.
 
-Every GPU plugin registers :data:`NHD_OPS` with the gates of its Triton kernels; a plugin
+Every GPU plugin registers :data:`NHD_OPS` and :data:`MLA_OPS` (:data:`DEFAULT_OPS`) with
+the gates of its Triton kernels; a plugin
 with a KV-cache layout of its own registers its kernel modules for the two cache ops
 (built on :func:`~hwplug_triton.kernels.cache.write` and
 :func:`~hwplug_triton.kernels.attention.attend`) through the same helper, with
@@ -39,12 +40,20 @@ KERNEL_MODULES = {
     "scaled_mm": "scaled_mm",
     "moe_experts": "moe",
     "fused_moe": "fused_moe",
+    "concat_and_cache_mla": "mla_cache",
+    "mla_attention": "mla",
 }
 #: The layout-free ops (GGUF weights' dequantizing matmul and embedding among them) and the
 #: NHD attention pair: what every GPU plugin registers.
 NHD_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
            "reshape_and_cache", "paged_attention", "ggml_linear", "ggml_embedding",
            "moe_experts", "fused_moe")
+#: The multi-head latent attention ops over the ``MLA`` latent cache (the cache write and
+#: the absorbed-form attention), which a GPU plugin's MLA backend runs
+#: (:class:`~hwplug_triton.backend.VariantBackedMLA`).
+MLA_OPS = ("concat_and_cache_mla", "mla_attention")
+#: What :func:`register` registers unless told otherwise: every GPU plugin's ops.
+DEFAULT_OPS = (*NHD_OPS, *MLA_OPS)
 #: The ops whose kernels dot fp8 tiles (register them with the device's fp8 gate).
 FP8_OPS = ("scaled_mm",)
 #: dtypes of each op's dispatch tensor that its kernel serves (others: the model dtypes):
@@ -58,7 +67,7 @@ DISPATCH_DTYPES: dict[str, tuple[str, ...]] = {
 
 
 def register(registry: Any, *, platforms: tuple[str, ...], name: str = "triton",
-             ops: Iterable[str] = NHD_OPS, priority: int = 10,
+             ops: Iterable[str] = DEFAULT_OPS, priority: int = 10,
              modules: Mapping[str, str] | None = None, **gates: Any) -> None:
     """Register the Triton kernel of each op in ``ops`` as variant ``name`` for
     ``platforms`` (platform or family names) and the op's :data:`DISPATCH_DTYPES`, else model

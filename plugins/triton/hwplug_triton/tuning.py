@@ -22,6 +22,7 @@ ggml_matmul               activation rows M (``ggml_linear``)
 ggml_embedding            row width K
 moe_matmul                (token, expert) pairs ``T * k`` (``moe_experts``)
 fp8_matmul                activation rows M (``scaled_mm``)
+mla_attention             latent width ``L`` (``kv_lora_rank``)
 ========================  =============================================
 
 Layers stack ``default`` < the device's table < the user's
@@ -66,6 +67,7 @@ CONFIG_KEYS: dict[str, frozenset[str]] = {
     "moe_matmul": frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages"}),
     "fp8_matmul": frozenset(
         {"block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages"}),
+    "mla_attention": frozenset({"block_h", "block_n", "num_warps", "num_stages"}),
 }
 
 

@@ -9,14 +9,14 @@ from triton_cases import fresh_registry
 
 from hwplug.dtypes import FLOAT_DTYPES
 from hwplug.platforms.cpu.platform import CpuPlatform
-from hwplug_triton import FP8_OPS, NHD_OPS, register
+from hwplug_triton import FP8_OPS, MLA_OPS, NHD_OPS, register
 from hwplug_triton.registration import KERNEL_MODULES, TRITON_REQUIREMENT
 
 
 def test_register_adds_one_gated_lazy_variant_per_op() -> None:
     registry = fresh_registry()
     register(registry, platforms=("cpu",), name="triton_test",
-             ops=(*NHD_OPS, *FP8_OPS), min_capability="2.0",
+             ops=(*NHD_OPS, *MLA_OPS, *FP8_OPS), min_capability="2.0",
              packages={"acmelib": ">=1"})
     dispatch_dtypes = {"ggml_embedding": (), "scaled_mm": ("fp8_e4m3", "fp8_e5m2")}
     for op in KERNEL_MODULES:
@@ -40,6 +40,8 @@ def test_only_the_named_ops_are_registered_and_gates_explain_rejections() -> Non
     why = registry.explain("rms_norm", CpuPlatform(), "cpu", "float32")
     assert why.chosen.name == "reference"
     assert why.rejected["triton"] == "package acmelib not installed (needs >=1)"
+    for op in MLA_OPS:  # registered by default: every GPU plugin's MLA backend runs them
+        assert sorted(v.name for v in registry.variants(op)) == ["reference", "triton"]
 
 
 def test_fp8_ops_are_registered_only_when_asked_with_their_own_gate() -> None:

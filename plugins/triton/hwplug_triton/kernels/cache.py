@@ -114,22 +114,24 @@ def _cache_kernel(key_ptr, value_ptr, slot_mapping_ptr, num_heads,
     for head_start in range(0, num_heads, BLOCK_HEADS):
         heads = head_start + tl.arange(0, BLOCK_HEADS)
         mask = (heads[:, None] < num_heads) & (dims[None, :] < HEAD_SIZE)
-        _store_half(key_ptr + token * key_stride_t + heads[:, None] * key_stride_h + dims[None, :],
-                    k_ptr + block * k_block + offset * k_slot + heads[:, None] * k_head
-                    + k_dims[None, :], k_scale_ptr + heads, mask, heads < num_heads, SCALED,
-                    FP8_MAX, FP8_MANTISSA, FP8_STEP)
-        _store_half(value_ptr + token * value_stride_t + heads[:, None] * value_stride_h
-                    + dims[None, :],
-                    v_ptr + block * v_block + offset * v_slot + heads[:, None] * v_head
-                    + v_dims[None, :], v_scale_ptr + heads, mask, heads < num_heads, SCALED,
-                    FP8_MAX, FP8_MANTISSA, FP8_STEP)
+        store_entries(key_ptr + token * key_stride_t + heads[:, None] * key_stride_h
+                      + dims[None, :],
+                      k_ptr + block * k_block + offset * k_slot + heads[:, None] * k_head
+                      + k_dims[None, :], k_scale_ptr + heads, mask, heads < num_heads, SCALED,
+                      FP8_MAX, FP8_MANTISSA, FP8_STEP)
+        store_entries(value_ptr + token * value_stride_t + heads[:, None] * value_stride_h
+                      + dims[None, :],
+                      v_ptr + block * v_block + offset * v_slot + heads[:, None] * v_head
+                      + v_dims[None, :], v_scale_ptr + heads, mask, heads < num_heads, SCALED,
+                      FP8_MAX, FP8_MANTISSA, FP8_STEP)
 
 
 @triton.jit
-def _store_half(source, target, scale_ptr, mask, head_mask, SCALED: tl.constexpr,
-                FP8_MAX: tl.constexpr, FP8_MANTISSA: tl.constexpr, FP8_STEP: tl.constexpr):
-    """Store the ``[BLOCK_HEADS, BLOCK_D]`` entries at ``source`` into ``target``: divided
-    by the heads' scales when ``SCALED``; into an fp8 cache (``FP8_MAX`` not 0) clamped to
+def store_entries(source, target, scale_ptr, mask, head_mask, SCALED: tl.constexpr,
+                  FP8_MAX: tl.constexpr, FP8_MANTISSA: tl.constexpr, FP8_STEP: tl.constexpr):
+    """Store the ``[BLOCK_HEADS, BLOCK_D]`` entries at ``source`` into ``target`` (a cache
+    entry's heads; the MLA cache write passes its one latent "head"): divided by the
+    heads' scales when ``SCALED``; into an fp8 cache (``FP8_MAX`` not 0) clamped to
     +-``FP8_MAX`` and rounded to nearest-even."""
     entries = tl.load(source, mask=mask)
     if SCALED:
