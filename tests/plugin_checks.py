@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from hwplug import discovery
-from hwplug.attention import AttentionMetadata, PagedAttentionParams
+from hwplug.attention import AttentionMetadata, AttentionSpec, PagedAttentionParams
+from hwplug.attention_selection import select_backend
 from hwplug.platform_interface import Platform
 from hwplug.registry import import_object
 
@@ -61,3 +62,24 @@ def attention_call(**flat: Any) -> dict[str, Any]:
             **{name: cls(**{f.name: moved[f.name] for f in fields(cls) if f.name in moved})
                for name, cls in (("metadata", AttentionMetadata),
                                  ("params", PagedAttentionParams))}}
+
+
+def check_triton_mla_backend(platform: Platform, backend: str, variant: str,
+                             monkeypatch: pytest.MonkeyPatch, dtype: str = "bfloat16",
+                             kv_cache_dtype: str | None = None) -> None:
+    """``backend`` (a :class:`~hwplug_triton.backend.VariantBackedMLA`) comes before
+    ``TORCH_MLA`` in ``platform``'s list and serves a DeepSeek-shaped MLA spec (16 heads, one
+    latent head of 512 + 64); with ``mla_attention/<variant>`` disabled ``TORCH_MLA`` serves
+    and the rejection names the kernel; a dense spec never reaches it."""
+    order = platform.attention_backends()
+    assert order.index(backend) < order.index("TORCH_MLA"), order
+    spec = AttentionSpec(16, 1, 576, dtype, kv_cache_dtype=kv_cache_dtype, is_mla=True)
+    assert select_backend(platform, spec).backend.get_name() == backend
+    dense = select_backend(platform, AttentionSpec(16, 4, 128, dtype))
+    assert dense.rejected[backend] == ["an MLA backend serves only latent (MLA) attention"]
+    monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", f"mla_attention/{variant}")
+    selection = select_backend(platform, spec)
+    assert selection.backend.get_name() == "TORCH_MLA"
+    assert selection.rejected[backend] == [
+        f"mla_attention would not use its {variant} variant: disabled by "
+        "HWPLUG_DISABLED_KERNELS"]

@@ -1,2 +1,2 @@
 """hwplug-cuda: the NVIDIA GPU platform; its kernels come from hwplug-triton, plus cuBLASLt
-fp8 ``scaled_mm`` and the TRITON_ATTN backend."""
+fp8 ``scaled_mm`` and the TRITON_ATTN and TRITON_MLA backends."""

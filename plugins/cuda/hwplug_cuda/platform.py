@@ -24,7 +24,8 @@ class CudaPlatform(TritonGpuPlatform):
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
         "bfloat16", "float16", "float32", *FP8_KV_DTYPES)
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "int8", "gguf")
-    attention_backend_priority: ClassVar[tuple[str, ...]] = ("TRITON_ATTN", "TORCH_PAGED")
+    attention_backend_priority: ClassVar[tuple[str, ...]] = (
+        "TRITON_ATTN", "TORCH_PAGED", "TRITON_MLA", "TORCH_MLA")
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
         capability = facts.capability

@@ -1,5 +1,5 @@
 """hwplug hooks of hwplug-cuda: hwplug-triton's kernels gated for NVIDIA GPUs, cuBLASLt fp8
-``scaled_mm`` and the TRITON_ATTN backend.
+``scaled_mm`` and the TRITON_ATTN and TRITON_MLA backends.
 
 Everything is registered lazily (``"module:function"``), so triton and torch are imported
 only when a variant is first considered on a CUDA device.
@@ -34,3 +34,4 @@ def hwplug_register_kernels(registry: Any) -> None:
 @hookimpl
 def hwplug_register_attention_backends(registry: Any) -> None:
     registry.register("TRITON_ATTN", "hwplug_cuda.backend:TritonAttentionBackend")
+    registry.register("TRITON_MLA", "hwplug_cuda.backend:TritonMLABackend")

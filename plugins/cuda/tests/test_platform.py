@@ -1,4 +1,4 @@
-"""hwplug-cuda's platform and TRITON_ATTN as discovery makes them from fake NVIDIA trees.
+"""hwplug-cuda's platform, TRITON_ATTN and TRITON_MLA as discovery makes them from fake NVIDIA trees.
 
 Hardware is simulated only at the probe boundary: discovery reads a fake ``/proc`` +
 ``/sys`` tree (``tests/fake_hw.py``), whose PCI device id gives the capability. Without a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fake_hw import make_nvidia_tree
-from plugin_checks import check_activate, discovered
+from plugin_checks import check_activate, check_triton_mla_backend, discovered
 
 from hwplug.attention import AttentionSpec
 from hwplug.attention_selection import select_backend
@@ -72,6 +72,14 @@ def test_an_h100_serves_fp8_kv_caches_with_triton_attn(nvidia_host):
     assert select_backend(h100, spec).backend.get_name() == "TRITON_ATTN"
 
 
+@pytest.mark.parametrize("kv_cache_dtype", [None, "fp8_e4m3"])
+def test_triton_mla_serves_latent_attention_before_torch_mla(nvidia_host, monkeypatch,
+                                                             kv_cache_dtype):
+    h100 = nvidia_host("NVIDIA H100 80GB HBM3", 0x2330)
+    check_triton_mla_backend(h100, "TRITON_MLA", "triton", monkeypatch,
+                             kv_cache_dtype=kv_cache_dtype)
+
+
 def test_a_v100_gets_neither_the_triton_kernels_nor_triton_attn(nvidia_host):
     """hwplug-triton's kernels are registered for cuda from capability 8.0."""
     v100 = nvidia_host("Tesla V100-SXM2-32GB", 0x1DB4)
@@ -81,6 +89,9 @@ def test_a_v100_gets_neither_the_triton_kernels_nor_triton_attn(nvidia_host):
     selection = select_backend(v100, AttentionSpec(32, 8, 128, "float16"))
     assert selection.backend.get_name() == "TORCH_PAGED"
     assert selection.rejected["TRITON_ATTN"] == ["capability 7.0 below 8.0"]
+    latent = select_backend(v100, AttentionSpec(16, 1, 576, "float16", is_mla=True))
+    assert latent.backend.get_name() == "TORCH_MLA"
+    assert latent.rejected["TRITON_MLA"] == ["capability 7.0 below 8.0"]
 
 
 def test_activate_answers_for_nvidia_gpus_only(tmp_path):

@@ -11,7 +11,9 @@ plugin registers:
 * ``ROCM_TRITON``: hwplug-triton's kernels for both ops (``triton_rocm_pa``), fp8 caches
   included.
 
-Both write the step's K/V inside ``forward``.
+Both write the step's K/V inside ``forward``. ``ROCM_TRITON_MLA`` serves multi-head latent
+attention (DeepSeek) over the ``MLA`` latent cache with hwplug-triton's MLA kernels
+(``triton_rocm``), before ``TORCH_MLA``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from hwplug.attention import AttentionSpec, InternalFallback
 from hwplug.dtypes import FLOAT_DTYPES, FNUZ_DTYPES, FP8_KV_DTYPES, torch_dtype
 from hwplug_rocm_aiter.aiter_attention import AITER_BLOCK_SIZES, AITER_HEAD_SIZES
 from hwplug_rocm_aiter.layout import ROCM_PA, chunk_elements
-from hwplug_triton.backend import VariantBackedAttention
+from hwplug_triton.backend import VariantBackedAttention, VariantBackedMLA
 
 if TYPE_CHECKING:
 
@@ -89,3 +91,17 @@ class AiterAttentionBackend(_RocmPagedAttention):
     @classmethod
     def get_name(cls) -> str:
         return "ROCM_AITER"
+
+
+class RocmTritonMLABackend(VariantBackedMLA):
+    """hwplug-triton's latent cache write and absorbed-form latent attention kernels."""
+
+    platforms: ClassVar[tuple[str, ...]] = ("rocm",)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = (
+        *FLOAT_DTYPES, *FP8_KV_DTYPES, *FNUZ_DTYPES)
+    _kernels: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("concat_and_cache_mla", "triton_rocm"), ("mla_attention", "triton_rocm"))
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "ROCM_TRITON_MLA"

@@ -36,7 +36,7 @@ class RocmPlatform(TritonGpuPlatform):
     #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "fp8", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = (
-        "ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED")
+        "ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED", "ROCM_TRITON_MLA", "TORCH_MLA")
 
     def derive_facts(self, facts: DeviceFacts) -> DeviceFacts:
         """fp8 by the ISA's flavour: OCP (gfx950, RDNA4): fp8_e4m3 / fp8_e5m2 KV caches and

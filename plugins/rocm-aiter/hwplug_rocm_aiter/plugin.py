@@ -1,7 +1,8 @@
 """hwplug hooks of hwplug-rocm-aiter: the ``ROCM_PA`` KV-cache layout, hwplug-triton's
 kernels gated for ROCm (``triton_rocm`` for the NHD ops, ``triton_rocm_pa``: the cache
 write and attention over ``ROCM_PA``), AITER's paged attention over ``ROCM_PA`` where
-``amd-aiter`` is installed, and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends.
+``amd-aiter`` is installed, and the ``ROCM_AITER`` / ``ROCM_TRITON`` backends (with
+``ROCM_TRITON_MLA`` for latent attention, on ``triton_rocm``'s MLA kernels).
 
 Everything is registered lazily (``"module:function"``): triton, torch and aiter are
 imported only when a variant is first considered on a ROCm device.
@@ -62,3 +63,4 @@ def hwplug_register_kernels(registry: Any) -> None:
 def hwplug_register_attention_backends(registry: Any) -> None:
     registry.register("ROCM_AITER", "hwplug_rocm_aiter.backends:AiterAttentionBackend")
     registry.register("ROCM_TRITON", "hwplug_rocm_aiter.backends:RocmTritonBackend")
+    registry.register("ROCM_TRITON_MLA", "hwplug_rocm_aiter.backends:RocmTritonMLABackend")

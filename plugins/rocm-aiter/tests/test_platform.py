@@ -13,8 +13,10 @@ import functools
 import pytest
 import torch
 from fake_hw import add_amd_vram, make_amd_tree, make_nvidia_tree
-from plugin_checks import check_activate, discovered
+from plugin_checks import check_activate, check_triton_mla_backend, discovered
 
+from hwplug.attention import AttentionSpec
+from hwplug.attention_selection import select_backend
 from hwplug.config import EngineConfig
 from hwplug.dtypes import FNUZ_FEATURE
 from hwplug.errors import UnsupportedError
@@ -57,7 +59,8 @@ def test_an_mi300x_is_gfx942_capability_9_4_with_fnuz_fp8(amd_host):
     assert FNUZ_FEATURE in facts.features
     assert facts.supported_dtypes[0] == "bfloat16" and facts.supported_quant_methods == (
         "unquantized", "fp8", "gguf")
-    assert facts.attention_backend_priority == ("ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED")
+    assert facts.attention_backend_priority == ("ROCM_AITER", "ROCM_TRITON", "TORCH_PAGED",
+                                                "ROCM_TRITON_MLA", "TORCH_MLA")
     assert (mi300x.dist_backend, mi300x.device_type, mi300x.families) == (
         "rccl", "cuda", ("triton",))
     assert mi300x.memory_info() == MemoryInfo(total=192 * GIB, free=190 * GIB)
@@ -76,6 +79,15 @@ def test_an_mi355x_is_gfx950_with_ocp_fp8_kv_caches(amd_host):
     config = EngineConfig(32, 8, 128, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
     mi355x.check_and_update_config(config)
     assert config.attention_backend == "ROCM_TRITON"  # AITER's wrapper takes no fp8 cache
+
+
+def test_rocm_triton_mla_serves_latent_attention_and_an_fnuz_cache(amd_host, monkeypatch):
+    """gfx942's fp8 latent cache (fnuz) is served by ROCM_TRITON_MLA alone (TORCH_MLA
+    takes OCP fp8 only)."""
+    mi300x = amd_host("AMD Instinct MI300X", 90402)
+    fnuz = AttentionSpec(16, 1, 576, "bfloat16", kv_cache_dtype="fp8_e4m3fnuz", is_mla=True)
+    assert select_backend(mi300x, fnuz).backend.get_name() == "ROCM_TRITON_MLA"
+    check_triton_mla_backend(mi300x, "ROCM_TRITON_MLA", "triton_rocm", monkeypatch)
 
 
 def test_an_mi250x_is_gfx90a_capability_9_0_without_fp8(amd_host):

@@ -7,14 +7,21 @@ where the registry would choose its own variant of each op it runs. So
 ``HWPLUG_DISABLED_KERNELS=paged_attention/triton``, a preference for another variant or
 a vendor library that is not installed shows up as the backend's rejection reason, not
 as a silent change of kernels.
+
+An MLA backend of a GPU plugin (hwplug-cuda's ``TRITON_MLA``, hwplug-rocm-aiter's
+``ROCM_TRITON_MLA``, hwplug-xpu's ``XPU_TRITON_MLA``) is a
+:class:`VariantBackedMLA`: ``TORCH_MLA``'s computation (``concat_and_cache_mla``, then
+``mla_attention``, layout ``MLA``) with the same fact for the MLA ops; the platforms list
+it before ``TORCH_MLA``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from hwplug.attention import AttentionSpec
+from hwplug.attention import AttentionSpec, InternalFallback
 from hwplug.kernel_registry import kernels
+from hwplug.kernel_registry.torch_mla import TorchMLABackend
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug_triton.kernels import MAX_HEAD_SIZE
 
@@ -40,6 +47,29 @@ class VariantBackedAttention(TorchPagedBackend):
         reasons = super().validate(spec, platform)
         if spec.head_size > cls._max_head_size:
             reasons.append(f"head size {spec.head_size} above {cls._max_head_size}")
+        if platform is not None and not reasons:
+            reasons += variant_reasons(cls._kernels, spec, platform, cls.kv_cache_layout)
+        return reasons
+
+
+class VariantBackedMLA(TorchMLABackend):
+    """``TORCH_MLA`` (layout ``MLA``, latents written in ``forward_mla``) that serves an MLA
+    spec only where the registry chooses, for each ``(op, variant)`` of ``_kernels``, that
+    variant. Subclasses name themselves (``get_name``), state their ``platforms``, KV-cache
+    dtypes and ``_kernels`` (the name their plugin registers the Triton kernels under)."""
+
+    #: ``(op, variant)``: the MLA ops the backend runs and the variant that must serve each.
+    _kernels: ClassVar[tuple[tuple[str, str], ...]] = (("concat_and_cache_mla", "triton"),
+                                                       ("mla_attention", "triton"))
+    internal_fallbacks: ClassVar[tuple[InternalFallback, ...]] = (
+        InternalFallback("any batch (prefill, chunks and decode alike)",
+                         "absorbed-form kernel: W_UK folded into the query, the latents "
+                         "as one shared KV head, W_UV after"),
+    )
+
+    @classmethod
+    def validate(cls, spec: AttentionSpec, platform: Platform | None = None) -> list[str]:
+        reasons = super().validate(spec, platform)
         if platform is not None and not reasons:
             reasons += variant_reasons(cls._kernels, spec, platform, cls.kv_cache_layout)
         return reasons

@@ -7,7 +7,9 @@
 * ``XPU_TRITON``: hwplug-triton's kernels (``triton_xpu``), which Intel's Triton backend
   compiles on the device; every dtype, the float32 models' backend.
 
-Both write the step's K/V inside ``forward``.
+Both write the step's K/V inside ``forward``. ``XPU_TRITON_MLA`` serves multi-head latent
+attention (DeepSeek) over the ``MLA`` latent cache with hwplug-triton's MLA kernels
+(``triton_xpu``), before ``TORCH_MLA``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import ClassVar
 
 from hwplug.attention import InternalFallback
 from hwplug.dtypes import FLOAT_DTYPES
-from hwplug_triton.backend import VariantBackedAttention
+from hwplug_triton.backend import VariantBackedAttention, VariantBackedMLA
 
 
 class XpuTritonBackend(VariantBackedAttention):
@@ -55,3 +57,16 @@ class IpexAttentionBackend(VariantBackedAttention):
     @classmethod
     def get_name(cls) -> str:
         return "XPU_IPEX"
+
+
+class XpuTritonMLABackend(VariantBackedMLA):
+    """hwplug-triton's latent cache write and absorbed-form latent attention kernels."""
+
+    platforms: ClassVar[tuple[str, ...]] = ("xpu",)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
+    _kernels: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("concat_and_cache_mla", "triton_xpu"), ("mla_attention", "triton_xpu"))
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "XPU_TRITON_MLA"

@@ -32,7 +32,7 @@ class XpuPlatform(TritonGpuPlatform):
     #: GGUF weights through hwplug-triton's dequantizing ``ggml_linear`` / ``ggml_embedding``.
     supported_quant_methods: ClassVar[tuple[str, ...]] = ("unquantized", "gguf")
     attention_backend_priority: ClassVar[tuple[str, ...]] = (
-        "XPU_IPEX", "XPU_TRITON", "TORCH_PAGED")
+        "XPU_IPEX", "XPU_TRITON", "TORCH_PAGED", "XPU_TRITON_MLA", "TORCH_MLA")
     #: A block size both XPU_IPEX and XPU_TRITON accept.
     default_block_size: ClassVar[int] = 64
 

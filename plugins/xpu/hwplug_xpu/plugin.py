@@ -1,6 +1,6 @@
 """hwplug hooks of hwplug-xpu: hwplug-triton's kernels for Intel GPUs, IPEX's cache write
 and paged attention where intel-extension-for-pytorch is installed, and the
-``XPU_IPEX`` / ``XPU_TRITON`` backends.
+``XPU_IPEX`` / ``XPU_TRITON`` backends (with ``XPU_TRITON_MLA`` for latent attention).
 
 Everything is registered lazily (``"module:function"``): triton, torch and IPEX are
 imported only when a variant is first considered on an XPU.
@@ -45,6 +45,7 @@ def hwplug_register_kernels(registry: Any) -> None:
 def hwplug_register_attention_backends(registry: Any) -> None:
     registry.register("XPU_IPEX", "hwplug_xpu.backends:IpexAttentionBackend")
     registry.register("XPU_TRITON", "hwplug_xpu.backends:XpuTritonBackend")
+    registry.register("XPU_TRITON_MLA", "hwplug_xpu.backends:XpuTritonMLABackend")
 
 
 @hookimpl

@@ -14,7 +14,7 @@ import logging
 
 import pytest
 from fake_hw import make_amd_tree, make_intel_tree
-from plugin_checks import check_activate, discovered
+from plugin_checks import check_activate, check_triton_mla_backend, discovered
 
 from hwplug.errors import UnsupportedError
 from hwplug.platforms import intel_xpu
@@ -50,9 +50,15 @@ def test_a_max_1550_is_named_and_has_xmx(intel_host):
     assert facts.features == frozenset({"xmx"}) and facts.capability is None
     assert facts.supported_dtypes == ("bfloat16", "float16", "float32")
     assert facts.supported_kv_cache_dtypes == ("bfloat16", "float16", "float32")
-    assert facts.attention_backend_priority == ("XPU_IPEX", "XPU_TRITON", "TORCH_PAGED")
+    assert facts.attention_backend_priority == ("XPU_IPEX", "XPU_TRITON", "TORCH_PAGED",
+                                                "XPU_TRITON_MLA", "TORCH_MLA")
     with pytest.raises(UnsupportedError, match="cannot report memory"):
         max1550.memory_info()  # torch.xpu would know; the sysfs tree does not say
+
+
+def test_xpu_triton_mla_serves_latent_attention(intel_host, monkeypatch):
+    check_triton_mla_backend(intel_host(0x0BD5), "XPU_TRITON_MLA", "triton_xpu", monkeypatch,
+                             dtype="float32")
 
 
 def test_an_unlisted_gpu_keeps_its_pci_id_and_gets_no_xmx(intel_host):
