@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplug import registries
 from hwplug.platform_interface import DeviceFacts, MemoryInfo
@@ -63,24 +63,26 @@ class XpuPlatform(TritonGpuPlatform):
         return MemoryInfo(total=total, free=total - torch.xpu.memory_reserved(device_id))
 
     def check_and_update_config(self, config: EngineConfig) -> None:
-        """The default settling, then one warning when a backend ahead of the chosen one in
-        the priority list has no kernels for the model dtype (float32 on XPU_IPEX: the
-        Triton backend serves it, vLLM #31762)."""
+        """The default settling, then one warning when a backend of the chosen one's kind
+        (MLA or not) ahead of it in the priority list has no kernels for the model dtype
+        (float32 on XPU_IPEX: the Triton backend serves it, vLLM #31762)."""
         super().check_and_update_config(config)
         priority = list(self.facts.attention_backend_priority)
         chosen = config.attention_backend
         ahead = priority[:priority.index(chosen)] if chosen in priority else []
-        lacking = tuple(name for name in ahead
-                        if config.dtype not in _declared_dtypes(name))
+        kind = _declared(chosen, "is_mla", False)
+        lacking = tuple(name for name in ahead if _declared(name, "is_mla", False) == kind
+                        and config.dtype not in _declared(name, "supported_dtypes", ()))
         if lacking:
             _warn_dtype_fallback(lacking, config.dtype, chosen)
 
 
-def _declared_dtypes(backend: str) -> tuple[str, ...]:
+def _declared(backend: str, fact: str, default: Any) -> Any:
+    """The class attribute ``fact`` of the registered ``backend``, else ``default``."""
     try:
-        return registries.attention_backends.get(backend).supported_dtypes
+        return getattr(registries.attention_backends.get(backend), fact)
     except Exception:  # a backend that fails to import declares nothing it can serve
-        return ()
+        return default
 
 
 @cache

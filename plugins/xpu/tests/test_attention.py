@@ -78,6 +78,9 @@ def test_a_float32_model_falls_back_to_triton_with_one_warning(max1550, caplog):
         "(vLLM #31762)"]
     max1550.check_and_update_config(EngineConfig(32, 8, 128, dtype="bfloat16"))
     assert len(caplog.records) == 1  # bf16 passes over nothing for its dtype
+    latent = EngineConfig(16, 1, 576, dtype="float32", is_mla=True)
+    max1550.check_and_update_config(latent)  # passes over XPU_IPEX, which is not MLA
+    assert latent.attention_backend == "XPU_TRITON_MLA" and len(caplog.records) == 1
 
 
 def test_a_gpu_without_xmx_is_not_offered_ipex(tmp_path, monkeypatch, fresh_discovery):
