@@ -24,11 +24,12 @@ from triton_cases import (
     skip_fp8_the_gpu_lacks,
 )
 
-from hwplug.attention import AttentionMetadata
+from hwplug.attention import AttentionMetadata, AttentionSpec
 from hwplug.conformance.variants import check_variant
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import reference
 from hwplug.kernel_registry.reference.cache import quantize
+from hwplug.kernel_registry.torch_mla import TorchMLABackend
 from hwplug_triton.kernels import mla, mla_cache
 from hwplug_triton.registration import MLA_OPS, register
 
@@ -152,6 +153,67 @@ def test_calls_the_kernels_cannot_serve_are_refused_with_the_reason(device):
                                           torch.ones(2, device=device))
     with pytest.raises(UnsupportedError, match="expected kv_c"):
         mla_cache.concat_and_cache_mla(q_nope[:, 0], q_pe, cache, metadata.slot_mapping)
+
+
+class _Bound:
+    """A kernel binder handing out the given implementation of each op."""
+
+    def __init__(self, cache_write, attention) -> None:
+        self.ops = {"concat_and_cache_mla": cache_write, "mla_attention": attention}
+
+    def bind(self, op: str, dtype: str, layout: str | None = None):
+        return self.ops[op]
+
+
+def _step(tables: torch.Tensor, steps: list[tuple[int, int]], block_size: int,
+          device: str) -> AttentionMetadata:
+    """The metadata of a step computing ``new`` tokens after ``context`` per sequence,
+    their slots in the sequences' blocks ``tables``."""
+    slots = [int(tables[i, p // block_size]) * block_size + p % block_size
+             for i, (context, new) in enumerate(steps) for p in range(context, context + new)]
+    lens = [c + n for c, n in steps]
+    query_lens = torch.tensor([n for _, n in steps])
+    return AttentionMetadata(
+        torch.tensor(slots, device=device), tables.to(device),
+        torch.tensor(lens, dtype=torch.int32, device=device),
+        torch.tensor([0, *query_lens.cumsum(0).tolist()], dtype=torch.int32, device=device),
+        int(query_lens.max()), max(lens))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn], ids=str)
+def test_the_mla_backends_computation_on_these_kernels_over_prefill_then_decode(device,
+                                                                               cache_dtype):
+    """``TORCH_MLA``'s computation (what ``TRITON_MLA`` and its siblings run) with these
+    kernels bound, over a prefill and two decode steps whose latents it writes itself,
+    against the same backend on the references: the same outputs at every step and the
+    same cache bytes."""
+    block_size = 8  # one of TORCH_MLA's block sizes
+    spec = AttentionSpec(HEADS, 1, LORA + ROPE, "float32", block_size=block_size,
+                         kv_cache_dtype=None if cache_dtype == torch.float32 else "fp8_e4m3",
+                         is_mla=True)
+    backends = [TorchMLABackend(spec, _Bound(mla_cache.concat_and_cache_mla,
+                                             mla.mla_attention)),
+                TorchMLABackend(spec, _Bound(reference.concat_and_cache_mla,
+                                             reference.mla_attention))]
+    caches = [torch.zeros(8, block_size, LORA + ROPE, device=device).to(cache_dtype)
+              for _ in backends]
+    for backend in backends:
+        backend.kv_scale = (torch.tensor(0.05, device=device) if cache_dtype.itemsize == 1
+                            else None)
+    tables = torch.tensor([[3, -1], [6, 1]], dtype=torch.int32)
+    _, _, w_uk, w_uv = _inputs(1, torch.float32, device)
+    for seed, steps in enumerate([[(0, 5), (0, 9)], [(5, 1), (9, 1)], [(6, 1), (10, 1)]]):
+        metadata = _step(tables, steps, block_size, device)
+        tokens = metadata.slot_mapping.shape[0]
+        q_nope, q_pe = (random(tokens, HEADS, n, dtype=torch.float32, device=device,
+                               seed=10 * seed + n) for n in (NOPE, ROPE))
+        kv_c = random(tokens, LORA, dtype=torch.float32, device=device, seed=10 * seed + 1)
+        k_pe = random(tokens, ROPE, dtype=torch.float32, device=device, seed=10 * seed + 2)
+        got, expected = (backend.forward_mla(q_nope, q_pe, kv_c, k_pe, cache, metadata, w_uk,
+                                             w_uv, (NOPE + ROPE) ** -0.5)
+                         for backend, cache in zip(backends, caches, strict=True))
+        assert_matches("mla_attention", got, expected)
+        assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
 
 
 def _reads_k_pe_first(q_nope, q_pe, kv_cache, metadata, w_uk, w_uv, scale, kv_scale=None):
