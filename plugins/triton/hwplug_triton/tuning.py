@@ -67,7 +67,8 @@ CONFIG_KEYS: dict[str, frozenset[str]] = {
     "moe_matmul": frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages"}),
     "fp8_matmul": frozenset(
         {"block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages"}),
-    "mla_attention": frozenset({"block_h", "block_n", "num_warps", "num_stages"}),
+    "mla_attention": frozenset(
+        {"block_h", "block_n", "num_warps", "num_stages", "min_split_tokens", "waves"}),
 }
 
 

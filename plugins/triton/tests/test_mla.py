@@ -100,6 +100,21 @@ def test_mla_attention_matches_the_reference(device, block_size, steps):
     _check(steps, block_size, torch.float32, torch.float32, device)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn], ids=str)
+def test_decode_split_over_the_context_matches_the_reference(device, cache_dtype):
+    """Long contexts split into key ranges (flash-decoding) and merged: a sequence of 3
+    splits, one of 2, one shorter than a split; an fp8 cache's scale applied in each."""
+    kv_scale = torch.tensor(0.05, device=device) if cache_dtype.itemsize == 1 else None
+    steps = [(69, 1), (40, 1), (5, 1)]
+    cache, metadata = _batch(steps, 16, cache_dtype, device, kv_scale)
+    q_nope, q_pe, w_uk, w_uv = _inputs(3, torch.float32, device)
+    scale = (NOPE + ROPE) ** -0.5
+    got = mla.absorbed_attention(q_nope, q_pe, cache, metadata, w_uk, w_uv, scale, kv_scale,
+                                 split_size=32 if ON_GPU else 1)  # rounded up to key tiles
+    assert_matches("mla_attention", got, reference.mla_attention(
+        q_nope, q_pe, cache, metadata, w_uk, w_uv, scale, kv_scale))
+
+
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=str)
 def test_mla_attention_in_half_precision_over_a_cache_of_its_dtype(device, dtype):
     _check(DECODE, 4, dtype, dtype, device)

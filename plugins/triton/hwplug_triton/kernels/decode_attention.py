@@ -3,7 +3,8 @@
 One program serves one sequence, one KV head and one split of the context: it holds all
 ``G = Hq / Hkv`` query heads of that KV head as rows, so each key and value is read once
 per group. With more than one split, each program writes an unnormalised partial
-(accumulator, running max, running sum) and ``_reduce_splits_kernel`` merges them.
+(accumulator, running max, running sum) and ``reduce_splits_kernel`` merges them (the
+MLA decode kernel's splits too).
 The number of splits is chosen so that ``batch * Hkv * splits`` fills the GPU
 (``waves`` programs per compute unit), and no split is shorter than ``min_split_tokens``.
 The cache is read through a :class:`~hwplug_triton.kernels.layouts.CacheView`, so one
@@ -71,7 +72,7 @@ def decode_attention(query: torch.Tensor, view: CacheView, metadata: AttentionMe
         **tiles.dot_operands(query.dtype, query.device),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     if num_splits > 1:
-        _reduce_splits_kernel[(num_seqs, num_heads)](
+        reduce_splits_kernel[(num_seqs, num_heads)](
             partial_acc, partial_max, partial_sum, seq_lens, query_start_loc, out,
             num_heads, num_splits, split_size, out.stride(0), out.stride(1),
             HEAD_SIZE=head_size, BLOCK_D=block_d,
@@ -172,7 +173,7 @@ def _decode_kernel(query_ptr, k_ptr, k_block, k_slot, k_head, k_chunk_stride,
 
 
 @triton.jit
-def _reduce_splits_kernel(partial_acc_ptr, partial_max_ptr, partial_sum_ptr, seq_lens_ptr,
+def reduce_splits_kernel(partial_acc_ptr, partial_max_ptr, partial_sum_ptr, seq_lens_ptr,
                           query_start_loc_ptr, out_ptr, num_heads, num_splits, split_size,
                           out_stride_t, out_stride_h, HEAD_SIZE: tl.constexpr,
                           BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr):

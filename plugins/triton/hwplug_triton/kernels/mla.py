@@ -14,7 +14,9 @@ and the rope part are two dots, so ``L + R = 576`` is never padded to 1024) with
 latents themselves as values, and ``W_UV`` is applied to the latent output after (a
 second batched matmul). One program serves one query token and ``BLOCK_H`` of its heads,
 reading its sequence's keys block by block through the block table, causal at the
-token's position; each key tile is read once for all ``BLOCK_H`` heads. The existing
+token's position; each key tile is read once for all ``BLOCK_H`` heads. A decode-only
+batch's contexts are split (flash-decoding, as ``paged_attention``'s decode kernel plans
+and merges them), so one sequence with few head blocks still fills the GPU. The existing
 paged-attention kernels are not reused for an expanded prefill: they need keys and values
 of one head size (``N + R`` against ``V``) of at most 256.
 
@@ -33,6 +35,7 @@ import triton.language as tl
 
 from hwplug_triton.kernels import checked
 from hwplug_triton.kernels.attention_tiles import dot_operands
+from hwplug_triton.kernels.decode_attention import reduce_splits_kernel, split_plan
 from hwplug_triton.kernels.layouts import COMPUTE_DTYPES
 from hwplug_triton.kernels.mla_cache import cache_problem
 from hwplug_triton.tuning import launch_config
@@ -71,6 +74,17 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
                   scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The ``mla_attention`` op in the absorbed form (see the module docstring); returns
     ``[T, H, V]`` in ``q_nope.dtype``."""
+    return absorbed_attention(q_nope, q_pe, kv_cache, metadata, w_uk, w_uv, scale, kv_scale)
+
+
+def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
+                       metadata: AttentionMetadata, w_uk: torch.Tensor, w_uv: torch.Tensor,
+                       scale: float, kv_scale: torch.Tensor | None = None,
+                       split_size: int | None = None) -> torch.Tensor:
+    """:func:`mla_attention`; a decode-only batch's contexts are split as
+    :func:`~hwplug_triton.kernels.decode_attention.split_plan` plans for its programs
+    (``split_size`` keys per split, rounded up to the key tile, overrides the tuned
+    choice), other batches are not split."""
     num_tokens, num_heads = q_nope.shape[:2]
     latent, rope = w_uk.shape[2], q_pe.shape[2]
     if num_tokens == 0 or metadata.seq_lens.shape[0] == 0:
@@ -82,39 +96,66 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
                                     torch.arange(num_tokens, device=q_lat.device), right=True)
     config = launch_config("mla_attention", q_lat.device, latent)
     block_h = min(config["block_h"], max(16, triton.next_power_of_2(num_heads)))
-    tables = metadata.block_tables
-    _mla_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
+    head_blocks, max_seq_len = triton.cdiv(num_heads, block_h), metadata.max_seq_len
+    keys_per_split, num_splits = max_seq_len, 1
+    if num_tokens == metadata.seq_lens.shape[0] and metadata.max_query_len == 1:
+        keys_per_split, num_splits = split_plan(num_tokens * head_blocks, max_seq_len, config,
+                                                q_lat.device, split_size)
+    partial_acc = partial_max = partial_sum = out  # unused unless split
+    if num_splits > 1:
+        partial_acc = q_lat.new_empty((num_tokens, num_heads, num_splits, latent),
+                                      dtype=torch.float32)
+        partial_max = q_lat.new_empty((num_tokens, num_heads, num_splits), dtype=torch.float32)
+        partial_sum = torch.empty_like(partial_max)
+    block_l, tables = max(16, triton.next_power_of_2(latent)), metadata.block_tables
+    _mla_kernel[(num_tokens, head_blocks, num_splits)](
         q_lat, q_pe, kv_cache, kv_scale if kv_scale is not None else q_lat, tables,
-        metadata.seq_lens, metadata.query_start_loc, token_seqs, out, num_heads, scale,
+        metadata.seq_lens, metadata.query_start_loc, token_seqs, out, partial_acc,
+        partial_max, partial_sum, num_heads, num_splits, keys_per_split, scale,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        tables.stride(0), SCALED=kv_scale is not None, BLOCK_SIZE=kv_cache.shape[1],
-        LATENT=latent, ROPE=rope, BLOCK_L=max(16, triton.next_power_of_2(latent)),
+        tables.stride(0), SCALED=kv_scale is not None, SPLIT=num_splits > 1,
+        BLOCK_SIZE=kv_cache.shape[1], LATENT=latent, ROPE=rope, BLOCK_L=block_l,
         BLOCK_R=max(16, triton.next_power_of_2(rope)), BLOCK_H=block_h,
         BLOCK_N=config["block_n"], **dot_operands(q_lat.dtype, q_lat.device),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if num_splits > 1:
+        reduce_splits_kernel[(num_tokens, num_heads)](
+            partial_acc, partial_max, partial_sum, metadata.seq_lens,
+            metadata.query_start_loc, out, num_heads, num_splits, keys_per_split, out.stride(0),
+            out.stride(1), HEAD_SIZE=latent, BLOCK_D=block_l,
+            BLOCK_SPLITS=triton.next_power_of_2(num_splits))
     return torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1).contiguous()
 
 
 @triton.jit
 def _mla_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, kv_scale_ptr, block_tables_ptr, seq_lens_ptr,
-                query_start_loc_ptr, token_seqs_ptr, out_ptr, num_heads, scale,
+                query_start_loc_ptr, token_seqs_ptr, out_ptr, partial_acc_ptr,
+                partial_max_ptr, partial_sum_ptr, num_heads, num_splits, split_size, scale,
                 q_lat_stride_t, q_lat_stride_h, q_pe_stride_t, q_pe_stride_h,
                 out_stride_t, out_stride_h, cache_block, cache_slot, block_table_stride,
-                SCALED: tl.constexpr, BLOCK_SIZE: tl.constexpr, LATENT: tl.constexpr,
+                SCALED: tl.constexpr, SPLIT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                LATENT: tl.constexpr,
                 ROPE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN_DOT: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
-    """Online softmax of ``BLOCK_H`` heads of one query token over the keys its causal
-    position sees; scores in log2 units (``exp2``), a cache scale folded into the score
-    scale (keys) and the accumulator (values)."""
+    """Online softmax of ``BLOCK_H`` heads of one query token over the keys of split
+    ``program_id(2)`` that its causal position sees; scores in log2 units (``exp2``), a
+    cache scale folded into the score scale (keys) and the accumulator (values). Split:
+    the unnormalised partial (accumulator, running max, running sum) of a decode row, which
+    ``reduce_splits_kernel`` merges."""
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
     head_mask = heads < num_heads
     seq = tl.load(token_seqs_ptr + token)
     first = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - first
+    key_start = split * split_size
     key_end = tl.load(seq_lens_ptr + seq) - query_len + (token - first) + 1  # causal
+    if key_start >= key_end:
+        return
+    key_end = tl.minimum(key_end, key_start + split_size)
     lat = tl.arange(0, BLOCK_L)
     pe = tl.arange(0, BLOCK_R)
     q_lat = tl.load(q_lat_ptr + token * q_lat_stride_t + heads[:, None] * q_lat_stride_h
@@ -132,7 +173,7 @@ def _mla_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, kv_scale_ptr, block_tables_ptr, 
     row_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * block_table_stride
-    for tile_start in range(0, key_end, BLOCK_N):
+    for tile_start in range(key_start, key_end, BLOCK_N):
         keys = tile_start + tl.arange(0, BLOCK_N)
         in_range = keys < key_end
         blocks = tl.load(table + keys // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
@@ -152,6 +193,14 @@ def _mla_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, kv_scale_ptr, block_tables_ptr, 
         acc = acc * rescale[:, None] + tl.dot(weights.to(q_lat.dtype), k_lat,
                                               input_precision=DOT_PRECISION)
         row_max = new_max
-    out = acc * kv_scale / row_sum[:, None]
-    tl.store(out_ptr + token * out_stride_t + heads[:, None] * out_stride_h + lat[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None] & (lat < LATENT)[None, :])
+    acc = acc * kv_scale
+    mask = head_mask[:, None] & (lat < LATENT)[None, :]
+    if SPLIT:
+        partial = (token * num_heads + heads) * num_splits + split
+        tl.store(partial_acc_ptr + partial[:, None] * LATENT + lat[None, :], acc, mask=mask)
+        tl.store(partial_max_ptr + partial, row_max, mask=head_mask)
+        tl.store(partial_sum_ptr + partial, row_sum, mask=head_mask)
+    else:
+        out = acc / row_sum[:, None]
+        tl.store(out_ptr + token * out_stride_t + heads[:, None] * out_stride_h + lat[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
