@@ -25,12 +25,13 @@ from hwplug_triton.kernels.cache import store_entries
 from hwplug_triton.kernels.layouts import CACHE_DTYPES, COMPUTE_DTYPES, fp8_format
 from hwplug_triton.tuning import launch_config
 
-#: Largest latent width ``L`` the attention kernel holds in registers (DeepSeek: 512).
+#: Largest latent width ``L`` the kernels serve (the attention kernel holds a query and a key
+#: tile of it in registers; DeepSeek: 512).
 MAX_LATENT = 1024
 
 
 def cache_problem(kv_cache: torch.Tensor, latent: int, rope: int,
-                   kv_scale: torch.Tensor | None) -> str | None:
+                  kv_scale: torch.Tensor | None) -> str | None:
     """Why the kernels cannot address ``kv_cache`` as an MLA cache of ``latent + rope``
     columns with ``kv_scale``, or None."""
     if kv_cache.dim() != 3 or kv_cache.shape[2] != latent + rope:
