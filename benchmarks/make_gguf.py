@@ -43,6 +43,15 @@ rewrites them). Nothing else is downloaded or needed beyond llama-cpp-python and
     python benchmarks/make_gguf.py --all --types Q4_K_M,Q6_K --out /work/models
     python benchmarks/make_gguf.py --smollm2 Q4_K_M,Q5_K_M,Q6_K,Q3_K_M,Q2_K,IQ4_XS
     python benchmarks/make_gguf.py --shape llama-3.1-8b --context-copy 8192
+    python benchmarks/make_gguf.py --shape qwen3-30b-a3b --layers 2 --types Q4_K_M
+
+Mixture-of-experts shapes (``qwen3-30b-a3b``) are written as llama.cpp's converter writes a
+``qwen3moe`` model: ``<arch>.expert_count``, ``expert_used_count`` and
+``expert_feed_forward_length``, the router ``ffn_gate_inp`` (kept F32, which llama.cpp's
+quantizer never quantises) and the experts stacked, ``ffn_{gate,up}_exps [E, I, H]`` and
+``ffn_down_exps [E, H, I]``. ``--layers N`` keeps only the first N layers of a shape (every
+other size real), named ``<shape>-<N>l-random-<TYPE>.gguf``: a 2-layer Qwen3-30B-A3B is
+1.9B parameters, most of them its LM head and embedding.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ import ctypes
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +84,7 @@ _QUIET_CALLBACK = None
 class Shape:
     """A real model's sizes (its Hugging Face ``config.json``)."""
 
-    arch: str  # GGUF architecture: llama, qwen2 or qwen3
+    arch: str  # GGUF architecture: llama, qwen2, qwen3 or qwen3moe
     hidden: int
     intermediate: int
     layers: int
@@ -87,6 +96,9 @@ class Shape:
     max_position: int
     rms_eps: float
     head_dim: int | None = None  # None: hidden // heads
+    experts: int = 0  # routed experts (0: a dense model)
+    experts_used: int = 0  # experts per token (top-k)
+    expert_intermediate: int = 0  # each expert's intermediate size
 
     @property
     def head_size(self) -> int:
@@ -115,6 +127,11 @@ SHAPES = {
     "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 1e6, 32768, 1e-6),
     # Qwen/Qwen3-4B: 2560, 9728, 36, 32, 8, 151936, true, 1000000, 40960, 1e-6, head_dim 128
     "qwen3-4b": Shape("qwen3", 2560, 9728, 36, 32, 8, 151936, True, 1e6, 40960, 1e-6, 128),
+    # Qwen/Qwen3-30B-A3B: 2048, 6144, 48, 32, 4, 151936, false, 1000000.0, 40960, 1e-6,
+    # head_dim 128, num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768
+    # (norm_topk_prob true; decoder_sparse_step 1, no mlp-only layers: every layer MoE)
+    "qwen3-30b-a3b": Shape("qwen3moe", 2048, 6144, 48, 32, 4, 151936, False, 1e6, 40960, 1e-6,
+                           128, experts=128, experts_used=8, expert_intermediate=768),
 }
 
 
@@ -131,25 +148,40 @@ def tensor_specs(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
         if shape.arch == "qwen2":
             specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)),
                       (b + "attn_v.bias", (kv,))]
-        if shape.arch == "qwen3":
+        if shape.arch in ("qwen3", "qwen3moe"):
             specs += [(b + "attn_q_norm.weight", (d,)), (b + "attn_k_norm.weight", (d,))]
-        specs += [(b + "attn_output.weight", (h, q)), (b + "ffn_norm.weight", (h,)),
-                  (b + "ffn_gate.weight", (shape.intermediate, h)),
-                  (b + "ffn_up.weight", (shape.intermediate, h)),
-                  (b + "ffn_down.weight", (h, shape.intermediate))]
+        specs += [(b + "attn_output.weight", (h, q)), (b + "ffn_norm.weight", (h,))]
+        if shape.experts:
+            e, i_exp = shape.experts, shape.expert_intermediate
+            specs += [(b + "ffn_gate_inp.weight", (e, h)),
+                      (b + "ffn_gate_exps.weight", (e, i_exp, h)),
+                      (b + "ffn_up_exps.weight", (e, i_exp, h)),
+                      (b + "ffn_down_exps.weight", (e, h, i_exp))]
+        else:
+            specs += [(b + "ffn_gate.weight", (shape.intermediate, h)),
+                      (b + "ffn_up.weight", (shape.intermediate, h)),
+                      (b + "ffn_down.weight", (h, shape.intermediate))]
     specs.append(("output_norm.weight", (h,)))
     if not shape.tied:
         specs.append(("output.weight", (shape.vocab, h)))
     return specs
 
 
+def stored_dtype(name: str, dims: tuple[int, ...]) -> np.dtype:
+    """The F16 file's type of tensor ``name``: float32 for vectors and the MoE router
+    (``ffn_gate_inp``, as llama.cpp's converter keeps it), float16 for other matrices."""
+    router = name.endswith("ffn_gate_inp.weight")
+    return np.dtype(np.float16 if len(dims) >= 2 and not router else np.float32)
+
+
 def random_tensor(name: str, dims: tuple[int, ...], seed: int, index: int) -> np.ndarray:
-    """The tensor ``name``: norms 1 and biases 0 (float32), matrices ~N(0, INIT_STD) in
-    float16, drawn in chunks so only the result and one chunk are in memory."""
+    """The tensor ``name``: norms 1 and biases 0 (float32), matrices and expert stacks
+    ~N(0, INIT_STD) in :func:`stored_dtype`, drawn in chunks so only the result and one
+    chunk are in memory."""
     if len(dims) == 1:
         return np.zeros(dims, np.float32) if name.endswith(".bias") else np.ones(dims, np.float32)
     rng = np.random.default_rng([seed, index])
-    out = np.empty(dims, np.float16)
+    out = np.empty(dims, stored_dtype(name, dims))
     flat = out.reshape(-1)
     for start in range(0, flat.size, CHUNK_VALUES):
         chunk = rng.standard_normal(min(CHUNK_VALUES, flat.size - start), dtype=np.float32)
@@ -197,13 +229,18 @@ def write_random_f16(name: str, shape: Shape, tokenizer: GGUFReader, out: Path,
                        (Keys.Rope.DIMENSION_COUNT, shape.head_size),
                        (Keys.LLM.VOCAB_SIZE, shape.vocab)):
         writer.add_uint32(key.format(arch=arch), value)
+    if shape.experts:
+        for key, value in ((Keys.LLM.EXPERT_COUNT, shape.experts),
+                           (Keys.LLM.EXPERT_USED_COUNT, shape.experts_used),
+                           (Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, shape.expert_intermediate)):
+            writer.add_uint32(key.format(arch=arch), value)
     writer.add_float32(Keys.Attention.LAYERNORM_RMS_EPS.format(arch=arch), shape.rms_eps)
     writer.add_float32(Keys.Rope.FREQ_BASE.format(arch=arch), shape.rope_theta)
     for key, value, value_type, sub_type in tokenizer_fields(tokenizer, shape.vocab):
         writer.add_key_value(key, value, value_type, sub_type=sub_type)
     specs = tensor_specs(shape)
     for tensor_name, dims in specs:
-        dtype = np.dtype(np.float16 if len(dims) == 2 else np.float32)
+        dtype = stored_dtype(tensor_name, dims)
         writer.add_tensor_info(tensor_name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     write_tensors(writer, (random_tensor(n, dims, seed, i) for i, (n, dims) in enumerate(specs)))
 
@@ -273,6 +310,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keep-f16", action="store_true", help="keep the F16 files")
     parser.add_argument("--context-copy", type=int, metavar="N",
                         help="also write a copy of each file with context length N")
+    parser.add_argument("--layers", type=int, metavar="N",
+                        help="keep only the first N layers of each shape (file name "
+                             "<shape>-<N>l-random-<TYPE>.gguf)")
     parser.add_argument("--force", action="store_true", help="rewrite files that exist")
     parser.add_argument("--seed", type=int, default=0, help="random weights' seed")
     parser.add_argument("--threads", type=int, default=2, help="quantizer threads")
@@ -282,6 +322,8 @@ def parse_args() -> argparse.Namespace:
         args.shape = list(SHAPES)
     if not args.shape and not args.smollm2:
         parser.error("nothing to do: give --shape, --all or --smollm2")
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers must be at least 1, not {args.layers}")
     return args
 
 
@@ -304,8 +346,11 @@ def main() -> int:
     tokenizer = GGUFReader(smollm2)
     for name in dict.fromkeys(args.shape):
         shape = SHAPES[name]
-        f16_bytes = sum(2 * int(np.prod(d)) if len(d) == 2 else 4 * d[0]
-                        for _, d in tensor_specs(shape))
+        if args.layers is not None:
+            shape = replace(shape, layers=args.layers)
+            name = f"{name}-{args.layers}l"
+        f16_bytes = sum(int(np.prod(d)) * stored_dtype(n, d).itemsize
+                        for n, d in tensor_specs(shape))
         print(f"{name}: {shape}, {f16_bytes / 2 * 1e-9:.2f}B parameters", flush=True)
         make_model(f"{name}-random", args.types, args.out,
                    lambda path, n=name, s=shape: write_random_f16(n, s, tokenizer, path,
