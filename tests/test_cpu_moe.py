@@ -110,10 +110,22 @@ def _quantized(kind: int, rows: int, cols: int, seed: int) -> torch.Tensor:
     return torch.stack([ggml_weight(generator, kind, rows, cols) for _ in range(EXPERTS)])
 
 
+def _ggml_variant(name: str):
+    """The cpu plugin's ``ggml_moe_experts/<name>``, its C library built (the test skips
+    where this CPU lacks the build's features)."""
+    variant = kernels.get(f"ggml_moe_experts/{name}")
+    if reason := variant.device_rejection(current_platform()):
+        pytest.skip(f"{name}: {reason}")
+    variant.load()
+    variant.native.ensure_built()
+    return variant
+
+
+@pytest.mark.parametrize("name", ["grouped_vnni", "grouped_avx2", "grouped_c"])
 @pytest.mark.parametrize("up_type, down_type", [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0),
                                                 (Q.Q2_K, Q.Q5_K)])
 @pytest.mark.parametrize("tokens", [1, 7])
-def test_ggml_experts_match_the_reference(up_type, down_type, tokens):
+def test_ggml_experts_match_the_reference(up_type, down_type, tokens, name):
     """Stacked quantized experts as llama.cpp stores them: [E, rows, row_bytes]."""
     cols = 256
     w13 = _quantized(up_type, 2 * 256, cols, seed=2)
@@ -121,7 +133,49 @@ def test_ggml_experts_match_the_reference(up_type, down_type, tokens):
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(tokens, cols, generator=generator)
     weights, ids = reference.moe_topk(torch.randn(tokens, EXPERTS, generator=generator), 3)
-    got = moe.ggml_moe_experts(x, w13, int(up_type), w2, int(down_type), weights, ids)
-    want = reference.ggml_moe_experts(x, w13, int(up_type), w2, int(down_type), weights, ids)
-    _close(got, want, ops_moe.ggml_moe_experts)
+    args = (x, w13, int(up_type), w2, int(down_type), weights, ids)
+    variant = _ggml_variant(name)
+    assert variant.supports(*args) is None
+    got = variant.impl(*args)
+    _close(got, reference.ggml_moe_experts(*args), ops_moe.ggml_moe_experts)
     assert got.abs().max() > 0.1  # the weights matter
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+def test_ggml_experts_rows_are_ggml_linears(tokens):
+    """Each (token, slot)'s expert output is ``ggml_linear`` of that token's row against the
+    expert's gate/up rows, then of its activation against the down rows (bitwise: the same
+    kernel on the same rows, however many tokens share the expert), weighted and summed."""
+    from hwplug.kernel_registry.ops_ggml import ggml_linear
+
+    w13 = _quantized(Q.Q4_K, 2 * 256, 256, seed=2)
+    w2 = _quantized(Q.Q6_K, 256, 256, seed=3)
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(tokens, 256, generator=generator)
+    weights, ids = reference.moe_topk(torch.randn(tokens, EXPERTS, generator=generator), 3)
+    variant = _ggml_variant("grouped_vnni")
+    got = variant.impl(x, w13, int(Q.Q4_K), w2, int(Q.Q6_K), weights, ids)
+    want = torch.zeros_like(x)
+    for t in range(tokens):
+        for slot in range(3):
+            e = int(ids[t, slot])
+            h = ggml_linear(x[t:t + 1], w13[e], int(Q.Q4_K))
+            hidden = torch.nn.functional.silu(h[:, :256]) * h[:, 256:]
+            want[t] += weights[t, slot] * ggml_linear(hidden, w2[e], int(Q.Q6_K))[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_ggml_experts_decline_stacks_the_kernel_does_not_take():
+    """A 2-D weight, stacks of different expert counts, or rows of another length are
+    declined with the reason (another variant or the reference serves the call)."""
+    w13 = _quantized(Q.Q4_K, 2 * 256, 256, seed=2)
+    w2 = _quantized(Q.Q4_K, 256, 256, seed=3)
+    x = torch.randn(2, 256)
+    weights, ids = reference.moe_topk(torch.randn(2, EXPERTS), 3)
+    variant = _ggml_variant("grouped_vnni")
+    q4k = int(Q.Q4_K)
+    assert variant.supports(x, w13, q4k, w2, q4k, weights, ids) is None
+    assert "stack" in variant.supports(x, w13[0], q4k, w2, q4k, weights, ids)
+    assert "expert count" in variant.supports(x, w13, q4k, w2[:4], q4k, weights, ids)
+    assert "values" in variant.supports(torch.randn(2, 512), w13, q4k,
+                                        _quantized(Q.Q4_K, 512, 256, seed=3), q4k, weights, ids)

@@ -4,9 +4,8 @@
 each expert's tokens into one contiguous run, and runs each *active* expert's MLP once
 over its run (experts no token chose are skipped; a decode step with top-8 runs 8 MLPs
 of one row each, whatever the expert count). The matmuls go through the registry's
-``linear`` op (the C GEMV/GEMM for fp32) or, for GGUF blocks, ``ggml_linear`` straight
-from the quantized expert rows; the weighted rows are summed back per token with one
-``index_add_``.
+``linear`` op (the C GEMV/GEMM for fp32); the weighted rows are summed back per token with
+one ``index_add_``. GGUF experts have variants of their own (:mod:`.ggml_moe`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch
 
 from hwplug.kernel_registry import ops
 from hwplug.kernel_registry.moe_compose import fused_supported, gated
-from hwplug.kernel_registry.ops_ggml import ggml_linear
 from hwplug.kernel_registry.reference.moe import check_experts
 
 #: One expert's projection: ``(rows [n, in], expert) -> [n, out]``.
@@ -63,13 +61,3 @@ def experts_supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *arg
                       **kwargs: Any) -> str | None:
     """Why :func:`moe_experts` declines a call, or None: weights in ``x``'s dtype."""
     return fused_supported(x, x, w13, w2)
-
-
-def ggml_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_type: int, w2: torch.Tensor,
-                     w2_type: int, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                     activation: str = "silu") -> torch.Tensor:
-    """The ``ggml_moe_experts`` op: :func:`grouped_experts` over ``ggml_linear`` on each
-    active expert's quantized rows (kept quantized)."""
-    return grouped_experts(x, topk_weights, topk_ids, w13.shape[0],
-                           lambda rows, e: ggml_linear(rows, w13[e], w13_type),
-                           lambda rows, e: ggml_linear(rows, w2[e], w2_type), activation)

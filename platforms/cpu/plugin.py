@@ -54,6 +54,7 @@ _FUSED_OPS = {
                           "every slot checked, then one memcpy per key and value row"),
 }
 _MOE = "hwplug.platforms.cpu.moe:"
+_GGML_MOE = "hwplug.platforms.cpu.ggml_moe:"
 _COMPOSED = "hwplug.kernel_registry.moe_compose:"
 _GROUPED = "tokens grouped by expert, one MLP per active expert (experts without tokens "
 #: The variants hwplug adds over the references on CPUs (register_variant arguments). The
@@ -89,9 +90,13 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="fused_moe", name="grouped", impl=_COMPOSED + "fused_moe",
          supports=_COMPOSED + "fused_supported", dtypes=FLOAT_DTYPES,
          description="the moe_topk and moe_experts ops, shared experts through linear"),
-    dict(op="ggml_moe_experts", name="grouped", impl=_MOE + "ggml_moe_experts",
-         dtypes=FLOAT_DTYPES,
-         description=_GROUPED + "skipped) through ggml_linear on the quantized rows"),
+    *(dict(op="ggml_moe_experts", name=name.replace("ggml", "grouped"),
+           impl=f"{_GGML_MOE}{build}", supports=_GGML_MOE + "experts_supported",
+           features=features, native=_GGML + build, dtypes=FLOAT_DTYPES, priority=priority,
+           description=_GROUPED + f"skipped) through C ({build.lower()}) ggml_linear on the "
+                       "quantized rows: one call per active expert for gate and up, one for "
+                       "down, one activation over all rows")
+      for name, (build, features, priority) in _GGML_BUILDS.items()),
     dict(op="mla_attention", name="absorbed",
          impl="hwplug.kernel_registry.reference.mla:mla_absorbed", num_tokens=(1, 17),
          dtypes=FLOAT_DTYPES,
