@@ -22,6 +22,11 @@ Printed: microseconds per call, and the faster transformers time over each row's
 not a measurement.
 
     python benchmarks/moe.py [--quick] [--repeat 3] [--gguf-type Q4_K]
+
+The whole model beside llama.cpp (a 2-layer random-weight GGUF of these shapes, decode at
+batch 1 and 8): ``benchmarks/make_gguf.py --shape qwen3-30b-a3b --layers 2``, then
+``benchmarks/decode_cpu_time.py`` (CPU time per step) or ``benchmarks/cpu_vs_llamacpp.py
+--model`` (tokens/s) on the file; docs/benchmarks.md has both.
 """
 
 from __future__ import annotations
