@@ -62,18 +62,29 @@ def rotary_embedding(positions: jax.Array, query: jax.Array, key: jax.Array,
     return _rotate(query, cos, sin, is_neox), _rotate(key, cos, sin, is_neox)
 
 
+#: Gated activations by name: ``act(gate)`` of ``act(gate) * up`` (``gelu``: erf form).
+ACTIVATIONS = {"silu": jax.nn.silu,
+               "gelu": functools.partial(jax.nn.gelu, approximate=False),
+               "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
+def act_and_mul(x: jax.Array, activation: str) -> jax.Array:
+    """``act(x[..., :d]) * x[..., d:]`` in fp32 (``activation``: a key of
+    :data:`ACTIVATIONS`)."""
+    gate, up = jnp.split(x.astype(_F32), 2, axis=-1)
+    return ACTIVATIONS[activation](gate) * up
+
+
 @jax.jit
 def silu_and_mul(x: jax.Array) -> jax.Array:
     """``silu(x[..., :d]) * x[..., d:]``."""
-    gate, up = jnp.split(x.astype(_F32), 2, axis=-1)
-    return (jax.nn.silu(gate) * up).astype(x.dtype)
+    return act_and_mul(x, "silu").astype(x.dtype)
 
 
 @functools.partial(jax.jit, static_argnames="approximate")
 def gelu_and_mul(x: jax.Array, approximate: str) -> jax.Array:
     """``gelu(x[..., :d]) * x[..., d:]``, erf form (``"none"``) or tanh form."""
-    gate, up = jnp.split(x.astype(_F32), 2, axis=-1)
-    return (jax.nn.gelu(gate, approximate=approximate == "tanh") * up).astype(x.dtype)
+    return act_and_mul(x, "gelu_tanh" if approximate == "tanh" else "gelu").astype(x.dtype)
 
 
 @jax.jit
@@ -98,10 +109,17 @@ def _store_kv(kv_pages: jax.Array, key: jax.Array, value: jax.Array, slots: jax.
     stored at ``slots [T]`` (interleaved: KV head ``h``'s key at head index ``2h``, its value
     at ``2h + 1``; cast to the cache dtype); a negative slot is skipped."""
     rows = jnp.stack((key, value), axis=2).reshape(key.shape[0], 2 * key.shape[1],
-                                                  key.shape[2]).astype(kv_pages.dtype)
-    flat = kv_pages.reshape(-1, *kv_pages.shape[2:])
+                                                  key.shape[2])
+    return store_rows(kv_pages, rows, slots)
+
+
+def store_rows(pages: jax.Array, rows: jax.Array, slots: jax.Array) -> jax.Array:
+    """``pages [num_blocks, block_size, ...]`` with token ``t``'s ``rows[t]`` (cast to the
+    cache dtype) at slot ``slots[t]`` (block ``slot // block_size``, offset ``slot %
+    block_size``); a negative slot is skipped."""
+    flat = pages.reshape(-1, *pages.shape[2:])
     slots = jnp.where(slots < 0, flat.shape[0], slots)  # out of range: dropped
-    return flat.at[slots].set(rows, mode="drop").reshape(kv_pages.shape)
+    return flat.at[slots].set(rows.astype(pages.dtype), mode="drop").reshape(pages.shape)
 
 
 #: :func:`_store_kv` returning a new cache.

@@ -23,7 +23,42 @@ import jax.numpy as jnp
 
 _F32 = jnp.float32
 #: Score of a hidden key: finite, so a row that sees no key stays finite (and is dropped).
-_HIDDEN = float(jnp.finfo(_F32).min)
+HIDDEN = float(jnp.finfo(_F32).min)
+
+
+def ragged_queries(queries: jax.Array, kv_lens: jax.Array, cu_q_lens: jax.Array,
+                   num_seqs: jax.Array, max_q_len: int
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The ragged ``queries [T, ...]`` per sequence: fp32 ``[S, max_q_len, ...]`` (sequence
+    ``i``'s rows ``cu_q_lens[i]:cu_q_lens[i + 1]`` first), each row's position in its
+    sequence ``[S, max_q_len]``, and each row's token index ``[S * max_q_len]`` for
+    :func:`unpad` (``T``, out of range, for padding rows)."""
+    num_tokens = queries.shape[0]
+    live = jnp.arange(kv_lens.shape[0]) < num_seqs[0]
+    q_lens = jnp.where(live, cu_q_lens[1:] - cu_q_lens[:-1], 0)
+    offsets = jnp.arange(max_q_len)
+    rows = cu_q_lens[:-1, None] + offsets  # [S, Qmax]: token index of each padded query
+    padded = queries[jnp.clip(rows, 0, num_tokens - 1)].astype(_F32)
+    positions = kv_lens[:, None] - q_lens[:, None] + offsets
+    target = jnp.where(offsets < q_lens[:, None], rows, num_tokens).reshape(-1)
+    return padded, positions, target
+
+
+def visible_keys(positions: jax.Array, kv_lens: jax.Array, num_keys: int,
+                 sliding_window: int | None = None) -> jax.Array:
+    """``[S, Qmax, num_keys]``: whether the query at ``positions [S, Qmax]`` sees key ``k`` of
+    its sequence (causal, within its ``kv_lens``, and the window when given)."""
+    key_pos = jnp.arange(num_keys)
+    visible = (key_pos <= positions[..., None]) & (key_pos < kv_lens[:, None, None])
+    if sliding_window is not None:
+        visible &= positions[..., None] - key_pos < sliding_window
+    return visible
+
+
+def unpad(out: jax.Array, target: jax.Array, num_tokens: int) -> jax.Array:
+    """``out [S * Qmax, ...]`` back to the ragged ``[num_tokens, ...]`` (:func:`ragged_queries`'
+    ``target``); tokens no sequence owns are zeros."""
+    return jnp.zeros((num_tokens, *out.shape[1:]), out.dtype).at[target].set(out, mode="drop")
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",
@@ -38,14 +73,8 @@ def ragged_paged_attention(queries: jax.Array, kv_pages: jax.Array, kv_lens: jax
     num_slots, pages_per_seq = page_indices.shape
     page_size, num_kv_heads = kv_pages.shape[1], kv_pages.shape[2] // 2
     group = num_heads // num_kv_heads
-    live = jnp.arange(num_slots) < num_seqs[0]
-    q_lens = jnp.where(live, cu_q_lens[1:] - cu_q_lens[:-1], 0)
-    offsets = jnp.arange(max_q_len)
-    rows = cu_q_lens[:-1, None] + offsets  # [S, Qmax]: token index of each padded query
-    valid = offsets < q_lens[:, None]
-    q = queries[jnp.clip(rows, 0, num_tokens - 1)].astype(_F32)
+    q, positions, target = ragged_queries(queries, kv_lens, cu_q_lens, num_seqs, max_q_len)
     q = q.reshape(num_slots, max_q_len, num_kv_heads, group, head_size)
-    positions = kv_lens[:, None] - q_lens[:, None] + offsets  # [S, Qmax]
 
     pages = kv_pages[page_indices].reshape(num_slots, pages_per_seq * page_size,
                                            num_kv_heads, 2, head_size).astype(_F32)
@@ -53,16 +82,12 @@ def ragged_paged_attention(queries: jax.Array, kv_pages: jax.Array, kv_lens: jax
     scores = jnp.einsum("sqhgd,slhd->shgql", q, keys) * sm_scale
     if soft_cap is not None:
         scores = soft_cap * jnp.tanh(scores / soft_cap)
-    key_pos = jnp.arange(keys.shape[1])
-    visible = (key_pos <= positions[..., None]) & (key_pos < kv_lens[:, None, None])
-    if sliding_window is not None:
-        visible &= positions[..., None] - key_pos < sliding_window
-    scores = jnp.where(visible[:, None, None], scores, _HIDDEN)
+    visible = visible_keys(positions, kv_lens, keys.shape[1], sliding_window)
+    scores = jnp.where(visible[:, None, None], scores, HIDDEN)
     weights = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("shgql,slhd->sqhgd", weights, values)
     out = out.reshape(num_slots * max_q_len, num_heads, head_size).astype(queries.dtype)
-    target = jnp.where(valid, rows, num_tokens).reshape(-1)  # out of range: dropped
-    return jnp.zeros_like(queries).at[target].set(out, mode="drop")
+    return unpad(out, target, num_tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",

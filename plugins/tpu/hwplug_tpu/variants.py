@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+def bucket_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x [..., H]`` as ``[N, H]`` padded to N's bucket, and N."""
     flat = x.reshape(-1, x.shape[-1])
     return padded(flat, bucket(flat.shape[0])), flat.shape[0]
@@ -48,10 +48,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if (rec := recording()) is not None:
         return (rec.call(jax_ops.rms_norm, x, weight, eps=eps) if residual is None else
                 rec.call(jax_ops.add_rms_norm, x, residual, weight, eps=eps))
-    rows, n = _rows(x)
+    rows, n = bucket_rows(x)
     if residual is None:
         return to_torch(jax_ops.rms_norm(to_jax(rows), to_jax(weight), eps))[:n].view(x.shape)
-    normed, summed = jax_ops.add_rms_norm(to_jax(rows), to_jax(_rows(residual)[0]),
+    normed, summed = jax_ops.add_rms_norm(to_jax(rows), to_jax(bucket_rows(residual)[0]),
                                           to_jax(weight), eps)
     return to_torch(normed)[:n].view(x.shape), to_torch(summed)[:n].view(x.shape)
 
@@ -73,14 +73,14 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if (rec := recording()) is not None:
         return rec.call(jax_ops.silu_and_mul, x)
-    rows, n = _rows(x)
+    rows, n = bucket_rows(x)
     return to_torch(jax_ops.silu_and_mul(to_jax(rows)))[:n].view(*x.shape[:-1], -1)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     if (rec := recording()) is not None:
         return rec.call(jax_ops.gelu_and_mul, x, approximate=approximate)
-    rows, n = _rows(x)
+    rows, n = bucket_rows(x)
     out = jax_ops.gelu_and_mul(to_jax(rows), approximate)
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
 
@@ -94,7 +94,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     if (rec := recording()) is not None:
         return rec.call(jax_ops.linear, x, weight, bias)
-    rows, n = _rows(x)
+    rows, n = bucket_rows(x)
     out = jax_ops.linear(to_jax(rows), to_jax(weight), None if bias is None else to_jax(bias))
     return to_torch(out)[:n].view(*x.shape[:-1], -1)
 
@@ -130,12 +130,19 @@ def cache_supported(key: torch.Tensor, value: torch.Tensor, kv_pages: torch.Tens
     return _kv_reason(kv_pages, params)
 
 
-def _kv_reason(kv_pages: torch.Tensor, params: PagedAttentionParams) -> str | None:
+def kv_reason(kv_pages: torch.Tensor, scales: str | None) -> str | None:
+    """Why the JAX ops decline a KV cache: not float32 or bfloat16, or given ``scales``
+    (their name: an fp8 cache's); None when they read and write it."""
     if kv_pages.dtype not in KV_DTYPES:
         return f"KV cache {kv_pages.dtype} is not float32 or bfloat16"
-    if params.k_scale is not None or params.v_scale is not None:
-        return "k/v scales (an fp8 KV cache) are not supported"
+    if scales is not None:
+        return f"{scales} given (an fp8 KV cache): not supported"
     return None
+
+
+def _kv_reason(kv_pages: torch.Tensor, params: PagedAttentionParams) -> str | None:
+    scaled = params.k_scale is not None or params.v_scale is not None
+    return kv_reason(kv_pages, "k/v scales" if scaled else None)
 
 
 def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.Tensor]:
@@ -145,21 +152,14 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
     def attention(query: torch.Tensor, kv_pages: torch.Tensor, metadata: AttentionMetadata,
                   params: PagedAttentionParams) -> torch.Tensor:
         if (rec := recording()) is not None:  # every sequence of the step is real
-            return rec.call(_every_sequence, query, kv_pages, metadata.seq_lens,
+            return rec.call(every_sequence, query, kv_pages, metadata.seq_lens,
                             metadata.block_tables, metadata.query_start_loc, kernel=kernel,
                             sm_scale=params.scale, sliding_window=params.sliding_window,
                             soft_cap=params.soft_cap, max_q_len=bucket(metadata.max_query_len))
-        seq_lens, block_tables = metadata.seq_lens, metadata.block_tables
-        query_start_loc, num_seqs = metadata.query_start_loc, seq_lens.shape[0]
-        if query.shape[0] == 0 or num_seqs == 0:
+        if query.shape[0] == 0 or metadata.seq_lens.shape[0] == 0:
             return query.new_empty(query.shape)
-        seqs, width = bucket(num_seqs), bucket(block_tables.shape[1])
-        tables = block_tables.new_zeros((seqs, width))
-        tables[:num_seqs, :block_tables.shape[1]] = block_tables.clamp(min=0)
         out = kernel(to_jax(padded(query, bucket(query.shape[0]))), to_jax(kv_pages),
-                     to_jax(padded(seq_lens, seqs)), to_jax(tables),
-                     to_jax(padded(query_start_loc, seqs + 1, int(query_start_loc[-1]))),
-                     to_jax(torch.tensor([num_seqs], dtype=torch.int32)), sm_scale=params.scale,
+                     *padded_batch(metadata), sm_scale=params.scale,
                      sliding_window=params.sliding_window, soft_cap=params.soft_cap,
                      max_q_len=bucket(metadata.max_query_len))
         return to_torch(out)[:query.shape[0]]
@@ -168,13 +168,29 @@ def _attention_variant(kernel: Callable[..., jax.Array]) -> Callable[..., torch.
     return attention
 
 
-def _every_sequence(queries: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array,
-                    page_indices: jax.Array, cu_q_lens: jax.Array, *,
-                    kernel: Callable[..., jax.Array], **options: object) -> jax.Array:
-    """``kernel`` over a batch whose every sequence is real (a recorded step's)."""
+def padded_batch(metadata: AttentionMetadata) -> tuple[jax.Array, ...]:
+    """The ragged kernels' batch inputs of ``metadata`` on the device, padded to buckets:
+    ``kv_lens [S']``, ``page_indices [S', W']`` (missing blocks read block 0),
+    ``cu_q_lens [S' + 1]`` and ``num_seqs [1]`` (``S'``, ``W'``: the buckets of the
+    sequences and of the block-table width)."""
+    seq_lens, block_tables = metadata.seq_lens, metadata.block_tables
+    query_start_loc, num_seqs = metadata.query_start_loc, seq_lens.shape[0]
+    seqs, width = bucket(num_seqs), bucket(block_tables.shape[1])
+    tables = block_tables.new_zeros((seqs, width))
+    tables[:num_seqs, :block_tables.shape[1]] = block_tables.clamp(min=0)
+    return (to_jax(padded(seq_lens, seqs)), to_jax(tables),
+            to_jax(padded(query_start_loc, seqs + 1, int(query_start_loc[-1]))),
+            to_jax(torch.tensor([num_seqs], dtype=torch.int32)))
+
+
+def every_sequence(queries: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array,
+                   page_indices: jax.Array, cu_q_lens: jax.Array, *extra: jax.Array,
+                   kernel: Callable[..., jax.Array], **options: object) -> jax.Array:
+    """``kernel`` over a batch whose every sequence is real (a recorded step's); ``extra``
+    follow the batch inputs."""
     num_seqs = jnp.full((1,), kv_lens.shape[0], jnp.int32)
     return kernel(queries, kv_pages, kv_lens, jnp.maximum(page_indices, 0), cu_q_lens,
-                  num_seqs, **options)
+                  num_seqs, *extra, **options)
 
 
 #: The pure-JAX ragged paged attention, for any JAX backend.
