@@ -1,5 +1,5 @@
 """hwplug hooks of hwplug-tpu: the ``RPA_INTERLEAVED`` KV-cache layout, the JAX kernel
-variants, ``PALLAS_RPA`` and the torch_xla tombstones.
+variants (mixture-of-experts ops included), ``PALLAS_RPA`` and the torch_xla tombstones.
 
 Kernels are registered as lazy ``"module:function"`` strings, so jax is imported only
 when a variant is first considered. Every variant runs on the ``tpu`` platform, in
@@ -26,6 +26,8 @@ LAYOUT = "RPA_INTERLEAVED"
 _JAX = {"platforms": ("tpu",), "dtypes": ("float32", "bfloat16"), "priority": 10}
 _JITTED = "jitted JAX function, tokens padded to power-of-two buckets"
 _RPA = "ragged paged attention, batch padded to power-of-two buckets"
+_MOE = "hwplug_tpu.variants_moe:"
+_SORTED = "tokens sorted by expert, grouped matmuls (jax.lax.ragged_dot)"
 #: The variants hwplug-tpu registers (register_variant arguments besides ``_JAX``).
 TPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="rms_norm", name="jax", impl=_V + "rms_norm", description=_JITTED),
@@ -45,6 +47,12 @@ TPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="paged_attention", name="pallas", impl=_V + "pallas_paged_attention",
          supports=_V + "attention_supported", layouts=(LAYOUT,), features=("jax-tpu",),
          min_capability="4.0", priority=20, description="JAX's Pallas TPU kernel: " + _RPA),
+    dict(op="moe_topk", name="jax", impl=_MOE + "moe_topk", description=_JITTED),
+    dict(op="moe_experts", name="jax", impl=_MOE + "moe_experts",
+         supports=_MOE + "experts_supported", description=_SORTED),
+    dict(op="fused_moe", name="jax", impl=_MOE + "fused_moe",
+         supports="hwplug.kernel_registry.moe_compose:fused_supported",
+         description="routing, " + _SORTED + ", shared experts: one jitted JAX function"),
 ]
 #: Attention backends of the torch_xla path, now tombstones.
 TORCH_XLA_BACKENDS = ("TORCH_XLA", "PALLAS")
