@@ -10,12 +10,16 @@ serves them with hwplug-tpu's JAX variants of the layout, JAX's Pallas kernel wh
 drives a TPU v4 or newer (variant ``pallas``), a pure-JAX ragged paged attention on any
 other JAX backend (variant ``jax``); elsewhere the pure-torch references would, through
 the layout's view of the same memory as ``NHD``.
+
+``JAX_MLA`` is the platform's latent attention backend (``is_mla``, see
+:class:`JaxMlaBackend`).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from hwplug.kernel_registry.torch_mla import TorchMLABackend
 from hwplug.kernel_registry.torch_paged import TorchPagedBackend
 from hwplug_tpu.layout import RPA_INTERLEAVED
 
@@ -34,3 +38,21 @@ class PallasRpaBackend(TorchPagedBackend):
     @classmethod
     def get_name(cls) -> str:
         return "PALLAS_RPA"
+
+
+class JaxMlaBackend(TorchMLABackend):
+    """Multi-head latent attention (DeepSeek-V2/V3, ``is_mla``) on the tpu platform: the
+    latents written with ``concat_and_cache_mla``, attention with ``mla_attention``, both
+    served there by hwplug-tpu's JAX variants (:mod:`hwplug_tpu.mla`: prefill and mixed
+    batches in the expanded form, decode in the absorbed form). The cache is hwplug's
+    ``MLA`` layout, ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]``, one latent
+    row per token; bf16 or fp32 (an fp8 latent cache is ``TORCH_MLA``'s)."""
+
+    platforms: ClassVar[tuple[str, ...]] = ("tpu",)
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float32")
+    supported_block_sizes: ClassVar[tuple[int, ...]] = (8, 16, 32, 64, 128)
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "JAX_MLA"

@@ -1,5 +1,6 @@
 """hwplug hooks of hwplug-tpu: the ``RPA_INTERLEAVED`` KV-cache layout, the JAX kernel
-variants (mixture-of-experts ops included), ``PALLAS_RPA`` and the torch_xla tombstones.
+variants (mixture-of-experts and latent-attention ops included), ``PALLAS_RPA``, the MLA
+backend ``JAX_MLA`` and the torch_xla tombstones.
 
 Kernels are registered as lazy ``"module:function"`` strings, so jax is imported only
 when a variant is first considered. Every variant runs on the ``tpu`` platform, in
@@ -26,7 +27,7 @@ LAYOUT = "RPA_INTERLEAVED"
 _JAX = {"platforms": ("tpu",), "dtypes": ("float32", "bfloat16"), "priority": 10}
 _JITTED = "jitted JAX function, tokens padded to power-of-two buckets"
 _RPA = "ragged paged attention, batch padded to power-of-two buckets"
-_MOE = "hwplug_tpu.variants_moe:"
+_MOE, _MLA = "hwplug_tpu.variants_moe:", "hwplug_tpu.variants_mla:"
 _SORTED = "tokens sorted by expert, grouped matmuls (jax.lax.ragged_dot)"
 #: The variants hwplug-tpu registers (register_variant arguments besides ``_JAX``).
 TPU_VARIANTS: list[dict[str, Any]] = [
@@ -53,6 +54,13 @@ TPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="fused_moe", name="jax", impl=_MOE + "fused_moe",
          supports="hwplug.kernel_registry.moe_compose:fused_supported",
          description="routing, " + _SORTED + ", shared experts: one jitted JAX function"),
+    dict(op="concat_and_cache_mla", name="jax", impl=_MLA + "concat_and_cache_mla",
+         supports=_MLA + "cache_supported",
+         description="latent rows cast and scattered in JAX, into the resident cache"),
+    dict(op="mla_attention", name="jax", impl=_MLA + "mla_attention",
+         supports=_MLA + "attention_supported",
+         description="pure-JAX latent attention, decode absorbed, other batches expanded; "
+                     "batch padded to power-of-two buckets"),
 ]
 #: Attention backends of the torch_xla path, now tombstones.
 TORCH_XLA_BACKENDS = ("TORCH_XLA", "PALLAS")
@@ -73,6 +81,7 @@ def hwplug_register_kernels(registry: Any) -> None:
 @hookimpl
 def hwplug_register_attention_backends(registry: Any) -> None:
     registry.register("PALLAS_RPA", "hwplug_tpu.attention:PallasRpaBackend")
+    registry.register("JAX_MLA", "hwplug_tpu.attention:JaxMlaBackend")
     for name in TORCH_XLA_BACKENDS:
         registry.remove(name, _REPLACEMENT)
 
