@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import weakref
 from dataclasses import dataclass, field
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -115,10 +117,33 @@ def send(value: torch.Tensor | np.ndarray, target: jax.Device) -> jax.Array:
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
     """``tensor`` as a JAX array on :func:`device`: its resident copy when the engine
-    placed it there, else shared on the host (:func:`host_array`) and transferred when the
-    device is not the host."""
+    placed it there (a view of a placed weight: that view of its copy, see
+    :func:`placed_base`), else shared on the host (:func:`host_array`) and transferred
+    when the device is not the host."""
     placed = resident(tensor)
-    return placed if placed is not None else send(tensor, device())
+    if placed is not None:
+        return placed
+    base = placed_base(tensor)
+    if base is not None:
+        return strided_view(resident(base), *view_of(tensor, base))
+    return send(tensor, device())
+
+
+def placed_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The placed, contiguous weight ``tensor`` is a view of (DeepSeek's ``W_UK`` and
+    ``W_UV``, views of ``kv_b_proj``'s weight), or None."""
+    base = tensor._base
+    if base is None or not base.is_contiguous() or base.storage_offset():
+        return None
+    entry = _entries.get(id(base))
+    return base if entry is not None and not entry.mutable else None
+
+
+def view_of(tensor: torch.Tensor, base: torch.Tensor
+            ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """``tensor``'s offset, shape and strides in ``base``'s elements (for
+    :func:`strided_view`)."""
+    return tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride())
 
 
 def to_torch(array: jax.Array) -> torch.Tensor:
@@ -138,6 +163,36 @@ def padded(tensor: torch.Tensor, rows: int, value: float = 0) -> torch.Tensor:
         return tensor
     fill = tensor.new_full((extra, *tensor.shape[1:]), value)
     return torch.cat((tensor, fill))
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for size, step in reversed(list(zip(shape, stride, strict=True))):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def strided_view(base: jax.Array, offset: int, shape: tuple[int, ...],
+                 stride: tuple[int, ...]) -> jax.Array:
+    """The torch view ``(offset, shape, stride)`` (in elements) of the contiguous ``base``:
+    a slice when it is contiguous or rows of contiguous blocks (a ``split`` along the last
+    dimension), else a gather."""
+    flat = base.reshape(-1)
+    count = math.prod(shape)
+    if _contiguous(shape, stride):
+        return flat[offset:offset + count].reshape(shape)
+    row, inner = stride[0], math.prod(shape[1:])
+    first, column = divmod(offset, row) if row else (0, offset)
+    if (row and flat.shape[0] % row == 0 and _contiguous(shape[1:], stride[1:])
+            and column + inner <= row):
+        rows = flat.reshape(-1, row)[first:first + shape[0], column:column + inner]
+        return rows.reshape(shape)
+    index = offset + sum(np.arange(size).reshape([-1 if d == i else 1 for d in
+                                                  range(len(shape))]) * step
+                         for i, (size, step) in enumerate(zip(shape, stride, strict=True)))
+    return flat[jnp.asarray(index, dtype=jnp.int32)]
 
 
 @dataclass

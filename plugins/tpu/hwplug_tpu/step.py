@@ -18,8 +18,11 @@ computes nothing: it hands its JAX function and arguments to the thread's
 As with the CPU's step graphs, the model may only allocate and take views in torch while
 recording (:class:`~hwplug.platforms.cpu.step_graph.OnlyAllocationsAndViews`), and here
 also change a tensor's dtype (``.float()``, ``.to(dtype)``, ...: recorded as a JAX cast,
-e.g. the LM head's float32 logits of a bfloat16 model) and pick rows by an integer
-tensor (``hidden[sample_rows]``, a prefill step's sampled rows): an op that falls back to a torch
+e.g. the LM head's float32 logits of a bfloat16 model), pick rows by an integer
+tensor (``hidden[sample_rows]``, a prefill step's sampled rows), copy a strided view
+(``.contiguous()``, DeepSeek's roped query slice) and add two tensors of one dtype
+(``a + b``, DeepSeek's shared and routed experts), each recorded as its JAX
+counterpart: an op that falls back to a torch
 reference refuses the recording, naming it. A replay transfers the
 inputs to the device, runs the compiled step (one XLA program per recorded step, compiled
 at its first replay) and copies its outputs back into the placeholders the recorded step
@@ -34,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,10 +50,20 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from hwplug.errors import UnsupportedError
-from hwplug.platforms.cpu.step_graph import OnlyAllocationsAndViews
 from hwplug.step_replay import SampledTokens, SampleRequest
-from hwplug_tpu.bridge import device, is_cache, replace_cache, resident, send, to_torch
+from hwplug_tpu.bridge import (
+    device,
+    is_cache,
+    placed_base,
+    replace_cache,
+    resident,
+    send,
+    strided_view,
+    to_torch,
+    view_of,
+)
 from hwplug_tpu.sampler import logprobs_width, request_arrays, sample, sampled_tokens
+from hwplug_tpu.step_torch import AllocationsViewsAndCasts
 
 logger = logging.getLogger(__name__)
 _state = threading.local()  # .recording: the Recording of this thread, if any
@@ -81,36 +93,6 @@ class Node:
         return (getattr(self.fn, "__module__", ""), name, self.args, self.static, self.state)
 
 
-def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    expected = 1
-    for size, step in reversed(list(zip(shape, stride, strict=True))):
-        if size != 1 and step != expected:
-            return False
-        expected *= size
-    return True
-
-
-def strided_view(base: jax.Array, offset: int, shape: tuple[int, ...],
-                 stride: tuple[int, ...]) -> jax.Array:
-    """The torch view ``(offset, shape, stride)`` (in elements) of the contiguous ``base``:
-    a slice when it is contiguous or rows of contiguous blocks (a ``split`` along the last
-    dimension), else a gather."""
-    flat = base.reshape(-1)
-    count = math.prod(shape)
-    if _contiguous(shape, stride):
-        return flat[offset:offset + count].reshape(shape)
-    row, inner = stride[0], math.prod(shape[1:])
-    first, column = divmod(offset, row) if row else (0, offset)
-    if (row and flat.shape[0] % row == 0 and _contiguous(shape[1:], stride[1:])
-            and column + inner <= row):
-        rows = flat.reshape(-1, row)[first:first + shape[0], column:column + inner]
-        return rows.reshape(shape)
-    index = offset + sum(np.arange(size).reshape([-1 if d == i else 1 for d in
-                                                  range(len(shape))]) * step
-                         for i, (size, step) in enumerate(zip(shape, stride, strict=True)))
-    return flat[jnp.asarray(index, dtype=jnp.int32)]
-
-
 def _storage(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
@@ -121,61 +103,6 @@ def _aval(tensor: torch.Tensor | None) -> jax.ShapeDtypeStruct | None:
     dtype = jnp.int32 if tensor.dtype == torch.int64 else jnp.dtype(
         str(tensor.dtype).removeprefix("torch."))
     return jax.ShapeDtypeStruct(tuple(tensor.shape), dtype)
-
-
-#: Tensor methods that return a copy in another dtype, and that dtype (None: from the
-#: arguments, see :func:`_cast_to`).
-_CASTS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
-          "bfloat16": torch.bfloat16, "to": None, "type_as": None}
-
-
-def _cast_to(name: str, args: tuple, kwargs: dict) -> torch.dtype | None:
-    """The dtype a call of tensor method ``name`` casts ``args[0]`` to, or None when it is
-    no cast (or one to the same dtype)."""
-    if name not in _CASTS or not args or not isinstance(args[0], torch.Tensor):
-        return None
-    dtype = _CASTS[name]
-    if name == "to":
-        given = [a for a in (*args[1:], kwargs.get("dtype")) if isinstance(a, torch.dtype)]
-        dtype = given[0] if given else None
-    elif name == "type_as" and len(args) > 1 and isinstance(args[1], torch.Tensor):
-        dtype = args[1].dtype
-    return dtype if dtype is not None and dtype != args[0].dtype else None
-
-
-def cast(x: jax.Array, *, dtype: str) -> jax.Array:
-    """``x`` in ``dtype`` (a recorded torch cast)."""
-    return x.astype(dtype)
-
-
-def _row_index(args: tuple) -> bool:
-    """Whether ``tensor[args[1]]`` picks rows by a 1-D integer tensor."""
-    index = args[1] if len(args) == 2 else None
-    return (isinstance(index, torch.Tensor) and index.dim() == 1
-            and not index.dtype.is_floating_point and index.dtype != torch.bool)
-
-
-def take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
-    """Rows ``rows`` of ``x`` (a recorded ``x[rows]``)."""
-    return x[rows]
-
-
-class _AllocationsViewsAndCasts(OnlyAllocationsAndViews):
-    """:class:`OnlyAllocationsAndViews` that records dtype casts into ``recording``."""
-
-    def __init__(self, recording: Recording) -> None:
-        super().__init__(recording.tensors)
-        self.recording = recording
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.Tensor.__getitem__ and _row_index(args):  # a prefill's sampled rows
-            return self.recording.call(take_rows, *args)
-        dtype = _cast_to(getattr(func, "__name__", ""), args, kwargs)
-        if dtype is None:
-            return super().__torch_function__(func, types, args, kwargs)
-        return self.recording.call(cast, args[0], dtype=str(dtype).removeprefix("torch."))
 
 
 class Recording:
@@ -207,6 +134,8 @@ class Recording:
         elif resident(tensor) is not None:
             ref = ("param", len(self.params))
             self.params.append(tensor)
+        elif (weight := placed_base(tensor)) is not None:  # a view of a placed weight
+            ref = ("view", self.ref(weight), *view_of(tensor, weight))
         elif base is not None:
             ref = ("view", base[1], tensor.storage_offset(), tuple(tensor.shape),
                    tuple(tensor.stride()))
@@ -378,7 +307,7 @@ class JaxStepRecorder:
         rec = Recording()
         _state.recording = rec
         try:
-            with _AllocationsViewsAndCasts(rec):
+            with AllocationsViewsAndCasts(rec):
                 yield CompiledStep(rec, self)
         finally:
             _state.recording = None

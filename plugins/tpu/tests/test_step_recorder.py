@@ -68,3 +68,24 @@ def test_a_step_that_computes_in_torch_is_refused(weights):
     with pytest.raises(UnsupportedError, match=r"computes in torch \(add\)"), \
             JaxStepRecorder().record() as graph:
         graph.outputs = variants.linear(x, weights["w"]) + 1
+
+
+def test_contiguous_copies_sums_and_views_of_placed_weights_are_recorded(weights):
+    """DeepSeek's step: ``.contiguous()`` of a strided slice, the sum of two op outputs,
+    and an op reading a view of a placed weight (``W_UK`` of ``kv_b_proj``), which stays a
+    resident weight of the step rather than an input sent at every replay."""
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+
+    def deepseek_like() -> torch.Tensor:
+        y = variants.linear(x, weights["w"])  # [4, 32]
+        half = variants.linear(x, weights["w"][8:24])  # a view of a placed weight: [4, 16]
+        return y[:, 16:].contiguous() + half
+
+    with JaxStepRecorder().record() as graph:
+        graph.outputs = deepseek_like()
+    assert [tuple(t.shape) for t in graph.recording.inputs] == [(4, 16)]  # x only
+    x.copy_(torch.randn(4, 16, generator=torch.Generator().manual_seed(3)))
+    with jax.transfer_guard("disallow_explicit"):
+        got = graph.replay().clone()
+    torch.testing.assert_close(got, deepseek_like(), atol=2e-2, rtol=2e-2)
+    assert got.abs().sum() > 0
