@@ -1,4 +1,5 @@
-"""``PALLAS_RPA`` on the tpu platform, the torch_xla tombstones, and the conformance kit.
+"""``PALLAS_RPA`` on the tpu platform, the torch_xla tombstones, and the conformance kit
+(every JAX variant, MoE and MLA ones included, and both attention backends).
 
 The platform is the one discovery makes on JAX's CPU standing in for a TPU
 (``JAX_PLATFORMS=cpu`` with ``HWPLUG_PLATFORM=tpu``), the documented way to run the
@@ -80,7 +81,8 @@ def test_conformance_on_jax_cpu(stand_in):
     assert report.ok, report.summary()
     results = {r.check: r for r in report.results}
     for op in ("embedding", "rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
-               "linear", "reshape_and_cache", "paged_attention"):
+               "linear", "reshape_and_cache", "paged_attention", "moe_topk", "moe_experts",
+               "fused_moe", "concat_and_cache_mla", "mla_attention"):
         result = results[f"kernel {op}/jax"]
         assert (result.status, result.simulation) == ("simulated", "JAX CPU"), result
     assert "layout RPA_INTERLEAVED" in results["kernel paged_attention/jax"].detail
@@ -93,6 +95,11 @@ def test_conformance_on_jax_cpu(stand_in):
         result = results[f"attention PALLAS_RPA: {scenario}"]
         assert result.status == "simulated" and "layout RPA_INTERLEAVED" in result.detail
     assert results["attention PALLAS_RPA: non-causal"].status == "skipped"
+    for scenario in ("prefill", "chunked prefill", "decode", "speculative verify",
+                     "mixed batch"):
+        result = results[f"attention JAX_MLA: {scenario}"]
+        assert result.status == "simulated" and "layout MLA" in result.detail
+    assert results["attention JAX_MLA: validate refuses unclaimed features"].status == "passed"
     assert "numerical checks run on cpu" in results["setup"].detail
     detail = results["platform facts"].detail
     assert "dist_backend 'xla' is not a torch.distributed backend" in detail
