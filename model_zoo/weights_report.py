@@ -44,7 +44,7 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
 
     ``mapped`` are the checkpoint's files used in place (views of them are reported as
     mapped from that file, with the reason the conversion copied them there where it
-    did; GGUF runs a quant method joined into a copy as in memory);
+    did; other tensors, e.g. a tensor-parallel rank's cut of GGUF rows, as in memory);
     ``dequantized`` says why the checkpoint's quantized matrices were loaded as floats
     (e.g. ``"dequantize=True was asked"``), None when they were not.
     """
@@ -67,13 +67,11 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
         return "memory", "as stored"
 
     for module in model.modules():
-        copies = getattr(module, "gguf_copies", frozenset())
-        for index, (kind, rows) in enumerate(getattr(module, "gguf_runs", ())):
+        for kind, rows in getattr(module, "gguf_runs", ()):
             if rows.data_ptr() in seen:
                 continue
             seen.add(rows.data_ptr())
-            where, why = ("memory", "shards of one type not adjacent in the file, joined "
-                                    "into one copy") if index in copies else place(rows)
+            where, why = place(rows)
             add(f"GGUF {type_name(kind)}", rows, where, why)
         for tensor in module.parameters(recurse=False):
             if tensor.numel() == 0 or tensor.data_ptr() in seen:

@@ -4,22 +4,23 @@ Every matrix of a GGUF checkpoint is ``qweight`` (``uint8 [N, row_bytes]``, each
 tensor's GGUF blocks) with ``qweight_type`` (its ``gguf.GGMLQuantizationType`` value), the
 layout of the registry's ``ggml_linear`` and ``ggml_embedding`` ops (see
 :mod:`hwplug.kernel_registry.ops_ggml`); the GGUF loader writes checkpoints in that form.
-Rows are independent, so a fused layer (q/k/v, gate/up) concatenates the rows of its
-shards; shards stored in different types (a Q4_K_M file keeps ``attn_v`` in Q6_K) become
-runs of equal type, one ``ggml_linear`` each, which writes its columns of the layer's one
-output (the op's ``out``), so a step of C kernels stays native calls only (a step graph). The embedding and LM head tables are stored
-the same way (:attr:`quantizes_vocab`): the embedding dequantizes only the rows it reads.
+Rows are independent, so a fused layer (q/k/v, gate/up) is the rows of its shards, kept
+as runs: shards of one type the file (or the conversion's ``repacked.bin``) stores side by
+side are one run, a view spanning them; every other shard is a run of its own (a Q4_K_M
+file keeps ``attn_v`` in Q6_K, and stores ``ffn_norm`` between ``ffn_gate`` and
+``ffn_up``). Each run is one ``ggml_linear`` call writing its columns of the layer's one
+output (the op's ``out``), so a step of C kernels stays native calls only (a step graph),
+and each output row is what its own row's dot products give, whichever run holds it. The
+embedding and LM head tables are stored the same way (:attr:`quantizes_vocab`): the
+embedding dequantizes only the rows it reads.
 
 After loading, ``layer.gguf_runs`` are the runs, ``(type, uint8 [rows, row_bytes])``: the
-checkpoint's tensors themselves where a run is one shard or shards adjacent in memory (a
-view spanning them), so blocks the loader handed out as views of the mapped ``.gguf``
-(:mod:`hwplug.model_zoo.loaders.mapped`) stay the file's pages, resident once. Shards of
-one type that are not adjacent (the file stores ``ffn_norm`` between ``ffn_gate`` and
-``ffn_up``) are joined into one copy, one kernel call per type as before, and the pages
-the copy read are released (:func:`~hwplug.model_zoo.loaders.mapped.release_pages`), so
-they are never resident twice; ``layer.gguf_copies`` holds the indices of such runs. The
-runs are registered as the layer's buffers ``gguf_run0``, ``gguf_run1``... (not saved in a
-state dict), and the loading parameters ``qweight`` / ``qweight_type`` are removed.
+checkpoint's tensors themselves (or a view spanning adjacent ones), never a copy, so
+blocks the loader handed out as views of the mapped ``.gguf``
+(:mod:`hwplug.model_zoo.loaders.mapped`) stay the file's pages, resident once, and a
+cached load reads no weight byte before the first step. The runs are registered as the
+layer's buffers ``gguf_run0``, ``gguf_run1``... (not saved in a state dict), and the
+loading parameters ``qweight`` / ``qweight_type`` are removed.
 
 Under tensor parallelism the blocks stay as stored. A column-parallel layer (and a
 vocabulary table) holds its share of the output rows. A row-parallel layer holds its share
@@ -45,7 +46,6 @@ from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
 from hwplug.model_zoo.kernel_binding import kernels_of
-from hwplug.model_zoo.loaders.mapped import release_pages
 from hwplug.quantization import QuantMethod
 
 if TYPE_CHECKING:
@@ -93,15 +93,14 @@ class GgufMethod(QuantMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Check the loaded parts cover every output row with whole rows of
-        ``input_size`` values, then keep them as runs of equal type: the parts themselves
-        (adjacent ones joined by a view), or one copy of parts that are not adjacent (a
-        row-parallel layer's share first cut from the whole rows, see the module
-        docstring)."""
+        ``input_size`` values, then keep them as runs: each part itself, or one view of
+        parts of one type adjacent in memory, never a copy (a row-parallel layer's share is
+        first cut from the whole rows, see the module docstring)."""
         layer.gguf_split_by = None
         if layer.gguf_columns is not None:
             _cut_share(layer)
         output_size, input_size = layer.gguf_shape
-        groups: list[tuple[int, list[torch.Tensor]]] = []
+        runs: list[tuple[int, torch.Tensor]] = []
         expected = 0
         for first, part in sorted(layer.gguf_parts.items()):
             rows, kind = part.get("qweight"), part.get("qweight_type")
@@ -112,26 +111,18 @@ class GgufMethod(QuantMethod):
                 raise ModelError(f"a {type_name(kind)} row of {rows.shape[1]} bytes holds "
                                  f"{row_values(kind, rows.shape[1])} values; the layer has "
                                  f"{input_size} inputs")
-            if groups and groups[-1][0] == kind and groups[-1][1][0].shape[1] == rows.shape[1]:
-                groups[-1][1].append(rows)
+            joined = _adjacent_view(runs[-1][1], rows) if runs and runs[-1][0] == kind else None
+            if joined is None:
+                runs.append((kind, rows))
             else:
-                groups.append((kind, [rows]))
+                runs[-1] = (kind, joined)
             expected = first + rows.shape[0]
         if expected != output_size:
             raise ModelError(f"GGUF weights cover {expected} of {output_size} output rows")
         del layer.qweight, layer.qweight_type, layer.gguf_parts
-        runs, copies = [], set()
-        for index, (kind, parts) in enumerate(groups):
-            rows = _one_view(parts)
-            if rows is None:
-                rows = torch.cat(parts)
-                for part in parts:
-                    release_pages(part)
-                copies.add(index)
-            runs.append((kind, rows))
+        for index, (_, rows) in enumerate(runs):
             layer.register_buffer(f"gguf_run{index}", rows, persistent=False)
         layer.gguf_runs = tuple(runs)
-        layer.gguf_copies = frozenset(copies)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.gguf_split_by == "gathered":
@@ -223,17 +214,15 @@ def _write_runs(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, first: int
         first = stop
 
 
-def _one_view(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """One view of GGUF rows ``parts`` (same row size), in order, when each part starts
-    where the one before ends in the same storage; else None."""
-    head = parts[0]
-    for tail in parts[1:]:
-        if (not head.is_contiguous() or not tail.is_contiguous()
-                or head.untyped_storage().data_ptr() != tail.untyped_storage().data_ptr()
-                or tail.storage_offset() != head.storage_offset() + head.numel()):
-            return None
-        head = head.as_strided((head.shape[0] + tail.shape[0], head.shape[1]), head.stride())
-    return head
+def _adjacent_view(head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor | None:
+    """One view of GGUF rows ``head`` then ``tail`` when both are contiguous rows of one
+    size and ``tail`` starts where ``head`` ends in the same storage; else None."""
+    if (head.shape[1] != tail.shape[1] or not head.is_contiguous()
+            or not tail.is_contiguous()
+            or head.untyped_storage().data_ptr() != tail.untyped_storage().data_ptr()
+            or tail.storage_offset() != head.storage_offset() + head.numel()):
+        return None
+    return head.as_strided((head.shape[0] + tail.shape[0], head.shape[1]), head.stride())
 
 
 def _keep_part(parts: Parts, name: str, param: nn.Parameter, tensor: torch.Tensor,
