@@ -298,3 +298,27 @@ def test_many_prompts_against_a_cache_for_four_finish_with_their_solo_tokens(mod
     solo = [roomy.generate([prompt], params)[0].token_ids for prompt in prompts]
     roomy.close()
     assert together == solo
+
+
+def _rss_anon() -> int:
+    """This process's anonymous resident memory in bytes (``/proc/self/status``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_the_kv_cache_takes_memory_only_as_it_is_written(model_dir):
+    """A CPU KV cache is zeros that take memory page by page as the steps write them:
+    allocating one writes nothing (the load's time and memory do not grow with it)."""
+    before = _rss_anon()
+    llm = hwplug.LLM(model_dir, max_num_seqs=1, num_kv_blocks=32768, dtype="float32")
+    allocated = sum(cache.numel() * cache.element_size() for cache in llm.runner.kv_caches)
+    grown = _rss_anon() - before
+    assert allocated >= 256 * 2**20 and grown < allocated / 8, (grown, allocated)
+    assert all(not cache.any() for cache in llm.runner.kv_caches)
+    written = _rss_anon()
+    solo = llm.generate(PROMPT, GREEDY)[0].outputs[0].token_ids
+    assert _rss_anon() - written < allocated / 8
+    small = hwplug.LLM(model_dir, max_num_seqs=1, num_kv_blocks=16, dtype="float32")
+    assert small.generate(PROMPT, GREEDY)[0].outputs[0].token_ids == solo

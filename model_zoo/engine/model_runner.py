@@ -15,6 +15,8 @@ after them), replays a recorded step graph instead
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -92,7 +94,7 @@ class ModelRunner:
         dtype = torch_dtype(engine.kv_cache_dtype)
         # zeroed: attention reads whole blocks and masks the unused slots, so they must
         # hold finite values
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
+        self.kv_caches = [zeros_on_demand(shape, dtype, self.device)
                           for _ in range(model.num_layers)]
         # the weights, and the caches unless something reads them in torch (a KV connector
         # moving their blocks: host_kv_caches), where the platform computes
@@ -281,3 +283,15 @@ class ModelRunner:
             for i, row in zip(wanted, found, strict=True):
                 sampled[i].logprobs.append(row)
         return tokens
+
+
+def zeros_on_demand(shape: Seq[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros of ``shape`` and ``dtype`` on ``device``. On the CPU they view an anonymous
+    mapping, which reads as zeros and takes memory page by page as it is first written:
+    allocating a KV cache then costs neither time nor resident memory up front (writing
+    ``torch.zeros`` touches every page, ~0.4 s for a 3B model's 4096-token cache)."""
+    count = math.prod(shape)
+    if torch.device(device).type != "cpu" or count == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buffer = mmap.mmap(-1, count * dtype.itemsize)
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(tuple(shape))
