@@ -135,6 +135,22 @@ def test_gguf_blocks_are_views_of_the_mapped_file(small_gguf: Path):
     assert (entry / "model.safetensors").stat().st_size < 64 * 1024  # types (no vectors)
 
 
+@pytest.mark.parametrize("rows", [1, 9, 40, 200])
+def test_a_layer_of_several_runs_is_bitwise_its_joined_rows(small_gguf: Path, rows: int):
+    """Shards that are not adjacent stay runs of their own (one kernel call each): every
+    output is bitwise what one call over the rows joined gives, at decode and prefill
+    row counts."""
+    model, _ = build_model(load_checkpoint(small_gguf), dtype="float32")
+    qkv = model.model.layers[1].self_attn.qkv_proj
+    assert len(qkv.gguf_runs) > 1 and len({kind for kind, _ in qkv.gguf_runs}) == 1
+    x = torch.randn(rows, qkv.gguf_shape[1], generator=torch.Generator().manual_seed(rows))
+    joined = torch.cat([run for _, run in qkv.gguf_runs])
+    with torch.inference_mode():
+        got = qkv.quant_method.apply(qkv, x)
+        want = qkv.gemm_kernel(x, joined, qkv.gguf_runs[0][0], qkv.bias)
+    assert torch.equal(got, want)
+
+
 def _resident(path: Path) -> int:
     """Bytes of this process's mappings of ``path`` that are resident (``/proc/self/smaps``)."""
     total, inside = 0, False
