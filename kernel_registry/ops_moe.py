@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from hwplug.kernel_registry.registry import kernels
 
-__all__ = ["fused_moe", "ggml_moe_experts", "moe_experts", "moe_topk"]
+__all__ = ["fp8_moe_experts", "fused_moe", "ggml_moe_experts", "int8_moe_experts",
+           "moe_experts", "moe_topk"]
 
 _REF = "hwplug.kernel_registry.reference.moe:"
+_QUANT_REF = "hwplug.kernel_registry.reference.moe_quant:"
 _EXPERTS = {"float32": (2e-4, 2e-4), "float16": (8e-3, 8e-3), "bfloat16": (1e-1, 4e-2)}
 
 moe_topk = kernels.define_op("moe_topk", _REF + "moe_topk",
@@ -76,4 +78,31 @@ ggml_moe_experts(x [T, H] float, w13 uint8 [E, 2I, row_bytes], w13_type: int,
     variant's largest error over 140 kit draws (outputs of rms 0.6-0.9) was 0.20 (Q6_K,
     Q5_K among the worst); atol 0.4 is twice that. A wrong expert or a skipped slot
     moves outputs by about their rms, over the whole row.
+""")
+
+fp8_moe_experts = kernels.define_op(
+    "fp8_moe_experts", _QUANT_REF + "fp8_moe_experts", tolerances=_EXPERTS, doc="""
+fp8_moe_experts(x [T, H] float, w13 fp8_e4m3 [E, 2I, H], w13_scale fp32 [E, ceil(2I / br),
+                ceil(H / bc)], w2 fp8_e4m3 [E, H, I], w2_scale fp32 [E, ceil(H / br),
+                ceil(I / bc)], topk_weights [T, k] fp32, topk_ids [T, k] int,
+                activation="silu", block_shape=(128, 128)) -> [T, H] in x.dtype
+    moe_experts on the stacks dequantized tile by tile (w ~= values * scale per br x bc
+    tile: DeepSeek-V3's weight_scale_inv); activations are not quantized. The tolerances
+    are moe_experts': a variant that dequantizes the experts it runs to x's dtype adds
+    that dtype's rounding of each weight, below its own arithmetic's. A scale applied to
+    the wrong tile, or once per matrix, moves outputs by about their rms.
+""")
+
+int8_moe_experts = kernels.define_op(
+    "int8_moe_experts", _QUANT_REF + "int8_moe_experts",
+    tolerances={"float32": (2e-2, 1e-2), "float16": (3e-2, 2e-2), "bfloat16": (1.5e-1, 5e-2)},
+    doc="""
+int8_moe_experts(x [T, H] float, w13 int8 [E, 2I, H], w13_scale fp32 [E, 2I],
+                 w2 int8 [E, H, I], w2_scale fp32 [E, H], topk_weights [T, k] fp32,
+                 topk_ids [T, k] int, activation="silu") -> [T, H] in x.dtype
+    moe_experts as W8A8: per-channel weight scales; each matmul's input quantized to int8
+    per token (amax / 127, rounded, clamped), the integer products summed exactly, then
+    both scales. A variant whose intermediate differs from the reference's in its last
+    bits may round an element of act(gate) * up to the neighbouring int8 step (one step
+    is amax / 127 of its row); the fp32 tolerance allows a few such steps per row.
 """)

@@ -1,7 +1,10 @@
 """The conformance kit on the mixture-of-experts ops: every registered ``moe_topk``,
-``moe_experts``, ``fused_moe`` and ``ggml_moe_experts`` variant is checked against the
-reference, and deliberately broken ones, registered here, fail: a wrong expert index, a
-skipped slot, a missed renormalisation, a lost correction bias, a shared expert left out."""
+``moe_experts``, ``fused_moe``, ``ggml_moe_experts``, ``fp8_moe_experts`` and
+``int8_moe_experts`` variant is checked against the reference, and deliberately broken
+ones, registered here, fail: a wrong expert index, a skipped slot, a missed
+renormalisation, a lost correction bias, a shared expert left out, an fp8 tile's scale
+read from another tile or one scale for a whole matrix, an int8 channel's scale from
+another channel."""
 
 from __future__ import annotations
 
@@ -9,10 +12,11 @@ import pytest
 
 from hwplug import current_platform, kernels
 from hwplug.conformance import check_variant
-from hwplug.kernel_registry.reference import moe
+from hwplug.kernel_registry.reference import moe, moe_quant
 from hwplug.registry import current_source
 
-OPS = ("moe_topk", "moe_experts", "fused_moe", "ggml_moe_experts")
+OPS = ("moe_topk", "moe_experts", "fused_moe", "ggml_moe_experts", "fp8_moe_experts",
+       "int8_moe_experts")
 
 
 @pytest.fixture
@@ -68,7 +72,37 @@ def _ggml_wrong_expert(x, w13, w13_type, w2, w2_type, weights, ids, activation="
                                 (ids + 1) % w13.shape[0], activation)
 
 
+def _fp8_tiles_transposed(x, w13, s13, w2, s2, weights, ids, activation="silu",
+                          block_shape=(128, 128)):
+    """Reads each tile's scale at the mirrored tile index (last tile first)."""
+    return moe_quant.fp8_moe_experts(x, w13, s13.flip(-1, -2), w2, s2.flip(-1, -2), weights,
+                                     ids, activation, block_shape)
+
+
+def _fp8_one_scale_per_matrix(x, w13, s13, w2, s2, weights, ids, activation="silu",
+                              block_shape=(128, 128)):
+    """Applies each expert matrix's mean scale to all its tiles."""
+    def flat(scale):
+        return scale.mean((-1, -2), keepdim=True).expand_as(scale).contiguous()
+    return moe_quant.fp8_moe_experts(x, w13, flat(s13), w2, flat(s2), weights, ids,
+                                     activation, block_shape)
+
+
+def _int8_channels_shifted(x, w13, s13, w2, s2, weights, ids, activation="silu"):
+    return moe_quant.int8_moe_experts(x, w13, s13.roll(1, -1), w2, s2.roll(1, -1), weights,
+                                      ids, activation)
+
+
+def _int8_wrong_expert(x, w13, s13, w2, s2, weights, ids, activation="silu"):
+    return moe_quant.int8_moe_experts(x, w13, s13, w2, s2, weights, (ids + 1) % w13.shape[0],
+                                      activation)
+
+
 BROKEN = {
+    ("fp8_moe_experts", "tiles_transposed"): _fp8_tiles_transposed,
+    ("fp8_moe_experts", "one_scale_per_matrix"): _fp8_one_scale_per_matrix,
+    ("int8_moe_experts", "channels_shifted"): _int8_channels_shifted,
+    ("int8_moe_experts", "wrong_expert"): _int8_wrong_expert,
     ("moe_experts", "wrong_expert"): _wrong_expert,
     ("moe_experts", "skips_last_slot"): _skips_last_slot,
     ("moe_topk", "never_renormalizes"): _never_renormalizes,

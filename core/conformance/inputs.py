@@ -22,7 +22,14 @@ from hwplug import ops
 from hwplug.attention import PagedAttentionParams
 from hwplug.conformance.case import Case, Generator, leading_shape, randn, seeded
 from hwplug.conformance.mla_inputs import concat_and_cache_mla, mla_attention
-from hwplug.conformance.moe_inputs import fused_moe, ggml_moe_experts, moe_experts, moe_topk
+from hwplug.conformance.moe_inputs import (
+    fp8_moe_experts,
+    fused_moe,
+    ggml_moe_experts,
+    int8_moe_experts,
+    moe_experts,
+    moe_topk,
+)
 from hwplug.conformance.paged_batches import (  # noqa: F401  (importers of this module use them)
     BlockLayout,
     PagedBatch,
@@ -227,6 +234,8 @@ GENERATORS: dict[str, Generator] = {
     "moe_experts": moe_experts,
     "fused_moe": fused_moe,
     "ggml_moe_experts": ggml_moe_experts,
+    "fp8_moe_experts": fp8_moe_experts,
+    "int8_moe_experts": int8_moe_experts,
     "rejection_sample": rejection_sample,
     "concat_and_cache_mla": concat_and_cache_mla,
     "mla_attention": mla_attention,

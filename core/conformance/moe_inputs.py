@@ -1,5 +1,5 @@
 """Input generators of the mixture-of-experts ops: ``moe_topk``, ``moe_experts``,
-``fused_moe`` and ``ggml_moe_experts`` (see :mod:`hwplug.conformance.inputs` for the
+``fused_moe``, ``ggml_moe_experts``, ``fp8_moe_experts`` and ``int8_moe_experts`` (see :mod:`hwplug.conformance.inputs` for the
 generator contract).
 
 Routing draws softmax and sigmoid scoring, renormalisation on and off (on more often,
@@ -8,6 +8,12 @@ grouped top-k, and a routed scaling factor; router logits are spread widely enou
 no two experts tie. Expert inputs are of unit rms and weights of rms ``K ** -0.5`` (the
 tolerances assume outputs of unit rms); expert ids cover a few experts more than the
 tokens choose, so a kernel that reads the wrong expert, or skips one, is seen.
+
+Quantized stacks draw their values and, independently, their scales: fp8 tiles of a
+drawn block shape (128 x 128, or small tiles that leave partial ones at the edges) with
+scales spread over a factor of 4 between tiles, int8 rows with per-channel scales spread
+alike; so a scale read from the wrong tile or channel, or one scale for a whole matrix,
+moves the outputs by about their rms.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from hwplug.conformance.case import Case, randn, seeded
 from hwplug.dtypes import torch_dtype
 from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 from hwplug.kernel_registry.reference.moe import moe_topk as reference_topk
+from hwplug.kernel_registry.reference.moe_quant import block_scale_shape
 
 
 def _routing(draw: st.DrawFn, rng: torch.Generator, experts: int
@@ -53,6 +60,66 @@ def _experts(rng: torch.Generator, experts: int, hidden: int, intermediate: int,
     w13 = randn(rng, (experts, 2 * intermediate, hidden), "float32", scale=hidden ** -0.5)
     w2 = randn(rng, (experts, hidden, intermediate), "float32", scale=intermediate ** -0.5)
     return w13.to(torch_dtype(dtype)), w2.to(torch_dtype(dtype))
+
+
+def _spread(rng: torch.Generator, shape: tuple[int, ...], base: float) -> torch.Tensor:
+    """fp32 scales of ``shape``, ``base`` times factors log-uniform in [0.5, 2]."""
+    return base * 2.0 ** (torch.rand(shape, generator=rng) * 2 - 1)
+
+
+def _fp8_stack(rng: torch.Generator, shape: tuple[int, int, int], block: tuple[int, int]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 values of rms ~1 and block scales making the weights' rms ~``cols ** -0.5``."""
+    values = torch.randn(shape, generator=rng).to(torch.float8_e4m3fn)
+    scale = _spread(rng, block_scale_shape(values, block), shape[2] ** -0.5)
+    return values, scale
+
+
+def _int8_stack(rng: torch.Generator, shape: tuple[int, int, int]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 values in [-127, 127] and per-channel scales, weights of rms ~``cols ** -0.5``."""
+    values = torch.randint(-127, 128, shape, generator=rng, dtype=torch.int8)
+    return values, _spread(rng, shape[:2], shape[2] ** -0.5 / 73.3)
+
+
+def _quantized_case(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]
+                    ) -> tuple[torch.Generator, torch.Tensor, tuple[int, int, int], tuple]:
+    """``(rng, x [T, H], (E, H, I), (weights, ids))`` of a quantized experts call."""
+    rng, (experts, hidden, intermediate) = seeded(draw), _sizes(draw)
+    hidden, intermediate = hidden * 2, intermediate * 2  # a few tiles of each size
+    top_k, renormalize, options, _ = _routing(draw, rng, experts)
+    x = randn(rng, (draw(tokens), hidden), dtype)
+    routing = reference_topk(_logits(rng, x.shape[0], experts, "float32"), top_k, renormalize,
+                             **options)
+    return rng, x, (experts, hidden, intermediate), routing
+
+
+@st.composite
+def fp8_moe_experts(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    """fp8 stacks with block scales of a drawn tile (DeepSeek-V3's 128 x 128 or small)."""
+    rng, x, (experts, hidden, intermediate), (weights, ids) = _quantized_case(draw, dtype,
+                                                                             tokens)
+    block = draw(st.sampled_from(((128, 128), (16, 16), (8, 32), (32, 8))))
+    w13, w13_scale = _fp8_stack(rng, (experts, 2 * intermediate, hidden), block)
+    w2, w2_scale = _fp8_stack(rng, (experts, hidden, intermediate), block)
+    activation = draw(st.sampled_from(("silu", "gelu")))
+    return Case((x, w13, w13_scale, w2, w2_scale, weights, ids, activation),
+                {"block_shape": block}, (dtype,),
+                f"x {tuple(x.shape)} {dtype}, {experts} fp8 experts [{2 * intermediate}, "
+                f"{hidden}], tiles {block}, ids {ids.tolist()}, {activation}")
+
+
+@st.composite
+def int8_moe_experts(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    """int8 stacks with per-channel scales (activations quantized by the op)."""
+    rng, x, (experts, hidden, intermediate), (weights, ids) = _quantized_case(draw, dtype,
+                                                                             tokens)
+    w13, w13_scale = _int8_stack(rng, (experts, 2 * intermediate, hidden))
+    w2, w2_scale = _int8_stack(rng, (experts, hidden, intermediate))
+    activation = draw(st.sampled_from(("silu", "gelu")))
+    return Case((x, w13, w13_scale, w2, w2_scale, weights, ids, activation), {}, (dtype,),
+                f"x {tuple(x.shape)} {dtype}, {experts} int8 experts [{2 * intermediate}, "
+                f"{hidden}], ids {ids.tolist()}, {activation}")
 
 
 def _sizes(draw: st.DrawFn) -> tuple[int, int, int]:

@@ -9,6 +9,8 @@ each expert's gate projection in rows ``[:I]`` and its up projection in ``[I:]``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hwplug.errors import UnsupportedError
@@ -113,13 +115,23 @@ def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
              topk_ids: torch.Tensor, activation: str) -> torch.Tensor:
     """:func:`moe_experts` in fp32."""
     check_experts(x, w13, w2, topk_weights, topk_ids, activation)
+    return expert_sum(x, topk_weights, topk_ids, lambda rows, e: rows @ w13[e].float().T,
+                      lambda rows, e: rows @ w2[e].float().T, activation)
+
+
+def expert_sum(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               up: Callable[[torch.Tensor, int], torch.Tensor],
+               down: Callable[[torch.Tensor, int], torch.Tensor], activation: str
+               ) -> torch.Tensor:
+    """The experts' weighted sum in fp32 ``[T, H]``, each chosen expert ``e`` run on its
+    tokens' fp32 rows as ``down(act(up(rows, e)), e)`` (``up``: ``[n, H] -> [n, 2I]``,
+    ``down``: ``[n, I] -> [n, H]``, both fp32)."""
     act = ACTIVATIONS[activation]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert in topk_ids.unique().tolist():
         tokens, slots = (topk_ids == expert).nonzero(as_tuple=True)
-        hidden = act(x[tokens].float() @ w13[expert].float().T)
-        rows = (hidden @ w2[expert].float().T) * topk_weights[tokens, slots, None].float()
-        out.index_add_(0, tokens, rows)
+        rows = down(act(up(x[tokens].float(), expert)), expert)
+        out.index_add_(0, tokens, rows * topk_weights[tokens, slots, None].float())
     return out
 
 

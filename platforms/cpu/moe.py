@@ -6,6 +6,12 @@ over its run (experts no token chose are skipped; a decode step with top-8 runs 
 of one row each, whatever the expert count). The matmuls go through the registry's
 ``linear`` op (the C GEMV/GEMM for fp32); the weighted rows are summed back per token with
 one ``index_add_``. GGUF experts have variants of their own (:mod:`.ggml_moe`).
+
+Quantized stacks stay quantized in memory. fp8 block-scaled experts: each active
+expert's two matrices are dequantized, tile by tile, to ``x``'s dtype when it runs (CPUs
+have no fp8 GEMM; a decode step dequantizes top-k experts, not all of them), then go
+through ``linear``. int8 W8A8 experts: each run's rows are quantized per token and
+multiplied by ``scaled_mm`` (``torch._int_mm`` where the CPU has VNNI).
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ import torch
 from hwplug.kernel_registry import ops
 from hwplug.kernel_registry.moe_compose import fused_supported, gated
 from hwplug.kernel_registry.reference.moe import check_experts
+from hwplug.kernel_registry.reference.moe_quant import (
+    BLOCK_SHAPE,
+    check_fp8,
+    check_int8,
+    dequantize_blocks,
+    quantize_tokens,
+)
 
 #: One expert's projection: ``(rows [n, in], expert) -> [n, out]``.
 Project = Callable[[torch.Tensor, int], torch.Tensor]
@@ -35,12 +48,11 @@ def grouped_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch
     rows = x.index_select(0, order // k)
     act = gated(activation)
     out_rows = torch.empty(rows.shape, dtype=torch.float32)
-    start = 0
-    for expert, count in enumerate(counts.tolist()):
-        if count:
-            run = rows[start:start + count]
-            out_rows[start:start + count] = down(act(up(run, expert)), expert)
-            start += count
+    starts, sizes = (counts.cumsum(0) - counts).tolist(), counts.tolist()
+    for expert in counts.nonzero().flatten().tolist():
+        start, count = starts[expert], sizes[expert]
+        out_rows[start:start + count] = down(act(up(rows[start:start + count], expert)),
+                                             expert)
     out_rows *= topk_weights.reshape(-1)[order].unsqueeze(1).float()
     out = torch.zeros((num_tokens, x.shape[1]), dtype=torch.float32)
     out.index_add_(0, order // k, out_rows)
@@ -61,3 +73,39 @@ def experts_supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *arg
                       **kwargs: Any) -> str | None:
     """Why :func:`moe_experts` declines a call, or None: weights in ``x``'s dtype."""
     return fused_supported(x, x, w13, w2)
+
+
+def fp8_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                    w2: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, activation: str = "silu",
+                    block_shape: tuple[int, int] = BLOCK_SHAPE) -> torch.Tensor:
+    """The ``fp8_moe_experts`` op: :func:`grouped_experts`, each active expert dequantized
+    to ``x``'s dtype when it runs, through the ``linear`` op."""
+    block_shape = tuple(block_shape)
+    check_fp8(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation,
+              block_shape)
+
+    def project(w: torch.Tensor, scale: torch.Tensor) -> Project:
+        return lambda rows, e: ops.linear(
+            rows, dequantize_blocks(w[e], scale[e], block_shape).to(x.dtype))
+
+    return grouped_experts(x, topk_weights, topk_ids, w13.shape[0], project(w13, w13_scale),
+                           project(w2, w2_scale), activation)
+
+
+def int8_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                     w2: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """The ``int8_moe_experts`` op: :func:`grouped_experts`, each run quantized per token
+    and multiplied by the ``scaled_mm`` op on the int8 expert (fp32 out)."""
+    check_int8(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation)
+
+    def project(w: torch.Tensor, scale: torch.Tensor) -> Project:
+        def run(rows: torch.Tensor, e: int) -> torch.Tensor:
+            values, row_scale = quantize_tokens(rows)
+            return ops.scaled_mm(values, w[e].t(), row_scale, scale[e].view(1, -1),
+                                 torch.float32)
+        return run
+
+    return grouped_experts(x, topk_weights, topk_ids, w13.shape[0], project(w13, w13_scale),
+                           project(w2, w2_scale), activation)

@@ -97,6 +97,14 @@ CPU_VARIANTS: list[dict[str, Any]] = [
                        "quantized rows: one call per active expert for gate and up, one for "
                        "down, one activation over all rows")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
+    dict(op="fp8_moe_experts", name="grouped", impl=_MOE + "fp8_moe_experts",
+         dtypes=FLOAT_DTYPES,
+         description=_GROUPED + "skipped); each active expert's fp8 tiles dequantized to "
+                     "x's dtype when it runs, then the linear op"),
+    dict(op="int8_moe_experts", name="grouped", impl=_MOE + "int8_moe_experts",
+         dtypes=FLOAT_DTYPES,
+         description=_GROUPED + "skipped); rows quantized per token, the scaled_mm op on "
+                     "the int8 experts"),
     dict(op="mla_attention", name="absorbed",
          impl="hwplug.kernel_registry.reference.mla:mla_absorbed", num_tokens=(1, 17),
          dtypes=FLOAT_DTYPES,
