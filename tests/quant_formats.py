@@ -69,7 +69,7 @@ def pack_int32(values: torch.Tensor) -> torch.Tensor:
 
 
 def _dequantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    if scale.dim() == 2 and scale.shape[1] > 1:  # blocks
+    if scale.dim() == 2 and (scale.shape[1] > 1 or scale.shape[0] != values.shape[0]):  # blocks
         rows, cols = values.shape
         tiles = values.float().view(scale.shape[0], rows // scale.shape[0], scale.shape[1], -1)
         return (tiles * scale[:, None, :, None]).view(rows, cols)

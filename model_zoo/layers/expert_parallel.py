@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from hwplug.errors import ConfigError
+from hwplug.errors import ConfigError, ModelError
 from hwplug.model_zoo.parallel import TensorParallel
 
 __all__ = ["ExpertRouter", "LocalExperts"]
@@ -70,3 +70,12 @@ class ExpertRouter:
         summed = torch.zeros(mine.shape, dtype=torch.float32, device=x.device)
         summed.index_add_(0, token, back.float())
         return self.communicator.all_gatherv(summed.to(x.dtype), shares)
+
+
+def held_experts(stack: torch.Tensor, total: int, held: range) -> torch.Tensor:
+    """The experts ``held`` of a checkpoint's ``stack`` of ``total`` (``[total, ...]``; a
+    view). Raises :class:`ModelError` for a stack of another number of experts."""
+    if stack.ndim < 1 or stack.shape[0] != total:
+        raise ModelError(f"a stack of shape {tuple(stack.shape)} does not hold {total} "
+                         f"experts")
+    return stack[held.start:held.stop]

@@ -10,6 +10,7 @@ stacks while the weights stream past.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -21,20 +22,23 @@ from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import row_values, type_name
 from hwplug.model_zoo.layers.activation import SiluAndMul
-from hwplug.model_zoo.layers.expert_parallel import ExpertRouter
+from hwplug.model_zoo.layers.expert_parallel import ExpertRouter, held_experts
 from hwplug.model_zoo.layers.linear import FusedLinear, Linear, copy_checked
+from hwplug.model_zoo.layers.moe_quant import ScaledExperts, expert_format
+from hwplug.model_zoo.quant_methods.unquantized import UnquantizedLinearMethod
 
 if TYPE_CHECKING:
     from hwplug.model_zoo.context import ModelContext
 
 __all__ = ["FusedMoE", "GgufExperts", "MoEExperts", "SharedExperts", "stack_experts"]
 
-#: The quant methods whose experts :class:`FusedMoE` holds.
-QUANT_METHODS = ("unquantized", "gguf")
-
-#: Per-expert checkpoint names: ``<prefix>.experts.<e>.<projection>.weight``.
+#: Per-expert checkpoint names: ``<prefix>.experts.<e>.<projection>.<tensor>``, the
+#: tensor a weight or its scales (fp8 ``weight_scale_inv``, int8 ``weight_scale``).
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\."
-                         r"(?P<part>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+                         r"(?P<part>gate_proj|up_proj|down_proj|w1|w3|w2)\."
+                         r"(?P<tensor>weight|weight_scale_inv|weight_scale)$")
+#: A per-expert tensor -> the suffix of its stack's name (``gate_up_proj<suffix>``).
+_STACK_SUFFIX = {"weight": "", "weight_scale_inv": "_scale_inv", "weight_scale": "_scale"}
 #: Projection name -> its part of the stacks (Mixtral's w1 / w3 / w2 are gate / up / down).
 _PARTS = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up",
           "down_proj": "down", "w2": "down"}
@@ -60,15 +64,6 @@ class MoEExperts(nn.Module):
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None) -> None:
         copy_checked(getattr(self, param_name), held_experts(tensor, self.total, self.held),
                      param_name)
-
-
-def held_experts(stack: torch.Tensor, total: int, held: range) -> torch.Tensor:
-    """The experts ``held`` of a checkpoint's ``stack`` of ``total`` (``[total, ...]``; a
-    view). Raises :class:`ModelError` for a stack of another number of experts."""
-    if stack.ndim < 1 or stack.shape[0] != total:
-        raise ModelError(f"a stack of shape {tuple(stack.shape)} does not hold {total} "
-                         f"experts")
-    return stack[held.start:held.stop]
 
 
 class GgufExpertStack(nn.Module):
@@ -153,8 +148,11 @@ class FusedMoE(nn.Module):
     ``silu`` or ``gelu``. ``shared_intermediate_size`` adds ``shared_experts``
     (:class:`SharedExperts`, DeepSeek's), whose output is added unweighted. Under the
     ``gguf`` quant method the experts stay in their blocks
-    (:class:`GgufExperts`: ``moe_topk``, then ``ggml_moe_experts``); other quant methods
-    are refused. Under tensor parallelism the layer needs expert parallelism
+    (:class:`GgufExperts`: ``moe_topk``, then ``ggml_moe_experts``); under ``fp8`` with
+    block scales and ``int8`` W8A8 they stay fp8 / int8 with their scales
+    (:class:`~.moe_quant.ScaledExperts`: ``moe_topk``, then ``fp8_moe_experts`` /
+    ``int8_moe_experts``) and the router ``gate`` is unquantized, as those checkpoints
+    store it; other formats are refused. Under tensor parallelism the layer needs expert parallelism
     (``enable_expert_parallel``): each rank holds a share of the experts and tokens move
     to them (:class:`~.expert_parallel.ExpertRouter`); the shared experts split like a
     dense MLP.
@@ -175,12 +173,11 @@ class FusedMoE(nn.Module):
         first, count = tp.experts(num_experts) if self.router else (0, num_experts)
         held = range(first, first + count)
         dtype, quant = dtype_name(ctx.dtype), ctx.quant_method.get_name()
-        if quant not in QUANT_METHODS:
-            raise UnsupportedError(f"{type(self).__name__}: experts of quant method {quant!r} "
-                                   f"are not supported; supported: {', '.join(QUANT_METHODS)}")
+        fmt = expert_format(ctx.quant_method)
         self.top_k, self.renormalize, self.activation = top_k, renormalize, activation
         self.routing = routing
-        self.gate = Linear(hidden_size, num_experts, ctx)
+        self.gate = Linear(hidden_size, num_experts, ctx if fmt is None else dataclasses.replace(
+            ctx, quant_method=UnquantizedLinearMethod()))
         if correction_bias:
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
@@ -188,11 +185,15 @@ class FusedMoE(nn.Module):
         if quant == "gguf":
             self.experts = GgufExperts(num_experts, hidden_size, intermediate_size, held)
             self.moe_experts = ctx.kernels.bind("ggml_moe_experts", dtype)
+        elif fmt is not None:
+            self.experts = ScaledExperts(fmt, num_experts, hidden_size, intermediate_size, held,
+                                         ctx.quant_method.scheme.weight.group_shape)
+            self.moe_experts = ctx.kernels.bind(self.experts.op, dtype)
         else:
             self.experts = MoEExperts(num_experts, hidden_size, intermediate_size, ctx.dtype,
                                       held)
             self.moe_experts = ctx.kernels.bind("moe_experts", dtype)
-        if quant == "gguf" or self.router:  # routing, then the experts
+        if quant == "gguf" or fmt is not None or self.router:  # routing, then the experts
             self.moe_topk = ctx.kernels.bind("moe_topk", dtype)
         else:
             self.fused_moe = ctx.kernels.bind("fused_moe", dtype)
@@ -208,7 +209,7 @@ class FusedMoE(nn.Module):
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         if self.router is not None:
             return self.router(x, self._route, self._experts)
-        if isinstance(self.experts, GgufExperts):
+        if isinstance(self.experts, (GgufExperts, ScaledExperts)):
             return self._experts(x, *self._route(x))
         return self.fused_moe(x, self.gate(x), self.experts.gate_up_proj,
                               self.experts.down_proj, self.top_k, self.renormalize,
@@ -227,6 +228,9 @@ class FusedMoE(nn.Module):
         """The held experts on ``x`` for the slots ``(weights, ids)`` (ids among them)."""
         if isinstance(self.experts, GgufExperts):
             return self.moe_experts(x, *self.experts.stacks(), weights, ids, self.activation)
+        if isinstance(self.experts, ScaledExperts):
+            return self.moe_experts(x, *self.experts.stacks(), weights, ids, self.activation,
+                                    **self.experts.options)
         return self.moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj,
                                 weights, ids, self.activation)
 
@@ -240,9 +244,11 @@ def stack_experts(weights: Iterable[tuple[str, torch.Tensor]], num_experts: int
                   ) -> Iterator[tuple[str, torch.Tensor]]:
     """``weights`` with each layer's per-expert projections replaced by the stacks
     ``<prefix>.gate_up_proj`` and ``<prefix>.down_proj``, yielded once the layer's
-    ``num_experts`` experts have all been seen; other tensors pass through. Raises
-    :class:`ModelError` naming the experts a layer lacks at the end."""
-    pending: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
+    ``num_experts`` experts have all been seen; their scales, where quantized, likewise
+    (``gate_up_proj_scale_inv`` from fp8's ``weight_scale_inv``, ``gate_up_proj_scale``
+    from ``weight_scale``). Other tensors pass through. Raises :class:`ModelError` naming
+    the experts a layer lacks at the end."""
+    pending: dict[tuple[str, str], dict[tuple[str, int], torch.Tensor]] = {}
     for name, tensor in weights:
         match = _PER_EXPERT.match(name)
         if match is None:
@@ -252,16 +258,19 @@ def stack_experts(weights: Iterable[tuple[str, torch.Tensor]], num_experts: int
         if expert >= num_experts:
             raise ModelError(f"checkpoint tensor {name}: expert {expert} of a model with "
                              f"{num_experts} experts")
-        parts = pending.setdefault(match["prefix"], {})
+        key = (match["prefix"], match["tensor"])
+        parts = pending.setdefault(key, {})
         parts[(_PARTS[match["part"]], expert)] = tensor
         if len(parts) == 3 * num_experts:
-            del pending[match["prefix"]]
-            yield f"{match['prefix']}.gate_up_proj", torch.stack(
+            del pending[key]
+            prefix, suffix = match["prefix"], _STACK_SUFFIX[match["tensor"]]
+            yield f"{prefix}.gate_up_proj{suffix}", torch.stack(
                 [torch.cat([parts[("gate", e)], parts[("up", e)]]) for e in range(num_experts)])
-            yield f"{match['prefix']}.down_proj", torch.stack(
+            yield f"{prefix}.down_proj{suffix}", torch.stack(
                 [parts[("down", e)] for e in range(num_experts)])
-    for prefix, parts in pending.items():
-        missing = sorted(f"{part} of expert {e}" for part in ("gate", "up", "down")
+    for (prefix, tensor_name), parts in pending.items():
+        what = "" if tensor_name == "weight" else f" {tensor_name}"
+        missing = sorted(f"{part}{what} of expert {e}" for part in ("gate", "up", "down")
                          for e in range(num_experts) if (part, e) not in parts)
         raise ModelError(f"checkpoint lacks {prefix}: {', '.join(missing[:8])}"
                          f"{' ...' if len(missing) > 8 else ''}")

@@ -22,7 +22,9 @@ Rename = Callable[[str], Target | None]
 #: Parameters that hold scales -> whether they must also be > 0 (activations are divided
 #: by them): checked at load, as one NaN or inf there turns every output NaN.
 SCALE_PARAMETERS = {"weight_scale": False, "weight_scale_inv": False, "input_scale": True,
-                    "k_scale": True, "v_scale": True}
+                    "k_scale": True, "v_scale": True,
+                    **{f"{stack}_proj{suffix}": False for stack in ("gate_up", "down")
+                       for suffix in ("_scale", "_scale_inv")}}
 
 
 def check_scales(hf_name: str, param_name: str, tensor: torch.Tensor) -> None:

@@ -25,8 +25,10 @@ from hwplug import checks
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.quantization import ScaleDescriptor
 
-#: Modules a checkpoint may leave unquantized that hwplug never quantizes anyway.
-UNQUANTIZED_ANYWAY = ("lm_head", "re:.*lm_head")
+#: Modules a checkpoint may leave unquantized that hwplug never quantizes anyway: the LM
+#: head and the routers of mixture-of-experts layers (llm-compressor's MoE recipes ignore
+#: ``re:.*mlp.gate$``).
+UNQUANTIZED_ANYWAY = ("lm_head", "re:.*lm_head", "re:.*mlp.gate$")
 _TYPES = {("float", 8): "fp8_e4m3", ("int", 8): "int8", ("int", 4): "int4"}
 _METHODS = {"fp8_e4m3": "fp8", "int8": "int8", "int4": "int4"}
 #: ``actorder`` values whose checkpoints store their columns in order (no ``g_idx``).
