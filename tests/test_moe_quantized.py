@@ -180,3 +180,21 @@ def test_hwplug_kernels_reports_the_quantized_expert_variants():
     for op in ("fp8_moe_experts", "int8_moe_experts"):
         assert ops[op]["bfloat16"]["chosen"] == "grouped"
         assert ops[op]["bfloat16"]["fallbacks"] == ["reference"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_fp8_dequantizer_is_the_references_for_every_code(dtype):
+    """Every finite e4m3 code (subnormals, both zeros, the largest) in whole and partial
+    tiles: the cpu variant's bit-moving dequantizer equals the reference's in fp32 (and its
+    rounding to bf16)."""
+    from hwplug.platforms.cpu.moe import dequantize_fp8
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    codes = codes[torch.isfinite(codes.float())]
+    rng = torch.Generator().manual_seed(4)
+    for rows, cols in ((256, 128), (40, 24)):
+        values = codes[torch.randint(0, len(codes), (rows, cols), generator=rng)]
+        values[0, :len(codes) % cols] = codes[:len(codes) % cols]
+        scale = torch.rand(-(-rows // 16), -(-cols // 16), generator=rng) + 0.5
+        want = moe_quant.dequantize_blocks(values, scale, (16, 16)).to(dtype)
+        assert torch.equal(dequantize_fp8(values, scale, (16, 16), dtype), want)

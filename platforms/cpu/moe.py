@@ -8,9 +8,11 @@ of one row each, whatever the expert count). The matmuls go through the registry
 one ``index_add_``. GGUF experts have variants of their own (:mod:`.ggml_moe`).
 
 Quantized stacks stay quantized in memory. fp8 block-scaled experts: each active
-expert's two matrices are dequantized, tile by tile, to ``x``'s dtype when it runs (CPUs
-have no fp8 GEMM; a decode step dequantizes top-k experts, not all of them), then go
-through ``linear``. int8 W8A8 experts: each run's rows are quantized per token and
+expert's two matrices are dequantized, tile by tile, to fp32 when it runs (CPUs have no
+fp8 GEMM; a decode step dequantizes top-k experts, not all of them), then go through the
+fp32 ``linear`` (the C GEMV/GEMM: a bf16 weight made per call would be repacked by oneDNN
+at every call). torch's fp8 -> float cast is scalar on CPUs (~10 ns a value);
+:func:`dequantize_fp8` moves each e4m3 value's bits into a bf16 (integer shifts, exact). int8 W8A8 experts: each run's rows are quantized per token and
 multiplied by ``scaled_mm`` (``torch._int_mm`` where the CPU has VNNI).
 """
 
@@ -34,6 +36,11 @@ from hwplug.kernel_registry.reference.moe_quant import (
 
 #: One expert's projection: ``(rows [n, in], expert) -> [n, out]``.
 Project = Callable[[torch.Tensor, int], torch.Tensor]
+#: An e4m3 byte (sign, 4 exponent, 3 mantissa bits) shifted left by 4, masked with this
+#: (0x87F0 as int16), is the bf16 of the same sign and mantissa with the exponent biased
+#: by 0 instead of 7: the e4m3 value times 2**-120, subnormals included.
+_E4M3_AS_BF16 = -0x7810
+_E4M3_BIAS = 2.0 ** 120
 
 
 def grouped_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -75,19 +82,34 @@ def experts_supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *arg
     return fused_supported(x, x, w13, w2)
 
 
+def dequantize_fp8(values: torch.Tensor, scale: torch.Tensor, block_shape: tuple[int, int],
+                   dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize_blocks(values, scale, block_shape)`` in ``dtype`` for one e4m3fn matrix
+    ``[rows, cols]``: exact in fp32 (NaN codes aside, which checkpoints do not hold)."""
+    (rows, cols), (br, bc) = values.shape, block_shape
+    if rows % br or cols % bc:  # partial edge tiles
+        return dequantize_blocks(values, scale, block_shape).to(dtype)
+    bits = values.view(torch.int8).to(torch.int16)
+    bits <<= 4
+    bits &= _E4M3_AS_BF16
+    tiles = bits.view(torch.bfloat16).view(rows // br, br, cols // bc, bc).float()
+    tiles *= (scale.float() * _E4M3_BIAS)[:, None, :, None]
+    return tiles.view(rows, cols).to(dtype)
+
+
 def fp8_moe_experts(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
                     w2: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, activation: str = "silu",
                     block_shape: tuple[int, int] = BLOCK_SHAPE) -> torch.Tensor:
     """The ``fp8_moe_experts`` op: :func:`grouped_experts`, each active expert dequantized
-    to ``x``'s dtype when it runs, through the ``linear`` op."""
+    to fp32 when it runs, its rows in fp32 through the ``linear`` op."""
     block_shape = tuple(block_shape)
     check_fp8(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation,
               block_shape)
 
     def project(w: torch.Tensor, scale: torch.Tensor) -> Project:
-        return lambda rows, e: ops.linear(
-            rows, dequantize_blocks(w[e], scale[e], block_shape).to(x.dtype))
+        return lambda rows, e: ops.linear(rows.float(), dequantize_fp8(
+            w[e], scale[e], block_shape, torch.float32))
 
     return grouped_experts(x, topk_weights, topk_ids, w13.shape[0], project(w13, w13_scale),
                            project(w2, w2_scale), activation)

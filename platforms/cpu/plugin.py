@@ -100,7 +100,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     dict(op="fp8_moe_experts", name="grouped", impl=_MOE + "fp8_moe_experts",
          dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped); each active expert's fp8 tiles dequantized to "
-                     "x's dtype when it runs, then the linear op"),
+                     "fp32 (bit moves, exact) when it runs, then the fp32 linear op"),
     dict(op="int8_moe_experts", name="grouped", impl=_MOE + "int8_moe_experts",
          dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped); rows quantized per token, the scaled_mm op on "
