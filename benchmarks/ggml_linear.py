@@ -27,7 +27,7 @@ the reference's. The CPU is named as the probe reads it (lscpu's ``Model name``)
     python benchmarks/ggml_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,32]
                                      [--shapes 1536x1536,8960x1536] [--layers 30]
                                      [--cycle-mb 256] [--repeat 5] [--threads N]
-                                     [--baseline main] [--no-lm-head]
+                                     [--baseline main] [--no-lm-head] [--cpu-time]
                                      [--columns ggml,GB/s,base,base GB/s,fp32]
 
 ``--columns`` times only those (a ratio whose columns are left out shows as n/a).
@@ -42,6 +42,7 @@ import math
 import platform as host
 import subprocess
 import tempfile
+import time
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -75,20 +76,25 @@ RATES = {"GB/s": "ggml", "base GB/s": "base"}
 BUDGET_S = 0.05
 
 
+#: The clock every timing reads: wall time, or the process's CPU time (``--cpu-time``).
+TIMER = {"wall": timeit.default_timer, "cpu": time.process_time}
+
+
 def interleaved_us(columns: dict[str, Callable[[], object]], calls_per_run: dict[str, int],
-                   repeat: int) -> dict[str, float]:
+                   repeat: int, timer: Callable[[], float] = timeit.default_timer
+                   ) -> dict[str, float]:
     """Each column's best time of one of the ``calls_per_run[column]`` calls its function
-    makes, the columns timed in turn in each of ``repeat`` rounds (so all see the same
-    machine)."""
+    makes, read on ``timer``, the columns timed in turn in each of ``repeat`` rounds (so all
+    see the same machine)."""
     numbers = {}
     for column, fn in columns.items():
-        start = timeit.default_timer()
+        start = timer()
         fn()  # first run: dispatch, packing, caches warm
-        numbers[column] = max(1, int(BUDGET_S / max(timeit.default_timer() - start, 1e-6)))
+        numbers[column] = max(1, int(BUDGET_S / max(timer() - start, 1e-6)))
     best = dict.fromkeys(columns, float("inf"))
     for _ in range(repeat):
         for column, fn in columns.items():
-            seconds = timeit.timeit(fn, number=numbers[column]) / numbers[column]
+            seconds = timeit.timeit(fn, number=numbers[column], timer=timer) / numbers[column]
             best[column] = min(best[column], seconds / calls_per_run[column] * 1e6)
     return best
 
@@ -142,8 +148,8 @@ class Baseline:
 
 
 def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, copies: int,
-        cycle_mb: float, repeat: int, timed: tuple[str, ...], baseline: Baseline | None
-        ) -> str:
+        cycle_mb: float, repeat: int, timed: tuple[str, ...], baseline: Baseline | None,
+        timer: Callable[[], float] = timeit.default_timer) -> str:
     """One shape at one token count: every column's time (and rate) and the ratios."""
     name, k, n = shape
     label = f"{name:<8}{k:>6}->{n:<7}{tokens:>4}"
@@ -179,7 +185,7 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
               and (c != "int16" or wide)}
     times = interleaved_us({c: columns[c] for c in COLUMNS if c in served},
                            {c: 2 if c == "reference" else len(dense) if c in ("fp32", "F.linear")
-                            else copies for c in served}, repeat)
+                            else copies for c in served}, repeat, timer)
     for rate, source in RATES.items():
         if source in times:
             times[rate] = first.numel() / times[source] / 1e3  # bytes per µs -> GB/s
@@ -205,6 +211,9 @@ def main() -> None:
                                                     "torch's")
     parser.add_argument("--baseline", default="main",
                         help="the git revision whose C kernel is the base column")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the process's CPU time (time.process_time: all its "
+                             "threads) rather than wall time, on a machine others load")
     parser.add_argument("--no-lm-head", action="store_true", help="skip the Q8_0 LM head")
     parser.add_argument("--columns", default=",".join(COLUMNS),
                         help=f"the columns shown, of {','.join(COLUMNS)}")
@@ -222,7 +231,7 @@ def main() -> None:
     print(f"CPU: {platform.facts.device_name} ({host.machine()}, features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; at least {args.layers} copies of each weight "
-          f"and {args.cycle_mb:.0f} MiB cycled")
+          f"and {args.cycle_mb:.0f} MiB cycled; {'CPU' if args.cpu_time else 'wall'} time")
     switch = {GGMLQuantizationType(kind).name: rows for kind, rows in
               c_kernels.tiled_from(torch.get_num_threads()).items()}
     activations = {GGMLQuantizationType(kind).name: bits for kind, bits in
@@ -247,7 +256,7 @@ def main() -> None:
         for shape in table_shapes:
             for count in tokens:
                 print(row(kind, shape, count, copies, args.cycle_mb, args.repeat, timed,
-                          baseline), flush=True)
+                          baseline, TIMER["cpu" if args.cpu_time else "wall"]), flush=True)
 
 
 if __name__ == "__main__":
