@@ -79,9 +79,10 @@ def test_linear_matches_the_reference_for_every_type_and_row_count(fresh_discove
     generator = torch.Generator().manual_seed(0)
     bias = torch.randn(43, generator=generator)
     switch = c_ops.tiled_from(torch.get_num_threads())[kind]
-    # 8 and 19: the AVX2 build's eight-row tiles, alone and with a tail after them; past
-    # the tuned switch (where the type has one): the dequantized tiles
-    for rows in (1, 3, 8, 19, *(() if switch is None else (switch + 1,))):
+    # the AVX2 builds' tiles of eight pairs: 1 (8 weight rows x 1), 2 (4 x 2), 3 (2 x 4, a
+    # row short), 5 and 8 (1 x 8), 19 (8 + 8 + 3); past the tuned switch (where the type has
+    # one): the dequantized tiles
+    for rows in (1, 2, 3, 5, 8, 19, *(() if switch is None else (switch + 1,))):
         x = torch.randn(rows, cols, generator=generator)
         assert linear.supports(x, qweight, kind, bias) is None
         want = ops_ggml.ggml_linear.reference(x, qweight, kind, bias)
@@ -93,16 +94,34 @@ def test_linear_matches_the_reference_for_every_type_and_row_count(fresh_discove
 @pytest.mark.parametrize("kind", GGML_TYPES, ids=lambda t: Q(t).name)
 def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it(fresh_discovery, name, kind):
     """Batch invariance (docs/generation.md, "Numerics"): the integer kernel gives a row
-    the same bits alone, in the AVX2 builds' eight-row tiles and in their tails (1 to 19
-    rows), with either activation type."""
+    the same bits alone, in every tile shape and its tails (1 to 18 rows, 43 weight rows:
+    groups of 8 and 16 with a short one) and in a prefill of 77 rows (chunks of 8 and a
+    tail), with either activation type."""
     build = built(name)
     qweight, cols = weight_for(kind, 43, seed=kind)
-    x = torch.randn(19, cols, generator=torch.Generator().manual_seed(kind))
+    x = torch.randn(77, cols, generator=torch.Generator().manual_seed(kind))
     for activations in ("int8", "int16") if kind in c_ops.WIDE_TYPES else ("int8",):
         every = build.linear_blocks(x, qweight, kind, None, activations)
-        for count in range(1, 19):
+        for count in (*range(1, 19), 45):
             assert torch.equal(build.linear_blocks(x[-count:], qweight, kind, None, activations),
                                every[-count:]), (activations, count)
+
+
+@pytest.mark.parametrize("kind", [*sorted(c_ops.WIDE_TYPES), Q.IQ4_NL], ids=lambda t: Q(t).name)
+def test_every_build_gives_the_32_value_types_the_same_bits(fresh_discovery, kind):
+    """The 32-value types' per-pair arithmetic (kernels.c, legacy_values: an exact integer
+    dot per block, then one fmaf per block in order) is the same in every build and tile
+    shape, so the portable build's outputs equal the AVX2 builds' bit for bit."""
+    builds = [built(name) for name in VARIANTS if not NEEDS[name] - current_platform().facts.features]
+    qweight, cols = weight_for(kind, 21, seed=kind + 7, blocks=9)
+    generator = torch.Generator().manual_seed(kind)
+    for rows in (1, 2, 3, 5, 8, 13):
+        x = torch.randn(rows, cols, generator=generator)
+        for activations in ("int8", "int16") if kind in c_ops.WIDE_TYPES else ("int8",):
+            first, *others = (b.linear_blocks(x, qweight, kind, None, activations)
+                              for b in builds)
+            for other in others:
+                assert torch.equal(other, first), (rows, activations)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -6,7 +6,8 @@
  *   even:
  *   - for the types of 32-value blocks: per block of 32 to int16 (scale max|x| / 32767) or
  *     int8 (max|x| / 127); each weight block is dotted with them in integer arithmetic (exact:
- *     the int32 bounds are stated at the dot products), then scaled in fp32;
+ *     the int32 bounds are stated at legacy_values), then one fp32 FMA per block and pair,
+ *     in the AVX2 builds eight pairs at once (legacy_tile_of);
  *   - for the super-block types (Q2_K .. Q6_K, IQ4_XS): per super-block of 256 to int8 (one
  *     scale, max|x| / 127) with the sums of each 16 quants (Q8_K, see q8k_t); the weight's
  *     integer sub-block scales multiply the int16 pair sums of the 8-bit products (madd, or
@@ -27,8 +28,9 @@
  * HWPLUG_GGML_AVX2 (AVX2 + FMA + F16C intrinsics), with HWPLUG_GGML_AVX2 and
  * HWPLUG_GGML_VNNI (the int8 dots by AVX-512 VNNI on 256-bit vectors) and without (portable:
  * GNU C vector extensions, which GCC and clang lower to each CPU's SIMD). All compute the
- * same integer dots; the portable build groups a block's products into its 8 lanes
- * differently, so its fp32 results may differ in the last bits.
+ * same integer dots, and for the 32-value types the same fp32 results; for the super-block
+ * types the portable build groups a block's products into its 8 lanes differently, so its
+ * fp32 results may differ in the last bits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -52,14 +54,6 @@ enum { QK = 32, QK_K = 256, MT_MAX = 4 };
 /* the same for every cache line of a super-block of `bytes` bytes */
 #define PREFETCH_NEXT_GROUP_BLOCK(blk, ld, bytes)                     \
     for (int pf = 0; pf < (bytes); pf += 64) PREFETCH_NEXT_GROUP((blk) + pf, ld)
-
-/* off + p * q: one rounding where the CPU has FMA, so the AVX2 builds' eight-row tile
- * (tile_wide), which adds the same products lane by lane with FMAs, gets the same sums */
-#ifdef HWPLUG_GGML_AVX2 /* built with -mfma */
-#define OFF_ADD(off, p, q) _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(p), _mm_set_ss(q), _mm_set_ss(off)))
-#else
-#define OFF_ADD(off, p, q) ((off) + (p) * (q))
-#endif
 
 /* The quantized activations, block-major so that a block's rows lie side by side: for block
  * b of row m, i = b * rows + m indexes
@@ -85,26 +79,64 @@ typedef struct {
 /* the quants of block i of the activations, and their dot products with a weight block */
 #define Q8(a, i) ((const int8_t *)(a)->q + QK * (i))
 #define Q16(a, i) ((const int16_t *)(a)->q + QK * (i))
-/* the quants of a legacy block: 16 bytes of nibbles at qs, and with five the fifth bits at
- * hbits; as u for int8 activations, as uw (widened once) for wide ones */
-INLINE void legacy_quants(const uint8_t *qs, const uint8_t *hbits, int five, int wide, u8x32 *u,
-                          wide_t *uw) {
-    if (wide && !five) {
-        *uw = nibbles16_wide(qs);
-        return;
-    }
-    *u = nibbles16(qs);
-    if (five) { uint32_t h; memcpy(&h, hbits, 4); *u = or_bits32(*u, h); }
-    if (wide) *uw = widen(*u);
-}
-INLINE isum_t act_dot_quants(const u8x32 *u, const wide_t *uw, const act_t *a, int64_t i,
-                             int wide) {
-    return wide ? dot16_wide(uw, Q16(a, i)) : dot_u8(*u, Q8(a, i));
-}
-
 /* IQ4_NL's and IQ4_XS's 16 values (-127 .. 113), plus 128 (unsigned bytes) */
 static const uint8_t IQ4_VALUES[16] = {1,   24,  45,  63,  79,  93,  106, 118,
                                        129, 141, 153, 166, 181, 197, 217, 241};
+
+/* ---- the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) ----
+ * Per pair (weight row, activation row), whichever kernel and build computes it, over the
+ * blocks in order:
+ *   acc = fmaf(tot, dw * dx, acc), tot the exact integer dot of the block's weight values
+ *   (legacy_values) with the activations' quants, dw and dx their scales, and for Q4_1 and
+ *   Q5_1 off = fmaf(m, sd, off) (m the block's minimum, sd = dx * the quants' sum),
+ * then acc + off. A row's result therefore depends neither on the rows beside it in the
+ * call (batch invariance), nor on the tile that computed it, nor on the build. Largest
+ * |tot|: Q8_0 with int16 activations, 32 * 128 * 32767 < 2^27 (each int32 lane < 2^24). */
+INLINE int legacy_bytes(int type) {
+    switch (type) {
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    default: return 18; /* Q4_0, IQ4_NL */
+    }
+}
+INLINE int legacy_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1; }
+/* A block's weight values w / d as the dots take them, into u (int8 activations: signed
+ * bytes) or uw (wide: int16 activations): Q4_0 q - 8 and Q5_0 q - 16 (16 bytes of nibbles
+ * after the scale, Q5_0's fifth bits between), Q4_1 and Q5_1 q (the minimum m after the
+ * scale: w = d q + m), Q8_0 its int8 q, IQ4_NL its nibbles' IQ4_VALUES (int8 only). */
+INLINE void legacy_values(int type, const uint8_t *blk, int wide, u8x32 *u, wide_t *uw) {
+    if (type == T_Q8_0) {
+        if (wide)
+            *uw = s8_wide((const int8_t *)(blk + 2));
+        else
+            *u = load_u8(blk + 2);
+        return;
+    }
+    if (type == T_IQ4_NL) {
+        *u = minus128(lookup16(nibbles16(blk + 2), IQ4_VALUES));
+        return;
+    }
+    const int five = type == T_Q5_0 || type == T_Q5_1;
+    const int center = legacy_has_min(type) ? 0 : five ? 16 : 8;
+    const uint8_t *qs = blk + legacy_bytes(type) - 16;
+    if (wide && !five) {
+        *uw = wide_sub(nibbles16_wide(qs), center);
+        return;
+    }
+    u8x32 v = nibbles16(qs);
+    if (five) { uint32_t h; memcpy(&h, qs - 4, 4); v = or_bits32(v, h); }
+    if (wide)
+        *uw = wide_sub(widen(v), center);
+    else
+        *u = sub_u8(v, center);
+}
+/* the block's values (legacy_values) against the quants of block i of the activations */
+INLINE isum_t legacy_dot(const u8x32 *u, const wide_t *uw, const act_t *a, int64_t i,
+                         int wide) {
+    return wide ? dot16_wide(uw, Q16(a, i)) : dot_s8(*u, Q8(a, i));
+}
 
 /* row x of the activations into a (block-major, see act_t), m its index: 32-value types */
 INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int wide) {
@@ -149,96 +181,124 @@ INLINE void quantize_row_k(const float *restrict x, const act_t *a, int64_t m) {
     }
 }
 
-/* ---- a tile of nr weight rows (ld bytes apart) by mt activation rows, nr * mt <= 4 ----
- * Each kernel accumulates acc (the integer dots, scaled) and off (what the blocks' offsets
- * or minimums contribute) per pair, and writes res[r * mt + m] = acc - off. `a` starts at
- * the tile's first activation row. Four independent accumulators keep the FMA pipes busy
- * even for one activation row. */
-#define TILE_BEGIN                                              \
-    facc acc[MT_MAX];                                           \
-    float off[MT_MAX];                                          \
-    _Pragma("GCC unroll 4") for (int t = 0; t < nr * mt; ++t) { \
-        acc[t] = acc_zero();                                    \
-        off[t] = 0.0f;                                          \
-    }
-#define TILE_END                                                \
-    _Pragma("GCC unroll 4") for (int t = 0; t < nr * mt; ++t)   \
-        res[t] = acc_total(acc[t]) - off[t];
-/* for each activation row m of the tile: t, the accumulator of the pair (r, m) */
+/* for each activation row m of a tile of nr weight rows by mt activation rows: t, the
+ * accumulator of the pair (r, m) */
 #define FOR_M _Pragma("GCC unroll 4") for (int m = 0, t = r * mt; m < mt; ++m, ++t)
 /* the index of block b of activation row m (see act_t) */
 #define I(b) ((b) * a->rows + m)
 
-/* Q4_0 (d, 16 bytes of nibbles): w = d (q - 8); Q5_0 adds a fifth bit: w = d (q - 16) */
-INLINE void tile_q4_0_q5_0(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                           float *res, int wide, int five) {
-    TILE_BEGIN
-    const int bytes = five ? 22 : 18, center = five ? 16 : 8;
+/* ---- the 32-value block types: a tile of nrv <= LT_LANES / mtp weight rows (ld bytes
+ * apart) by mt <= mtp activation rows (mtp: 1, 2, 4 or 8; `a` starts at the tile's first),
+ * res[r * mtp + m] for the pair (r, m), each pair's sums as legacy_values states ---- */
+enum { LT_LANES = 8 };
+#ifdef HWPLUG_GGML_AVX2
+/* One pair per fp32 lane, lane r * mtp + m: (8, 1) for one activation row, (4, 2), (2, 4)
+ * for three and four, (1, 8) from five (a verify step's rows, a prefill's chunks of 8).
+ * Each weight block is decoded once for the tile's activation rows, the eight pairs'
+ * integer dots are summed across lanes together (hsum8), and the block then costs one
+ * fp32 FMA for all eight pairs (Q4_1, Q5_1: one more for the minimum), lane by lane the
+ * per-pair arithmetic above. */
+/* lane l: the fp16 at p + (l / mtp) * ld as fp32 (0 for the rows from nrv on) */
+INLINE __m256 lanes_fp16(const uint8_t *p, int64_t ld, int mtp, int nrv) {
+    uint16_t h[LT_LANES] = {0};
+    _Pragma("GCC unroll 8") for (int r = 0; r < LT_LANES / mtp; ++r)
+        if (r < nrv) memcpy(&h[r], p + r * ld, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16(
+        (short)h[0 / mtp], (short)h[1 / mtp], (short)h[2 / mtp], (short)h[3 / mtp],
+        (short)h[4 / mtp], (short)h[5 / mtp], (short)h[6 / mtp], (short)h[7 / mtp]));
+}
+/* lane l: p[l % mtp], 0 where the mask (lanes of the rows m < mt) is clear; reads nothing
+ * past p[mt - 1] */
+INLINE __m256 lanes_act(const float *p, int mtp, __m256i mask) {
+    switch (mtp) {
+    case 1: return _mm256_broadcast_ss(p);
+    case 2: { double pair; memcpy(&pair, p, 8); return _mm256_castpd_ps(_mm256_set1_pd(pair)); }
+    case 4: {
+        const __m128 v = _mm_maskload_ps(p, _mm256_castsi256_si128(mask));
+        return _mm256_set_m128(v, v);
+    }
+    default: return _mm256_maskload_ps(p, mask);
+    }
+}
+INLINE void legacy_tile_of(int type, const uint8_t *w, int64_t ld, int nrv, const act_t *a,
+                           int mtp, int mt, float *res, int wide) {
+    const int nr = LT_LANES / mtp, bytes = legacy_bytes(type);
+    const __m256i mask = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(mt), _mm256_setr_epi32(0, 1 % mtp, 2 % mtp, 3 % mtp, 4 % mtp,
+                                                 5 % mtp, 6 % mtp, 7 % mtp));
+    __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
     for (int64_t b = 0; b < a->nb; ++b) {
-        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
+        const uint8_t *blk = w + b * bytes;
+        isum_t s[LT_LANES];
+        _Pragma("GCC unroll 8") for (int r = 0; r < nr; ++r) {
+            u8x32 u = _mm256_setzero_si256();
+            wide_t uw = {u, u};
+            if (r < nrv) {
+                PREFETCH_NEXT_GROUP(blk + r * ld, ld);
+                legacy_values(type, blk + r * ld, wide, &u, &uw);
+            }
+            _Pragma("GCC unroll 8") for (int m = 0; m < mtp; ++m) s[r * mtp + m] =
+                r < nrv && m < mt ? legacy_dot(&u, &uw, a, I(b), wide) : isum_zero();
+        }
+        const __m256 scale = _mm256_mul_ps(lanes_fp16(blk, ld, mtp, nrv),
+                                           lanes_act(a->d + b * a->rows, mtp, mask));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8(s)), scale, acc);
+        if (legacy_has_min(type))
+            off = _mm256_fmadd_ps(lanes_fp16(blk + 2, ld, mtp, nrv),
+                                  lanes_act(a->sd + b * a->rows, mtp, mask), off);
+    }
+    _mm256_storeu_ps(res, _mm256_add_ps(acc, off));
+}
+#else
+/* portable: pair by pair, the same arithmetic */
+INLINE void legacy_tile_of(int type, const uint8_t *w, int64_t ld, int nrv, const act_t *a,
+                           int mtp, int mt, float *res, int wide) {
+    const int bytes = legacy_bytes(type);
+    for (int r = 0; r < nrv; ++r) {
+        float acc[LT_LANES] = {0}, off[LT_LANES] = {0};
+        for (int64_t b = 0; b < a->nb; ++b) {
             const uint8_t *blk = w + r * ld + b * bytes;
-            PREFETCH_NEXT_GROUP(blk, ld);
-            const float dw = fp16_to_fp32(blk), dc = dw * (float)center;
-            const fscale dws = scale_of(dw);
             u8x32 u;
             wide_t uw;
-            legacy_quants(blk + (five ? 6 : 2), blk + 2, five, wide, &u, &uw);
-            FOR_M {
+            legacy_values(type, blk, wide, &u, &uw);
+            const float dw = fp16_to_fp32(blk);
+            for (int m = 0; m < mt; ++m) {
                 const int64_t i = I(b);
-                acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), dws, a->d + i);
-                off[t] = OFF_ADD(off[t], dc, a->sd[i]);
+                acc[m] = fmaf((float)isum_total(legacy_dot(&u, &uw, a, i, wide)), dw * a->d[i],
+                              acc[m]);
+                if (legacy_has_min(type)) off[m] = fmaf(fp16_to_fp32(blk + 2), a->sd[i], off[m]);
             }
         }
+        for (int m = 0; m < mt; ++m) res[r * mtp + m] = acc[m] + off[m];
     }
-    TILE_END
 }
-
-/* Q4_1 (d, m, nibbles): w = d q + m; Q5_1 adds a fifth bit */
-INLINE void tile_q4_1_q5_1(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                           float *res, int wide, int five) {
-    TILE_BEGIN
-    const int bytes = five ? 24 : 20;
-    for (int64_t b = 0; b < a->nb; ++b) {
-        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
-            const uint8_t *blk = w + r * ld + b * bytes;
-            PREFETCH_NEXT_GROUP(blk, ld);
-            const float mw = fp16_to_fp32(blk + 2);
-            const fscale dws = scale_of(fp16_to_fp32(blk));
-            u8x32 u;
-            wide_t uw;
-            legacy_quants(blk + (five ? 8 : 4), blk + 4, five, wide, &u, &uw);
-            FOR_M {
-                const int64_t i = I(b);
-                acc[t] = acc_add(acc[t], act_dot_quants(&u, &uw, a, i, wide), dws, a->d + i);
-                off[t] = OFF_ADD(off[t], -mw, a->sd[i]);
-            }
-        }
+#endif
+/* the tile with type, mtp and wide compile-time constants in each instance */
+#define LEGACY_TILE(T, MTP, W) legacy_tile_of(T, w, ld, nrv, a, MTP, mt, res, W)
+#define LEGACY_TYPES(MTP, W)                                                            \
+    switch (type) {                                                                     \
+    case T_Q4_0: LEGACY_TILE(T_Q4_0, MTP, W); break;                                    \
+    case T_Q4_1: LEGACY_TILE(T_Q4_1, MTP, W); break;                                    \
+    case T_Q5_0: LEGACY_TILE(T_Q5_0, MTP, W); break;                                    \
+    case T_Q5_1: LEGACY_TILE(T_Q5_1, MTP, W); break;                                    \
+    case T_Q8_0: LEGACY_TILE(T_Q8_0, MTP, W); break;                                    \
+    default: if (!(W)) LEGACY_TILE(T_IQ4_NL, MTP, 0); break;                            \
     }
-    TILE_END
-}
-
-/* Q8_0 (d, 32 int8): w = d q; IQ4_NL (d, 16 bytes of nibbles, which index IQ4_VALUES):
- * w = d value (int8 activations only) */
-INLINE void tile_q8_0_iq4_nl(const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                             float *res, int wide, int nl) {
-    TILE_BEGIN
-    const int bytes = nl ? 18 : 34;
-    for (int64_t b = 0; b < a->nb; ++b) {
-        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {
-            const uint8_t *blk = w + r * ld + b * bytes;
-            PREFETCH_NEXT_GROUP(blk, ld);
-            const fscale dws = scale_of(fp16_to_fp32(blk));
-            const u8x32 q = nl ? minus128(lookup16(nibbles16(blk + 2), IQ4_VALUES))
-                               : load_u8(blk + 2);
-            FOR_M {
-                const isum_t s = wide ? dot16_s8((const int8_t *)(blk + 2), Q16(a, I(b)))
-                                      : dot_s8(q, Q8(a, I(b)));
-                acc[t] = acc_add(acc[t], s, dws, a->d + I(b));
-            }
-        }
+static void legacy_tile(int type, const uint8_t *w, int64_t ld, int nrv, const act_t *a,
+                        int mtp, int mt, float *res, int wide) {
+    switch (mtp * 2 + wide) {
+    case 2: LEGACY_TYPES(1, 0) break;
+    case 3: LEGACY_TYPES(1, 1) break;
+    case 4: LEGACY_TYPES(2, 0) break;
+    case 5: LEGACY_TYPES(2, 1) break;
+    case 8: LEGACY_TYPES(4, 0) break;
+    case 9: LEGACY_TYPES(4, 1) break;
+    case 16: LEGACY_TYPES(8, 0) break;
+    default: LEGACY_TYPES(8, 1) break;
     }
-    TILE_END
 }
+#undef LEGACY_TYPES
+#undef LEGACY_TILE
 
 /* the 6-bit scales and mins of Q4_K / Q5_K's eight sub-blocks, four bytes at a time:
  * sc[j] = q[j] & 63, mn[j] = q[j + 4] & 63, and for j + 4 the low (sc) or high (mn) nibble of
@@ -414,78 +474,31 @@ INLINE void tile_k(int type, const uint8_t *w, int64_t ld, int nr, const act_t *
     _Pragma("GCC unroll 4") for (int t = 0; t < nr * mt; ++t) res[t] = acc[t] - off[t];
 }
 
-/* one tile; nr and mt are compile-time constants after inlining into tile() */
+/* one tile of a super-block type; nr and mt are compile-time constants after inlining
+ * into tile() */
 INLINE void tile_of_type(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
-                         int mt, float *res, int wide) {
+                         int mt, float *res) {
     switch (type) {
-    case T_Q4_0: tile_q4_0_q5_0(w, ld, nr, a, mt, res, wide, 0); break;
-    case T_Q5_0: tile_q4_0_q5_0(w, ld, nr, a, mt, res, wide, 1); break;
-    case T_Q4_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 0); break;
-    case T_Q5_1: tile_q4_1_q5_1(w, ld, nr, a, mt, res, wide, 1); break;
-    case T_Q8_0: tile_q8_0_iq4_nl(w, ld, nr, a, mt, res, wide, 0); break;
-    case T_IQ4_NL: if (!wide) tile_q8_0_iq4_nl(w, ld, nr, a, mt, res, 0, 1); break;
-#define K_TILE(T) case T: if (!wide) tile_k(T, w, ld, nr, a, mt, res); break;
+#define K_TILE(T) case T: tile_k(T, w, ld, nr, a, mt, res); break;
     K_TILE(T_Q2_K) K_TILE(T_Q3_K) K_TILE(T_Q4_K) K_TILE(T_Q5_K) K_TILE(T_Q6_K) K_TILE(T_IQ4_XS)
 #undef K_TILE
     }
 }
 
-/* tile shapes (nr, mt): (4, 1), (2, 2), and (1, mt) for the rest */
-INLINE void tile_of_shape(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
-                          int mt, float *res, int wide) {
-    switch (mt * 8 + nr) {
-    case 9: tile_of_type(type, w, ld, 1, a, 1, res, wide); break;
-    case 12: tile_of_type(type, w, ld, 4, a, 1, res, wide); break;
-    case 17: tile_of_type(type, w, ld, 1, a, 2, res, wide); break;
-    case 18: tile_of_type(type, w, ld, 2, a, 2, res, wide); break;
-    case 25: tile_of_type(type, w, ld, 1, a, 3, res, wide); break;
-    default: tile_of_type(type, w, ld, 1, a, 4, res, wide); break;
-    }
-}
-
-/* one tile; wide, nr and mt are compile-time constants in each instance */
+/* tile shapes (nr, mt): (4, 1), (2, 2), and (1, mt) for the rest; nr and mt compile-time
+ * constants in each instance */
 static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a, int mt,
-                 float *res, int wide) {
-    if (wide)
-        tile_of_shape(type, w, ld, nr, a, mt, res, 1);
-    else
-        tile_of_shape(type, w, ld, nr, a, mt, res, 0);
+                 float *res) {
+    switch (mt * 8 + nr) {
+    case 9: tile_of_type(type, w, ld, 1, a, 1, res); break;
+    case 12: tile_of_type(type, w, ld, 4, a, 1, res); break;
+    case 17: tile_of_type(type, w, ld, 1, a, 2, res); break;
+    case 18: tile_of_type(type, w, ld, 2, a, 2, res); break;
+    case 25: tile_of_type(type, w, ld, 1, a, 3, res); break;
+    default: tile_of_type(type, w, ld, 1, a, 4, res); break;
+    }
 }
 
-#ifdef HWPLUG_GGML_AVX2
-/* ---- one weight row by eight activation rows, int16 activations: Q4_0, Q4_1, Q8_0 ----
- * The weight block is decoded once for all eight rows; each row's sums are those of the
- * tiles above, in the same order (acc_add per block, acc_total, the offsets by OFF_ADD's
- * FMA, lane by lane here), so a row's outputs do not depend on which tile computed it,
- * nor on the other rows of the call; res[m] for row m. */
-enum { MT_WIDE = 8 };
-static int wide_tile_type(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
-static void tile_wide(int type, const uint8_t *w, int64_t ld, const act_t *a, float *res) {
-    facc acc[MT_WIDE];
-    __m256 off = _mm256_setzero_ps();
-    _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m) acc[m] = acc_zero();
-    const int bytes = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
-    for (int64_t b = 0; b < a->nb; ++b) {
-        const uint8_t *blk = w + b * bytes;
-        PREFETCH_NEXT_GROUP(blk, ld);
-        const wide_t uw = type == T_Q8_0 ? s8_wide((const int8_t *)(blk + 2))
-                                         : nibbles16_wide(blk + (type == T_Q4_1 ? 4 : 2));
-        const float dw = fp16_to_fp32(blk);
-        const fscale dws = scale_of(dw);
-        _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m) {
-            const int64_t i = b * a->rows + m;
-            acc[m] = acc_add(acc[m], dot16_wide(&uw, Q16(a, i)), dws, a->d + i);
-        }
-        if (type != T_Q8_0) { /* as the tiles above: Q4_1 off - m sum(x), Q4_0 off + 8 d sum(x) */
-            const float o = type == T_Q4_1 ? -fp16_to_fp32(blk + 2) : dw * 8.0f;
-            off = _mm256_fmadd_ps(_mm256_set1_ps(o), _mm256_loadu_ps(a->sd + b * a->rows), off);
-        }
-    }
-    float offs[MT_WIDE];
-    _mm256_storeu_ps(offs, off);
-    _Pragma("GCC unroll 8") for (int m = 0; m < MT_WIDE; ++m) res[m] = acc_total(acc[m]) - offs[m];
-}
-#endif
 #ifdef HWPLUG_GGML_VNNI
 #include "kgroup.h"
 /* activation rows from which the super-block types take kgroup (fewer: tile_k). Measured
@@ -505,6 +518,78 @@ static int wide_type(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0;
 }
 static int linear_type(int type) { return wide_type(type) || type == T_IQ4_NL || super_type(type); }
+
+/* out[m * ldo + n] = (act @ W.T)[m, n] (+ bias[n]): the super-block types, split over
+ * nthreads threads by weight rows */
+static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+                         const act_t *act, float *out, int64_t ldo, const float *bias,
+                         int nthreads) {
+    const int64_t M = act->rows, K = act->nb * QK_K;
+    int64_t n_start = 0;
+#ifdef HWPLUG_GGML_VNNI
+    if (M >= KG_MIN_ROWS) { /* groups of KG_ROWS weight rows, then the rest below */
+        const int64_t groups = N / KG_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
+        for (int64_t g = 0; g < groups; ++g)
+            kgroup(type, w + g * KG_ROWS * row_bytes, row_bytes, act, out + g * KG_ROWS, ldo,
+                   bias ? bias + g * KG_ROWS : NULL);
+        n_start = groups * KG_ROWS;
+    }
+#endif
+/* groups of 4 weight rows; each group against the activations in tiles of mt rows */
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
+    for (int64_t n0 = n_start; n0 < N; n0 += MT_MAX) {
+        const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
+        for (int64_t m0 = 0; m0 < M;) {
+            const act_t part = {(char *)act->q + sizeof(q8k_t) * (size_t)m0, NULL, NULL,
+                                act->nb, M};
+            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+            for (int r0 = 0; r0 < rows;) {
+                const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
+                float res[MT_MAX];
+                tile(type, w + (n0 + r0) * row_bytes, row_bytes, nr, &part, mt, res);
+                for (int r = 0; r < nr; ++r)
+                    for (int m = 0; m < mt; ++m)
+                        out[(m0 + m) * ldo + n0 + r0 + r] =
+                            res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
+                r0 += nr;
+            }
+            m0 += mt;
+        }
+    }
+}
+
+/* the same for the 32-value types (int16 activations if wide): groups of LT_LANES weight
+ * rows split over the threads; each group against the activations in chunks of up to
+ * LT_LANES rows, each chunk in tiles of LT_LANES pairs (see legacy_tile_of), so a verify
+ * step's or a prefill chunk's rows read each weight block once */
+static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+                          const act_t *act, float *out, int64_t ldo, const float *bias,
+                          int wide, int nthreads) {
+    const int64_t M = act->rows, K = act->nb * QK;
+    const size_t block_bytes = (size_t)(QK * (wide ? 2 : 1));
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
+    for (int64_t n0 = 0; n0 < N; n0 += LT_LANES) {
+        const int rows = (int)(N - n0 < LT_LANES ? N - n0 : LT_LANES);
+        for (int64_t m0 = 0; m0 < M;) {
+            const int mt = (int)(M - m0 < LT_LANES ? M - m0 : LT_LANES);
+            const int mtp = mt == 1 ? 1 : mt == 2 ? 2 : mt <= 4 ? 4 : 8, nr = LT_LANES / mtp;
+            const act_t part = {(char *)act->q + block_bytes * (size_t)m0, act->d + m0,
+                                act->sd + m0, act->nb, M};
+            for (int r0 = 0; r0 < rows; r0 += nr) {
+                const int nrv = rows - r0 < nr ? rows - r0 : nr;
+                float res[LT_LANES];
+                legacy_tile(type, w + (n0 + r0) * row_bytes, row_bytes, nrv, &part, mtp, mt,
+                            res, wide);
+                for (int r = 0; r < nrv; ++r)
+                    for (int m = 0; m < mt; ++m)
+                        out[(m0 + m) * ldo + n0 + r0 + r] =
+                            res[r * mtp + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
+            }
+            m0 += mt;
+        }
+    }
+}
 
 /* out[m * ldo + n] = (x[M, K] @ W.T)[m, n] (+ bias[n]) for n < N, the activations quantized
  * to act_bits (8 or 16; the super-block types and IQ4_NL take 8 only) bits; 0 on success, -1
@@ -531,51 +616,10 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
             else
                 quantize_row(x + m * K, &act, m, 0);
         }
-        int64_t n_start = 0;
-#ifdef HWPLUG_GGML_VNNI
-        if (super && M >= KG_MIN_ROWS) { /* groups of 8 weight rows, then the rest below */
-            const int64_t groups = N / KG_ROWS;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
-            for (int64_t g = 0; g < groups; ++g)
-                kgroup(type, w + g * KG_ROWS * row_bytes, row_bytes, &act, out + g * KG_ROWS,
-                       ldo, bias ? bias + g * KG_ROWS : NULL);
-            n_start = groups * KG_ROWS;
-        }
-#endif
-/* groups of 4 weight rows; each group against the activations in tiles of mt rows */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
-        for (int64_t n0 = n_start; n0 < N; n0 += MT_MAX) {
-            const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
-            for (int64_t m0 = 0; m0 < M;) {
-                const act_t part = {(char *)act.q + block_bytes * (size_t)m0,
-                                    super ? NULL : act.d + m0, super ? NULL : act.sd + m0, nb, M};
-#ifdef HWPLUG_GGML_AVX2
-                if (width == 2 && wide_tile_type(type) && M - m0 >= MT_WIDE) {
-                    for (int r = 0; r < rows; ++r) {
-                        float res[MT_WIDE];
-                        tile_wide(type, w + (n0 + r) * row_bytes, row_bytes, &part, res);
-                        for (int m = 0; m < MT_WIDE; ++m)
-                            out[(m0 + m) * ldo + n0 + r] = res[m] + (bias ? bias[n0 + r] : 0.0f);
-                    }
-                    m0 += MT_WIDE;
-                    continue;
-                }
-#endif
-                const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
-                for (int r0 = 0; r0 < rows;) {
-                    const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
-                    float res[MT_MAX];
-                    tile(type, w + (n0 + r0) * row_bytes, row_bytes, nr, &part, mt, res,
-                         width == 2);
-                    for (int r = 0; r < nr; ++r)
-                        for (int m = 0; m < mt; ++m)
-                            out[(m0 + m) * ldo + n0 + r0 + r] =
-                                res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
-                    r0 += nr;
-                }
-                m0 += mt;
-            }
-        }
+        if (super)
+            super_linear(type, w, row_bytes, N, &act, out, ldo, bias, nthreads);
+        else
+            legacy_linear(type, w, row_bytes, N, &act, out, ldo, bias, width == 2, nthreads);
     }
     free(act.q); free(act.d); free(act.sd);
     return status;

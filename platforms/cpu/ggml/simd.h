@@ -37,7 +37,6 @@ INLINE float fp16_to_fp32(const uint8_t *p) {
 #ifdef HWPLUG_GGML_AVX2
 typedef __m256i u8x32;
 typedef __m256i isum_t; /* 8 int32 partial sums */
-typedef __m256 facc;    /* 8 fp32 partial sums */
 
 INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 INLINE u8x32 load_u8(const void *p) { return load32(p); }
@@ -65,6 +64,8 @@ INLINE u8x32 lookup16(u8x32 u, const uint8_t *table) {
 }
 /* bytes u - 128 as signed bytes (u ^ 0x80) */
 INLINE u8x32 minus128(u8x32 u) { return _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80)); }
+/* bytes u - c (wrapping: signed bytes for u < c) */
+INLINE u8x32 sub_u8(u8x32 u, int c) { return _mm256_sub_epi8(u, _mm256_set1_epi8((char)c)); }
 /* v | (bit l of bits) << 4 for l < 32 */
 INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
     const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
@@ -83,7 +84,6 @@ INLINE isum_t dot_u8v(u8x32 u, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
 #endif
 }
-INLINE isum_t dot_u8(u8x32 u, const int8_t *x) { return dot_u8v(u, load32(x)); }
 /* w . x for int8 w (as bytes, >= -128): |w| against x with w's sign */
 INLINE isum_t dot_s8(u8x32 w, const int8_t *x) {
     return dot_u8v(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load32(x), w));
@@ -171,14 +171,15 @@ INLINE wide_t nibbles16_wide(const uint8_t *p) {
     return (wide_t){_mm256_and_si256(b, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16(b, 4)};
 }
 INLINE isum_t dot16_wide(const wide_t *w, const int16_t *x) { return dot16_pair(w->lo, w->hi, x); }
+/* the int16 weight quants minus c */
+INLINE wide_t wide_sub(wide_t w, int c) {
+    const __m256i v = _mm256_set1_epi16((short)c);
+    return (wide_t){_mm256_sub_epi16(w.lo, v), _mm256_sub_epi16(w.hi, v)};
+}
 /* 32 int8 weight quants, widened */
 INLINE wide_t s8_wide(const int8_t *w) {
     return (wide_t){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)),
                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)))};
-}
-INLINE isum_t dot16_s8(const int8_t *w, const int16_t *x) {
-    const wide_t v = s8_wide(w);
-    return dot16_wide(&v, x);
 }
 /* lane m: the sum of s[m]'s eight lanes (the hadds pair lanes within each 128-bit half,
  * the last step adds the halves) */
@@ -189,19 +190,6 @@ INLINE __m256i hsum8(const isum_t s[8]) {
                                          _mm256_hadd_epi32(s[6], s[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
                             _mm256_permute2x128_si256(u0, u1, 0x31));
-}
-typedef __m256 fscale; /* a weight scale, broadcast */
-INLINE fscale scale_of(float d) { return _mm256_set1_ps(d); }
-INLINE facc acc_zero(void) { return _mm256_setzero_ps(); }
-/* a + s * (dw * dx[0]) */
-INLINE facc acc_add(facc a, isum_t s, fscale dw, const float *dx) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_broadcast_ss(dx)), a);
-}
-INLINE float acc_total(facc a) {
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_movehdup_ps(v));
-    return _mm_cvtss_f32(v);
 }
 /* o[l] = d * (u[l] - offset) + add, with d, add = d0, add0 for l < 16 and d1, add1 after */
 INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add0, float add1,
@@ -237,8 +225,6 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef i32x8 isum_t;
-typedef f32x8 facc;
-typedef f32x8 fscale;
 
 INLINE u8x32 load_u8(const void *p) { u8x32 v; memcpy(&v, p, 32); return v; }
 /* the halves (values 0..15, 16..31) of a vector of 32 lanes */
@@ -269,6 +255,7 @@ INLINE u8x32 lookup16(u8x32 u, const uint8_t *table) {
     return u;
 }
 INLINE u8x32 minus128(u8x32 u) { return u ^ 0x80; }
+INLINE u8x32 sub_u8(u8x32 u, int c) { return u - (uint8_t)c; }
 INLINE u8x32 or_bits32(u8x32 v, uint32_t bits) {
     for (int l = 0; l < 32; ++l) v[l] |= (uint8_t)(((bits >> l) & 1) << 4);
     return v;
@@ -281,12 +268,6 @@ INLINE isum_t sum_products(const i16x32 *p, int sc0, int sc1) {
     i32x16 both = wide_lo + wide_hi; /* lane k: products k and 16 + k */
     HALVES(i32x8, both, a, b);
     return a + b;
-}
-INLINE isum_t dot_u8(u8x32 u, const int8_t *x) {
-    i8x32 xs;
-    memcpy(&xs, x, 32);
-    const i16x32 p = __builtin_convertvector(u, i16x32) * __builtin_convertvector(xs, i16x32);
-    return sum_products(&p, 1, 1);
 }
 /* the products of int8 w (as bytes) and x */
 INLINE i16x32 products_s8(u8x32 w, const int8_t *x) {
@@ -347,19 +328,11 @@ typedef i16x32 wide_t;
 INLINE wide_t widen(u8x32 u) { return __builtin_convertvector(u, i16x32); }
 INLINE wide_t nibbles16_wide(const uint8_t *p) { return widen(nibbles16(p)); }
 INLINE isum_t dot16_wide(const wide_t *w, const int16_t *x) { return dot16(w, x); }
-INLINE isum_t dot16_s8(const int8_t *w, const int16_t *x) {
+INLINE wide_t wide_sub(wide_t w, int c) { return w - (int16_t)c; }
+INLINE wide_t s8_wide(const int8_t *w) {
     i8x32 ws;
     memcpy(&ws, w, 32);
-    const i16x32 w16 = __builtin_convertvector(ws, i16x32);
-    return dot16(&w16, x);
-}
-INLINE fscale scale_of(float d) { return (fscale){0} + d; }
-INLINE facc acc_zero(void) { return (facc){0}; }
-INLINE facc acc_add(facc a, isum_t s, fscale dw, const float *dx) {
-    return a + __builtin_convertvector(s, f32x8) * (dw * dx[0]);
-}
-INLINE float acc_total(facc a) {
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    return __builtin_convertvector(ws, i16x32);
 }
 INLINE float block_amax(const float *x) {
     float amax = 0.0f;
