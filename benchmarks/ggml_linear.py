@@ -136,7 +136,7 @@ class Baseline:
 
     def linear(self, x: torch.Tensor, qweight: torch.Tensor, kind: int) -> torch.Tensor:
         """``x @ W.T`` as that revision's op computed it (fp32, 2-D ``x``)."""
-        if x.shape[0] >= self.rows[kind]:
+        if self.rows[kind] is not None and x.shape[0] >= self.rows[kind]:
             return c_kernels.AVX2.linear_tiled(x, qweight, kind)
         (m, k), (n, row_bytes) = x.shape, qweight.shape
         out = torch.empty(m, n)
