@@ -501,6 +501,7 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
 
 #ifdef HWPLUG_GGML_VNNI
 #include "kgroup.h"
+#include "lgroup.h"
 /* activation rows from which the super-block types take kgroup (fewer: tile_k). Measured
  * on a 2-vCPU Zen 5, one thread, CPU time per call: weights in cache (1536 x 1536), every
  * type level or better from 6 rows (1.04-1.2x), 1.15-1.35x at 8, 2.0-2.25x at 32, 0.88x
@@ -562,12 +563,26 @@ static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
 /* the same for the 32-value types (int16 activations if wide): groups of LT_LANES weight
  * rows split over the threads; each group against the activations in chunks of up to
  * LT_LANES rows, each chunk in tiles of LT_LANES pairs (see legacy_tile_of), so a verify
- * step's or a prefill chunk's rows read each weight block once */
+ * step's or a prefill chunk's rows read each weight block once. The VNNI build takes
+ * int16 activations of LG_MIN_ROWS rows or more in chunks of 16 (lgroup.h) instead, with
+ * the same fp32 arithmetic per pair. */
 static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                           const act_t *act, float *out, int64_t ldo, const float *bias,
                           int wide, int nthreads) {
     const int64_t M = act->rows, K = act->nb * QK;
     const size_t block_bytes = (size_t)(QK * (wide ? 2 : 1));
+#ifdef HWPLUG_GGML_VNNI
+    if (wide && M >= LG_MIN_ROWS) {
+        const size_t chunks = (size_t)((M + LG_LANES - 1) / LG_LANES);
+        int32_t *packed = malloc(sizeof(int32_t) * 16 * LG_LANES * chunks * (size_t)act->nb);
+        if (packed) { /* else the tiles below: the same results, without the copy */
+            lg_pack(act, packed, nthreads);
+            lg_linear(type, w, row_bytes, N, act, packed, out, ldo, bias, nthreads);
+            free(packed);
+            return;
+        }
+    }
+#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
     for (int64_t n0 = 0; n0 < N; n0 += LT_LANES) {
         const int rows = (int)(N - n0 < LT_LANES ? N - n0 : LT_LANES);

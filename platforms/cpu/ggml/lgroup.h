@@ -1,0 +1,91 @@
+/* The 32-value block types with int16 activations (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) for
+ * several activation rows at once: one activation row per 32-bit lane of a 512-bit vector
+ * (included by kernels.c in its VNNI build, after legacy_tile_of, whose per-pair fp32
+ * arithmetic this reproduces lane by lane: see legacy_values).
+ *
+ * The activations are first laid out in chunks of LG_LANES rows (lg_pack): for each block,
+ * vector i holds the int16 pair (x[2 i], x[2 i + 1]) of every row of the chunk, zeros for
+ * the rows past the call's. A weight row's block is decoded once per chunk (legacy_values)
+ * and each of its 16 int16 pairs, broadcast, meets vector i in one vpdpwssd, so a block
+ * costs 16 vpdpwssd for the chunk's 16 rows, with no horizontal sums; then one fp32 FMA per
+ * block for all 16 (Q4_1, Q5_1: one more for the minimum). */
+#ifndef HWPLUG_GGML_LGROUP_H
+#define HWPLUG_GGML_LGROUP_H
+
+/* activation rows per chunk (lanes); weight rows per thread's share of a pass; the
+ * activation rows from which legacy_linear takes the chunks (fewer: the tiles of eight
+ * pairs) */
+enum { LG_LANES = 16, LG_ROWS = 16, LG_MIN_ROWS = 4 };
+
+/* the activations' int16 quants of a (block-major, see act_t), into p: chunk c, block b at
+ * p + (c * nb + b) * 16 * LG_LANES int32s (vector i: pair i of the chunk's rows) */
+static void lg_pack(const act_t *a, int32_t *p, int nthreads) {
+    const int64_t chunks = (a->rows + LG_LANES - 1) / LG_LANES;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (chunks * a->nb >= 64)
+    for (int64_t cb = 0; cb < chunks * a->nb; ++cb) {
+        const int64_t c = cb / a->nb, b = cb % a->nb;
+        int32_t *dst = p + cb * 16 * LG_LANES;
+        for (int l = 0; l < LG_LANES; ++l) {
+            const int64_t m = c * LG_LANES + l;
+            int32_t pairs[16] = {0};
+            if (m < a->rows) memcpy(pairs, Q16(a, b * a->rows + m), sizeof pairs);
+            for (int i = 0; i < 16; ++i) dst[i * LG_LANES + l] = pairs[i];
+        }
+    }
+}
+
+/* res lanes l < mt: the pairs (weight row w, activation row m0 + l) of chunk `packed` */
+INLINE void lg_row(int type, const uint8_t *w, const act_t *a, const int32_t *packed,
+                   int64_t m0, int mt, float *res) {
+    const int bytes = legacy_bytes(type);
+    const __mmask16 valid = (__mmask16)((1u << mt) - 1);
+    __m512 acc = _mm512_setzero_ps(), off = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b, packed += 16 * LG_LANES) {
+        const uint8_t *blk = w + b * bytes;
+        u8x32 u;
+        wide_t uw;
+        legacy_values(type, blk, 1, &u, &uw);
+        int32_t pairs[16];
+        memcpy(pairs, &uw.lo, 32);
+        memcpy(pairs + 8, &uw.hi, 32);
+        __m512i tot = _mm512_setzero_si512();
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) tot = _mm512_dpwssd_epi32(
+            tot, _mm512_set1_epi32(pairs[i]), _mm512_loadu_si512(packed + i * LG_LANES));
+        const int64_t i0 = b * a->rows + m0;
+        const __m512 dx = _mm512_maskz_loadu_ps(valid, a->d + i0);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot),
+                              _mm512_mul_ps(_mm512_set1_ps(fp16_to_fp32(blk)), dx), acc);
+        if (legacy_has_min(type))
+            off = _mm512_fmadd_ps(_mm512_set1_ps(fp16_to_fp32(blk + 2)),
+                                  _mm512_maskz_loadu_ps(valid, a->sd + i0), off);
+    }
+    _mm512_mask_storeu_ps(res, valid, _mm512_add_ps(acc, off));
+}
+
+/* out[m * ldo + n] (+ bias[n]) for the call's rows and n < N, through the chunks: threads
+ * split the weight rows LG_ROWS at a time, each group against every chunk in turn */
+static void lg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+                      const act_t *a, const int32_t *packed, float *out, int64_t ldo,
+                      const float *bias, int nthreads) {
+    const int64_t M = a->rows, chunks = (M + LG_LANES - 1) / LG_LANES;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * M >= 65536)
+    for (int64_t n0 = 0; n0 < N; n0 += LG_ROWS) {
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int mt = (int)(M - c * LG_LANES < LG_LANES ? M - c * LG_LANES : LG_LANES);
+            for (int64_t n = n0; n < N && n < n0 + LG_ROWS; ++n) {
+                float res[LG_LANES];
+                const int32_t *chunk = packed + c * a->nb * 16 * LG_LANES;
+                switch (type) {
+#define LG_TYPE(T) case T: lg_row(T, w + n * row_bytes, a, chunk, c * LG_LANES, mt, res); break;
+                LG_TYPE(T_Q4_0) LG_TYPE(T_Q4_1) LG_TYPE(T_Q5_0) LG_TYPE(T_Q5_1)
+#undef LG_TYPE
+                default: lg_row(T_Q8_0, w + n * row_bytes, a, chunk, c * LG_LANES, mt, res);
+                }
+                for (int l = 0; l < mt; ++l)
+                    out[(c * LG_LANES + l) * ldo + n] = res[l] + (bias ? bias[n] : 0.0f);
+            }
+        }
+    }
+}
+
+#endif /* HWPLUG_GGML_LGROUP_H */
