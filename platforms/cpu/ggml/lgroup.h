@@ -48,9 +48,12 @@ INLINE void lg_row(int type, const uint8_t *w, const act_t *a, const int32_t *pa
         int32_t pairs[16];
         memcpy(pairs, &uw.lo, 32);
         memcpy(pairs + 8, &uw.hi, 32);
-        __m512i tot = _mm512_setzero_si512();
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) tot = _mm512_dpwssd_epi32(
-            tot, _mm512_set1_epi32(pairs[i]), _mm512_loadu_si512(packed + i * LG_LANES));
+        __m512i part[4]; /* four chains: vpdpwssd's latency, not its throughput, would bound one */
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; ++j) part[j] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) part[i & 3] = _mm512_dpwssd_epi32(
+            part[i & 3], _mm512_set1_epi32(pairs[i]), _mm512_loadu_si512(packed + i * LG_LANES));
+        const __m512i tot = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]),
+                                             _mm512_add_epi32(part[2], part[3]));
         const int64_t i0 = b * a->rows + m0;
         const __m512 dx = _mm512_maskz_loadu_ps(valid, a->d + i0);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot),
