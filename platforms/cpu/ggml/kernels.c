@@ -572,7 +572,7 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
     const int64_t M = act->rows, K = act->nb * QK;
     const size_t block_bytes = (size_t)(QK * (wide ? 2 : 1));
 #ifdef HWPLUG_GGML_VNNI
-    if (wide && (M >= LG_MIN_ROWS || (M >= LG_TWO_MIN && M <= LG_HALF))) {
+    if (wide && M >= LG_MIN_ROWS) {
         const size_t chunks = (size_t)((M + LG_LANES - 1) / LG_LANES);
         int32_t *packed = malloc(sizeof(int32_t) * 16 * LG_LANES * chunks * (size_t)act->nb);
         if (packed) { /* else the tiles below: the same results, without the copy */

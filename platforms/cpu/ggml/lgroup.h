@@ -17,7 +17,7 @@
  * pairs). A chunk costs about what 1.5 of the tiles' eight-row passes cost (2-vCPU Zen 5,
  * one thread, CPU time, loaded machine, Q4_1 576x576 and 1536x8960 from memory: 5 and 8
  * rows 1.4-1.7x slower than the tiles, 32 rows 1.4-1.5x faster), hence 12. */
-enum { LG_LANES = 16, LG_ROWS = 16, LG_MIN_ROWS = 12, LG_TWO_MIN = 5 };
+enum { LG_LANES = 16, LG_ROWS = 16, LG_MIN_ROWS = 12 };
 
 /* the activations' int16 quants of a (block-major, see act_t), into p: chunk c, block b at
  * p + (c * nb + b) * 16 * LG_LANES int32s (vector i: pair i of the chunk's rows) */
@@ -67,57 +67,6 @@ INLINE void lg_row(int type, const uint8_t *w, const act_t *a, const int32_t *pa
     _mm512_mask_storeu_ps(res, valid, _mm512_add_ps(acc, off));
 }
 
-/* a block's 16 int16 pairs of weight values (legacy_values), as one vector */
-INLINE __m512i lg_values(int type, const uint8_t *blk) {
-    u8x32 u;
-    wide_t uw;
-    legacy_values(type, blk, 1, &u, &uw);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(uw.lo), uw.hi, 1);
-}
-/* up to LG_HALF activation rows (one chunk, mt of them): two weight rows per vector, lanes
- * r * LG_HALF + l for the pair (weight row r of w0 / w1, activation row l); each pair of
- * weight values reaches its half by one two-source permute, the activations' pairs of the
- * chunk's first eight rows by one broadcast load; res[r * LG_HALF + l] */
-enum { LG_HALF = 8 };
-/* lo in lanes 0..7, hi in 8..15; v in both halves (AVX-512F only, no DQ) */
-INLINE __m512 lg_join_ps(__m256 lo, __m256 hi) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
-                                               _mm256_castps_pd(hi), 1));
-}
-INLINE __m512 lg_twice_ps(__m256 v) { return lg_join_ps(v, v); }
-INLINE void lg_two_rows(int type, const uint8_t *w0, const uint8_t *w1, const act_t *a,
-                        const int32_t *packed, int mt, float *res) {
-    const int bytes = legacy_bytes(type);
-    const __mmask8 valid = (__mmask8)((1u << mt) - 1);
-    __m512 acc = _mm512_setzero_ps(), off = _mm512_setzero_ps();
-    for (int64_t b = 0; b < a->nb; ++b, packed += 16 * LG_LANES) {
-        const __m512i v0 = lg_values(type, w0 + b * bytes), v1 = lg_values(type, w1 + b * bytes);
-        __m512i part[4];
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; ++j) part[j] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) {
-            const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi32(i),
-                                                    _mm256_set1_epi32(16 + i), 1);
-            const __m512i x = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(packed + i * LG_LANES)));
-            part[i & 3] = _mm512_dpwssd_epi32(part[i & 3], _mm512_permutex2var_epi32(v0, pick, v1), x);
-        }
-        const __m512i tot = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]),
-                                             _mm512_add_epi32(part[2], part[3]));
-        const __m512 dx = lg_twice_ps(_mm256_maskz_loadu_ps(valid, a->d + b * a->rows));
-        const __m512 dw = lg_join_ps(_mm256_set1_ps(fp16_to_fp32(w0 + b * bytes)),
-                                     _mm256_set1_ps(fp16_to_fp32(w1 + b * bytes)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, dx), acc);
-        if (legacy_has_min(type)) {
-            const __m512 mw = lg_join_ps(_mm256_set1_ps(fp16_to_fp32(w0 + b * bytes + 2)),
-                                         _mm256_set1_ps(fp16_to_fp32(w1 + b * bytes + 2)));
-            off = _mm512_fmadd_ps(
-                mw, lg_twice_ps(_mm256_maskz_loadu_ps(valid, a->sd + b * a->rows)),
-                off);
-        }
-    }
-    _mm512_storeu_ps(res, _mm512_add_ps(acc, off));
-}
-
 /* out[m * ldo + n] (+ bias[n]) for the call's rows and n < N, through the chunks: threads
  * split the weight rows LG_ROWS at a time, each group against every chunk in turn */
 static void lg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
@@ -126,22 +75,6 @@ static void lg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
     const int64_t M = a->rows, chunks = (M + LG_LANES - 1) / LG_LANES;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * M >= 65536)
     for (int64_t n0 = 0; n0 < N; n0 += LG_ROWS) {
-        if (M <= LG_HALF) { /* one chunk of up to eight rows: weight rows two by two */
-            for (int64_t n = n0; n < N && n < n0 + LG_ROWS; n += 2) {
-                const uint8_t *w0 = w + n * row_bytes, *w1 = n + 1 < N ? w0 + row_bytes : w0;
-                float res[2 * LG_HALF];
-                switch (type) {
-#define LG_TYPE(T) case T: lg_two_rows(T, w0, w1, a, packed, (int)M, res); break;
-                LG_TYPE(T_Q4_0) LG_TYPE(T_Q4_1) LG_TYPE(T_Q5_0) LG_TYPE(T_Q5_1)
-#undef LG_TYPE
-                default: lg_two_rows(T_Q8_0, w0, w1, a, packed, (int)M, res);
-                }
-                for (int r = 0; r < 2 && n + r < N; ++r)
-                    for (int l = 0; l < M; ++l)
-                        out[l * ldo + n + r] = res[r * LG_HALF + l] + (bias ? bias[n + r] : 0.0f);
-            }
-            continue;
-        }
         for (int64_t c = 0; c < chunks; ++c) {
             const int mt = (int)(M - c * LG_LANES < LG_LANES ? M - c * LG_LANES : LG_LANES);
             for (int64_t n = n0; n < N && n < n0 + LG_ROWS; ++n) {
