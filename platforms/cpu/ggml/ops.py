@@ -52,8 +52,10 @@ from hwplug.platforms.device_names import canonical_device_name
 #: invariance, docs/generation.md "Numerics"); its price: in prefill-sized calls (one
 #: SmolLM2 layer, 128-512 rows, interleaved on a loaded machine) the integer kernel took
 #: 1.2-1.4x the tiles' time, which a user table naming a row count takes back. Before
-#: those tiles, 68 against 228 ms at batch 20 and par at 48, hence 64 for Q5_0 and Q5_1,
-#: which lack them. The activations of the 32-value types are int16 (max|x| /
+#: those tiles, 68 against 228 ms at batch 20 and par at 48. Q5_0 and Q5_1 never take the
+#: tiles either (null) since the VNNI build's 16-row chunks (lgroup.h): their int16 kernel
+#: took 0.35-0.98x the tiles' time at 32-512 rows (that Zen 5, one thread, CPU time, loaded;
+#: 576x576 and 1536x8960). The activations of the 32-value types are int16 (max|x| /
 #: 32767 steps: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of
 #: fp32) where that costs at most ~15% over int8 at one row (measured: 0-5%); Q8_0 keeps
 #: int16: its int8 dots (VNNI) measured level with int16 (a 2-vCPU AMD EPYC Zen 5, one
