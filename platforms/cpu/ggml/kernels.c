@@ -16,6 +16,8 @@
  *     KG_MIN_ROWS activation rows the VNNI build takes them 16 weight rows at a time
  *     instead, one row per 32-bit lane of AVX-512 vectors (kgroup.h), with the same fp32
  *     arithmetic per pair, so each output is the same whichever kernel computes it.
+ *   hwplug_ggml_repack repacks Q4_K and Q6_K weights once for those groups (same bytes,
+ *   held instead of the rows), hwplug_ggml_linear_repacked multiplies them: bitwise the same.
  *   Output rows are split over OpenMP threads; each output is one thread's, computed in
  *   the same order whatever the thread count and whatever the other activation rows of the
  *   call (batch-invariant: a token's row is the same in a decode step of one, of many, or
@@ -506,7 +508,11 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
  * on a 2-vCPU Zen 5, one thread, CPU time per call: weights in cache (1536 x 1536), every
  * type level or better from 6 rows (1.04-1.2x), 1.15-1.35x at 8, 2.0-2.25x at 32, 0.88x
  * at 4; weights from memory (Q4_K 8960 x 1536, as in a decode step) 1.11x at 8, 1.71x at
- * 32. */
+ * 32. Q4_K and Q6_K weights repacked once (hwplug_ggml_repack) take the groups at every row
+ * count: against the rows' kernels, one thread, CPU time, weights from memory, a loaded
+ * machine, 1536 x 1536, 8960 x 1536, 1536 x 8960 and 4096 x 14336: Q4_K 1.07-1.20x at 1
+ * row, 1.5-1.8x at 3-4, 1.5-1.8x at 8, 1.3-1.4x at 16-17, 1.2-1.3x at 32, 1.06-1.11x at
+ * 70-128; Q6_K 1.01-1.12x, 1.4-1.5x, 1.5-2.3x, 1.4-1.7x, 1.2-1.5x, 1.1-1.16x. */
 enum { KG_MIN_ROWS = 8 };
 #endif
 /* the super-block types (Q8_K activations) */
@@ -521,19 +527,20 @@ static int wide_type(int type) {
 static int linear_type(int type) { return wide_type(type) || type == T_IQ4_NL || super_type(type); }
 
 /* out[m * ldo + n] = (act @ W.T)[m, n] (+ bias[n]): the super-block types, split over
- * nthreads threads by weight rows */
+ * nthreads threads by weight rows; packed: the groups of 16 rows are repacked
+ * (hwplug_ggml_repack) and take the groups at every row count */
 static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                          const act_t *act, float *out, int64_t ldo, const float *bias,
-                         int nthreads) {
+                         int nthreads, int packed) {
     const int64_t M = act->rows, K = act->nb * QK_K;
     int64_t n_start = 0;
 #ifdef HWPLUG_GGML_VNNI
-    if (M >= KG_MIN_ROWS) { /* groups of KG_ROWS weight rows, then the rest below */
+    if (packed || M >= KG_MIN_ROWS) { /* groups of KG_ROWS weight rows, then the rest */
         const int64_t groups = N / KG_ROWS;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
         for (int64_t g = 0; g < groups; ++g)
             kgroup(type, w + g * KG_ROWS * row_bytes, row_bytes, act, out + g * KG_ROWS, ldo,
-                   bias ? bias + g * KG_ROWS : NULL);
+                   bias ? bias + g * KG_ROWS : NULL, packed);
         n_start = groups * KG_ROWS;
     }
 #endif
@@ -606,14 +613,11 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
     }
 }
 
-/* out[m * ldo + n] = (x[M, K] @ W.T)[m, n] (+ bias[n]) for n < N, the activations quantized
- * to act_bits (8 or 16; the super-block types and IQ4_NL take 8 only) bits; 0 on success, -1
- * for a type or act_bits it does not serve, -2 when out of memory. K is a multiple of the
- * type's block and ldo >= N (the caller checks). */
-int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
-                       const float *x, int64_t M, float *out, int64_t ldo, const float *bias,
-                       int act_bits, int nthreads) {
-    if (!linear_type(type) || (act_bits != 8 && (act_bits != 16 || !wide_type(type)))) return -1;
+/* hwplug_ggml_linear, with the weight's groups of 16 rows repacked (packed, see
+ * hwplug_ggml_repack) or not */
+static int linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                  const float *x, int64_t M, float *out, int64_t ldo, const float *bias,
+                  int act_bits, int nthreads, int packed) {
     const int super = super_type(type);
     const int64_t nb = super ? K / QK_K : K / QK, width = act_bits / 8;
     const size_t block_bytes = super ? sizeof(q8k_t) : (size_t)(QK * width);
@@ -632,12 +636,58 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                 quantize_row(x + m * K, &act, m, 0);
         }
         if (super)
-            super_linear(type, w, row_bytes, N, &act, out, ldo, bias, nthreads);
+            super_linear(type, w, row_bytes, N, &act, out, ldo, bias, nthreads, packed);
         else
             legacy_linear(type, w, row_bytes, N, &act, out, ldo, bias, width == 2, nthreads);
     }
     free(act.q); free(act.d); free(act.sd);
     return status;
+}
+
+/* out[m * ldo + n] = (x[M, K] @ W.T)[m, n] (+ bias[n]) for n < N, the activations quantized
+ * to act_bits (8 or 16; the super-block types and IQ4_NL take 8 only) bits; 0 on success, -1
+ * for a type or act_bits it does not serve, -2 when out of memory. K is a multiple of the
+ * type's block and ldo >= N (the caller checks). */
+int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                       const float *x, int64_t M, float *out, int64_t ldo, const float *bias,
+                       int act_bits, int nthreads) {
+    if (!linear_type(type) || (act_bits != 8 && (act_bits != 16 || !wide_type(type)))) return -1;
+    return linear(type, w, row_bytes, N, K, x, M, out, ldo, bias, act_bits, nthreads, 0);
+}
+
+/* out <- w [N, row_bytes] with each group of 16 rows (the first N / 16 * 16 rows) repacked
+ * for the 16-row groups (kpack_rows in kgroup.h), the rest copied: the same bytes, held
+ * instead of the rows. 0, or -1 for a type (or a build) it does not serve: the VNNI build
+ * repacks Q4_K and Q6_K. */
+int hwplug_ggml_repack(int type, const uint8_t *w, int64_t N, int64_t row_bytes, uint8_t *out,
+                       int nthreads) {
+#ifdef HWPLUG_GGML_VNNI
+    if (!kpack_type(type)) return -1;
+    const int64_t groups = N / KG_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (groups >= 64)
+    for (int64_t g = 0; g < groups; ++g) kpack_rows(type, w, row_bytes, g * KG_ROWS, out);
+    memcpy(out + groups * KG_ROWS * row_bytes, w + groups * KG_ROWS * row_bytes,
+           (size_t)((N - groups * KG_ROWS) * row_bytes));
+    return 0;
+#else
+    (void)type; (void)w; (void)N; (void)row_bytes; (void)out; (void)nthreads;
+    return -1;
+#endif
+}
+
+/* hwplug_ggml_linear on weights hwplug_ggml_repack wrote (int8 activations): each output
+ * bitwise the same as from the rows, for every row count (the groups serve one row too). */
+int hwplug_ggml_linear_repacked(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+                                int64_t K, const float *x, int64_t M, float *out, int64_t ldo,
+                                const float *bias, int nthreads) {
+#ifdef HWPLUG_GGML_VNNI
+    if (!kpack_type(type)) return -1;
+    return linear(type, w, row_bytes, N, K, x, M, out, ldo, bias, 8, nthreads, 1);
+#else
+    (void)type; (void)w; (void)row_bytes; (void)N; (void)K; (void)x; (void)M; (void)out;
+    (void)ldo; (void)bias; (void)nthreads;
+    return -1;
+#endif
 }
 
 /* ---- dequantization of whole rows ---- */

@@ -11,7 +11,16 @@
  * (their four int8 quants broadcast), one integer multiply by the sub-blocks' scales per
  * chunk, and the fp32 accumulation per super-block of k_finish. vpdpbusd takes the
  * unsigned quants whole (no int16 pair saturation), so IQ4_XS's values come as values + 128,
- * and 128 times the scaled activation sums are taken back from the integer dot. */
+ * and 128 times the scaled activation sums are taken back from the integer dot.
+ *
+ * Q4_K and Q6_K weights may also come repacked once (kpack_rows): each super-block of a
+ * group's 16 rows stored as its rows' 32-bit words interleaved, word w of row r at 64 w + 4 r
+ * (Q6_K's trailing fp16 d: the 16 rows' d after the words), the same bytes as the rows. A
+ * chunk's quants then load straight into lanes (kpack_chunk: no transposes, decoded again for
+ * each pass of four activation rows, in registers), and the headers decode as vectors over
+ * the rows (kpack_head), so the groups serve every row count from this layout, one included.
+ * Measured (2-vCPU Zen 5, loaded, one thread, CPU time, Qwen2.5 / Llama-3.1-8B shapes,
+ * weights from memory) against the row layout's kernels: see kernels.c at KG_MIN_ROWS. */
 #ifndef HWPLUG_GGML_KGROUP_H
 #define HWPLUG_GGML_KGROUP_H
 
@@ -134,6 +143,88 @@ INLINE void kgroup_load(int type, const uint8_t *blk, int64_t ld, kgroup_t *g) {
     g->dmin = join_ps(a.dmin, b.dmin);
 }
 
+/* the types kpack_rows repacks */
+INLINE int kpack_type(int type) { return type == T_Q4_K || type == T_Q6_K; }
+/* word w of a repacked super-block: lane r = word w of row r */
+#define KPACK_WORD(p, w) _mm512_loadu_si512((const void *)((p) + 64 * (w)))
+
+/* out <- the rows n0 .. n0 + 15 of w (rows row_bytes apart, n0 a multiple of 16) repacked:
+ * per super-block sb, 16 * bytes bytes at (n0 / 16 * nb + sb) * 16 * bytes */
+INLINE void kpack_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t n0, uint8_t *out) {
+    const int bytes = k_bytes(type), words = bytes / 4;
+    const int64_t nb = row_bytes / bytes;
+    for (int64_t sb = 0; sb < nb; ++sb) {
+        uint8_t *dst = out + (n0 / KG_ROWS * nb + sb) * KG_ROWS * bytes;
+        for (int r = 0; r < KG_ROWS; ++r) {
+            const uint8_t *src = w + (n0 + r) * row_bytes + sb * bytes;
+            for (int i = 0; i < words; ++i) memcpy(dst + 64 * i + 4 * r, src + 4 * i, 4);
+            if (bytes % 4) memcpy(dst + 64 * words + 2 * r, src + 4 * words, 2);
+        }
+    }
+}
+
+/* the headers of a repacked super-block at p as kgroup_t's vectors (q left alone): Q4_K's
+ * word 0 (d, dmin) and words 1 .. 3 (k_scales, lane by lane); Q6_K's words 48 .. 51 (int8
+ * scales) and its 16 d after the 52 words */
+INLINE void kpack_head(int type, const uint8_t *p, kgroup_t *g) {
+    const __m512i low8 = _mm512_set1_epi32(0xFF);
+    if (type == T_Q4_K) {
+        const __m512i w0 = KPACK_WORD(p, 0), a = KPACK_WORD(p, 1), b = KPACK_WORD(p, 2),
+                      c = KPACK_WORD(p, 3);
+        const __m512i low6 = _mm512_set1_epi8(0x3F), low4 = _mm512_set1_epi8(0x0F),
+                      top2 = _mm512_set1_epi8(0x03);
+        g->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
+        g->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
+        const __m512i s[2] = {_mm512_and_si512(a, low6),
+                              _mm512_or_si512(_mm512_and_si512(c, low4),
+                                              _mm512_slli_epi32(_mm512_and_si512(
+                                                  _mm512_srli_epi32(a, 6), top2), 4))};
+        const __m512i m[2] = {_mm512_and_si512(b, low6),
+                              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4),
+                                              _mm512_slli_epi32(_mm512_and_si512(
+                                                  _mm512_srli_epi32(b, 6), top2), 4))};
+        for (int k = 0; k < 8; ++k)
+            g->sc[k] = _mm512_and_si512(_mm512_srli_epi32(s[k / 4], 8 * (k % 4)), low8);
+        for (int q = 0; q < 4; ++q) { /* bytes 2 q, 2 q + 1 of the mins as an int16 pair */
+            const __m512i x = _mm512_srli_epi32(m[q / 2], 16 * (q % 2));
+            g->mnp[q] = _mm512_or_si512(_mm512_and_si512(x, low8),
+                                        _mm512_slli_epi32(_mm512_and_si512(
+                                            x, _mm512_set1_epi32(0xFF00)), 8));
+        }
+    } else { /* Q6_K */
+        g->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 64 * 52)));
+        g->dmin = _mm512_setzero_ps();
+        for (int k = 0; k < 16; ++k)
+            g->sc[k] = _mm512_srai_epi32(_mm512_slli_epi32(KPACK_WORD(p, 48 + k / 4),
+                                                           24 - 8 * (k % 4)), 24);
+        for (int q = 0; q < 8; ++q)
+            g->scp[q] = _mm512_or_si512(
+                _mm512_and_si512(g->sc[2 * q], _mm512_set1_epi32(0xFFFF)),
+                _mm512_slli_epi32(g->sc[2 * q + 1], 16));
+    }
+}
+
+/* q[i] lane r = quants 32 j + 4 i .. + 3 of row r of the repacked super-block at p (as
+ * k_chunk decodes them: Q4_K's qs at word 4, Q6_K's ql at word 0 and qh at word 32) */
+INLINE void kpack_chunk(int type, const uint8_t *p, int j, __m512i q[8]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if (type == T_Q4_K) {
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
+            const __m512i v = KPACK_WORD(p, 4 + 8 * (j >> 1) + i);
+            q[i] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, low4);
+        }
+    } else { /* Q6_K */
+        const int h = j >> 2, s = j & 3;
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
+            const __m512i l = KPACK_WORD(p, 16 * h + 8 * (s & 1) + i);
+            const __m512i hb = _mm512_and_si512(
+                _mm512_srli_epi16(KPACK_WORD(p, 32 + 8 * h + i), 2 * s), _mm512_set1_epi8(0x03));
+            q[i] = _mm512_or_si512(_mm512_and_si512(s & 2 ? _mm512_srli_epi16(l, 4) : l, low4),
+                                   _mm512_slli_epi16(hb, 4));
+        }
+    }
+}
+
 /* the int32 broadcast of the four int8 at p */
 INLINE __m512i bcast4(const int8_t *p) {
     int32_t v;
@@ -153,15 +244,19 @@ INLINE __m512i kgroup_pairs(const __m512i *pairs, const int16_t *b, int n) {
 }
 
 /* activation rows x[0 .. R - 1] against the group's super-block: acc and off as k_finish
- * has them. Each chunk's transposed quants are loaded once for the R rows. */
+ * has them. Each chunk's quants are loaded once for the R rows: from g (transposed), or
+ * decoded from the repacked super-block at pk when it is not NULL. */
 INLINE void kgroup_rows_r(int type, const kgroup_t *g, const q8k_t *const x[], int R,
-                          __m512 *acc, __m512 *off) {
+                          __m512 *acc, __m512 *off, const uint8_t *pk) {
     const int per32 = k_per32(type), center = k_center(type);
     __m512i tot[KG_R];
     _Pragma("GCC unroll 4") for (int m = 0; m < R; ++m) tot[m] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j) {
         __m512i q[8];
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) q[i] = g->q[j][i];
+        if (pk)
+            kpack_chunk(type, pk, j, q);
+        else
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) q[i] = g->q[j][i];
         _Pragma("GCC unroll 4") for (int m = 0; m < R; ++m) {
             const int8_t *xq = x[m]->q + 32 * j;
             __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(xq));
@@ -208,10 +303,10 @@ INLINE void kgroup_rows_r(int type, const kgroup_t *g, const q8k_t *const x[], i
     }
 }
 
-/* out[m * ldo + n0 + r] for r < 8 and every activation row m, from weight rows n0 .. n0 + 7
- * (w: row n0) */
+/* out[m * ldo + n0 + r] for r < 16 and every activation row m, from weight rows n0 .. n0 +
+ * 15 (w: row n0, or with packed their repacked super-blocks, see kpack_rows) */
 INLINE void kgroup_rows(int type, const uint8_t *w, int64_t ld, const act_t *a, float *out,
-                        int64_t ldo, const float *bias) {
+                        int64_t ldo, const float *bias, int packed) {
     const int bytes = k_bytes(type);
     const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
     kgroup_t g;
@@ -220,16 +315,23 @@ INLINE void kgroup_rows(int type, const uint8_t *w, int64_t ld, const act_t *a, 
         __m512 acc[KG_PASS], off[KG_PASS];
         for (int m = 0; m < mc; ++m) acc[m] = off[m] = _mm512_setzero_ps();
         for (int64_t sb = 0; sb < a->nb; ++sb) {
-            kgroup_load(type, w + sb * bytes, ld, &g);
+            const uint8_t *pk = packed ? w + sb * KG_ROWS * bytes : NULL;
+            if (packed) { /* the next super-blocks: two ahead, one stream per group */
+                for (int line = 0; line < KG_ROWS * bytes; line += 64)
+                    __builtin_prefetch(pk + 2 * KG_ROWS * bytes + line, 0, 0);
+                kpack_head(type, pk, &g);
+            } else {
+                kgroup_load(type, w + sb * bytes, ld, &g);
+            }
             for (int m = 0; m < mc; m += KG_R) {
                 const q8k_t *x[KG_R];
                 const int r = mc - m < KG_R ? mc - m : KG_R;
                 for (int i = 0; i < r; ++i) x[i] = K8(a, sb * a->rows + m0 + m + i);
                 if (r == KG_R)
-                    kgroup_rows_r(type, &g, x, KG_R, acc + m, off + m);
+                    kgroup_rows_r(type, &g, x, KG_R, acc + m, off + m, pk);
                 else
                     for (int i = 0; i < r; ++i)
-                        kgroup_rows_r(type, &g, x + i, 1, acc + m + i, off + m + i);
+                        kgroup_rows_r(type, &g, x + i, 1, acc + m + i, off + m + i, pk);
             }
         }
         for (int m = 0; m < mc; ++m)
@@ -238,13 +340,16 @@ INLINE void kgroup_rows(int type, const uint8_t *w, int64_t ld, const act_t *a, 
     }
 }
 
-/* each type's instance (type a compile-time constant in each) */
+/* each type's instance (type and packed compile-time constants in each) */
 static void kgroup(int type, const uint8_t *w, int64_t ld, const act_t *a, float *out,
-                   int64_t ldo, const float *bias) {
+                   int64_t ldo, const float *bias, int packed) {
     switch (type) {
-#define KG(T) case T: kgroup_rows(T, w, ld, a, out, ldo, bias); break;
-    KG(T_Q2_K) KG(T_Q3_K) KG(T_Q4_K) KG(T_Q5_K) KG(T_Q6_K) KG(T_IQ4_XS)
+#define KG(T) case T: kgroup_rows(T, w, ld, a, out, ldo, bias, 0); break;
+#define KP(T) case T: { if (packed) kgroup_rows(T, w, ld, a, out, ldo, bias, 1); \
+                        else kgroup_rows(T, w, ld, a, out, ldo, bias, 0); } break;
+    KG(T_Q2_K) KG(T_Q3_K) KP(T_Q4_K) KG(T_Q5_K) KP(T_Q6_K) KG(T_IQ4_XS)
 #undef KG
+#undef KP
     }
 }
 #endif /* HWPLUG_GGML_KGROUP_H */

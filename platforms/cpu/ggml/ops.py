@@ -76,6 +76,10 @@ ACTIVATIONS = {"int8": 8, "int16": 16}
 WIDE_TYPES = frozenset(int(GGMLQuantizationType[name])
                        for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
 _SERVED = ", ".join(type_name(t) for t in QUANTIZED_TYPES)
+#: The GGUF types the VNNI build repacks for its 16-row groups (:meth:`GgmlKernels.repack`;
+#: measured in kernels.c at KG_MIN_ROWS).
+REPACKED_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in ("Q4_K", "Q6_K"))
+_REPACKED = ", ".join(type_name(t) for t in sorted(REPACKED_TYPES))
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 #: The GGUF type of fp32 rows, which the C dequantization copies.
 F32 = int(GGMLQuantizationType.F32)
@@ -141,6 +145,9 @@ class GgmlKernels(build.Library):
                                _ptr, ctypes.c_int, ctypes.c_int],
         "hwplug_ggml_dequantize": [ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr,
                                    ctypes.c_int],
+        "hwplug_ggml_repack": [ctypes.c_int, _ptr, _i64, _i64, _ptr, ctypes.c_int],
+        "hwplug_ggml_linear_repacked": [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr,
+                                        _i64, _ptr, ctypes.c_int],
     }
 
     @checked("linear_supported")
@@ -190,6 +197,42 @@ class GgmlKernels(build.Library):
                         _pointer(fp32_bias), ACTIVATIONS[activations], torch.get_num_threads(),
                         check=self._check)
         return out
+
+    @checked("repack_supported")
+    def repack(self, qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
+        """``qweight`` with each group of 16 rows (the first ``N // 16 * 16``) repacked for the
+        VNNI build's 16-row groups (kgroup.h's ``kpack_rows``: the rows' 32-bit words
+        interleaved), the rest copied: a new uint8 tensor of ``qweight``'s shape and bytes,
+        to hold instead of it, which :meth:`linear_repacked` multiplies. The VNNI build
+        repacks :data:`REPACKED_TYPES`; the others raise UnsupportedError."""
+        packed = torch.empty_like(qweight)
+        native_call(self.library.hwplug_ggml_repack, ggml_type, qweight.data_ptr(),
+                    qweight.shape[0], qweight.shape[1], packed.data_ptr(),
+                    torch.get_num_threads(), check=self._check_repacked)
+        return packed
+
+    @checked("repacked_supported")
+    def linear_repacked(self, x: torch.Tensor, packed: torch.Tensor, ggml_type: int,
+                        bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """:meth:`linear_blocks` on weights :meth:`repack` wrote (int8 activations): every
+        output bitwise the same as from the rows, whatever the number of rows of ``x``."""
+        rows, fp32_bias = _fp32(x), _fp32(bias)
+        (m, k), (n, row_bytes) = rows.shape, packed.shape
+        if out is None:
+            out = torch.empty(m, n, dtype=torch.float32)
+        if m:
+            native_call(self.library.hwplug_ggml_linear_repacked, ggml_type, packed.data_ptr(),
+                        row_bytes, n, k, rows.data_ptr(), m, out.data_ptr(), out.stride(0),
+                        _pointer(fp32_bias), torch.get_num_threads(),
+                        check=self._check_repacked)
+        return out
+
+    def _check_repacked(self, status: int) -> None:
+        if status == -1:
+            raise UnsupportedError(f"the ggml CPU kernels' {self.name} build does not repack "
+                                   f"(the vnni build repacks {_REPACKED})")
+        self._check(status)
 
     @checked("tiled_supported")
     def linear_tiled(self, x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
@@ -296,6 +339,24 @@ def blocks_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
         return f"out {out.dtype} {list(out.shape)} is not float32 {list(want or ())} of unit " \
                "column stride"
     return linear_supported(x, qweight, ggml_type, bias)
+
+
+def repack_supported(qweight: torch.Tensor, ggml_type: int) -> str | None:
+    """Why :meth:`GgmlKernels.repack` declines a weight, or None."""
+    if ggml_type not in REPACKED_TYPES:
+        return f"GGUF type {type_name(ggml_type)} is not repacked (repacks {_REPACKED})"
+    if qweight.dim() != 2:
+        return f"needs qweight as uint8 [N, row_bytes], got {list(qweight.shape)}"
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return _weight_problem(qweight, ggml_type, qweight.shape[1] // size * block)
+
+
+def repacked_supported(x: torch.Tensor, packed: torch.Tensor, ggml_type: int,
+                       bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                       ) -> str | None:
+    """Why :meth:`GgmlKernels.linear_repacked` declines a call, or None."""
+    return repack_supported(packed, ggml_type) or blocks_supported(x, packed, ggml_type, bias,
+                                                                   "int8", out)
 
 
 def tiled_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,

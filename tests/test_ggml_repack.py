@@ -1,0 +1,85 @@
+"""The VNNI build's repacked Q4_K / Q6_K weights (kgroup.h's ``kpack_rows``): the layout
+against a torch reimplementation of it, the outputs bitwise those of the rows (batch
+invariance holds across layouts and row counts), and the calls it declines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from test_ggml_kernels import assert_within_tolerance, built, weight_for
+
+from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry import ops_ggml
+from hwplug.platforms.cpu.ggml import ops as c_ops
+
+Q = GGMLQuantizationType
+REPACKED = sorted(c_ops.REPACKED_TYPES)
+
+
+def reference_repack(qweight: torch.Tensor, kind: int) -> torch.Tensor:
+    """kpack_rows' layout, recomputed: per group of 16 rows and super-block, word w of row r
+    at byte 64 w + 4 r, a trailing fp16 (Q6_K's d) of row r at 64 * words + 2 r; rows past
+    the last whole group as they were."""
+    rows, row_bytes = qweight.shape
+    size = GGML_QUANT_SIZES[Q(kind)][1]
+    groups, words, blocks = rows // 16, size // 4, row_bytes // size
+    head = qweight[: groups * 16].reshape(groups, 16, blocks, size).permute(0, 2, 1, 3)
+    body = head[..., : 4 * words].reshape(groups, blocks, 16, words, 4).transpose(2, 3)
+    tail = head[..., 4 * words :].reshape(groups, blocks, -1)
+    packed = torch.cat([body.reshape(groups, blocks, -1), tail], dim=-1)
+    return torch.cat([packed.reshape(groups * 16, row_bytes), qweight[groups * 16 :]])
+
+
+@pytest.mark.parametrize("kind", REPACKED, ids=lambda t: Q(t).name)
+def test_the_repacked_rows_are_the_rows_words_interleaved(kind):
+    build = built("ggml_vnni")
+    qweight, _ = weight_for(kind, 43, seed=kind, blocks=3)  # 2 groups of 16 and 11 rows
+    packed = build.repack(qweight, kind)
+    assert packed.shape == qweight.shape and packed.dtype == torch.uint8
+    assert torch.equal(packed, reference_repack(qweight, kind))
+    assert not torch.equal(packed[:32], qweight[:32])  # the groups did move
+
+
+@pytest.mark.parametrize("kind", REPACKED, ids=lambda t: Q(t).name)
+def test_repacked_weights_give_every_row_count_the_rows_bits(kind):
+    """1 to 18 rows (below and past the row layout's switch to the groups, one and several
+    passes of four rows and their tails), 70 (past a 64-row pass), with and without bias,
+    the 11 rows after the last group from the rows' own tiles; and the reference."""
+    build = built("ggml_vnni")
+    qweight, cols = weight_for(kind, 43, seed=kind, blocks=3)
+    packed = build.repack(qweight, kind)
+    generator = torch.Generator().manual_seed(kind)
+    bias = torch.randn(43, generator=generator)
+    x = torch.randn(70, cols, generator=generator)
+    for count in (*range(1, 19), 70):
+        rows = x[-count:]
+        for b in (None, bias):
+            got = build.linear_repacked(rows, packed, kind, b)
+            assert torch.equal(got, build.linear_blocks(rows, qweight, kind, b)), (count, b)
+    assert_within_tolerance(build.linear_repacked(x[:5], packed, kind, bias),
+                            ops_ggml.ggml_linear.reference(x[:5], qweight, kind, bias))
+
+
+def test_the_repacked_kernel_writes_a_column_slice_of_a_wider_output():
+    build = built("ggml_vnni")
+    kind = int(Q.Q4_K)
+    qweight, cols = weight_for(kind, 32, seed=1)
+    x = torch.randn(9, cols, generator=torch.Generator().manual_seed(1))
+    wide = torch.full((9, 40), -1.0)
+    build.linear_repacked(x, build.repack(qweight, kind), kind, out=wide[:, 4:36])
+    assert torch.equal(wide[:, 4:36], build.linear_blocks(x, qweight, kind))
+    assert (wide[:, :4] == -1).all() and (wide[:, 36:] == -1).all()
+
+
+def test_types_and_builds_that_do_not_repack_are_declined_with_the_choices():
+    build = built("ggml_vnni")
+    qweight, cols = weight_for(int(Q.Q5_K), 16, seed=2)
+    with pytest.raises(UnsupportedError, match="Q5_K is not repacked.*Q4_K, Q6_K"):
+        build.repack(qweight, int(Q.Q5_K))
+    q4k, cols = weight_for(int(Q.Q4_K), 16, seed=2)
+    with pytest.raises(UnsupportedError, match="not repacked"):
+        build.linear_repacked(torch.randn(2, cols), q4k, int(Q.Q5_K))
+    other = built("ggml_avx2")
+    with pytest.raises(UnsupportedError, match="avx2 build does not repack.*vnni"):
+        other.repack(q4k, int(Q.Q4_K))
