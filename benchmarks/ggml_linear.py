@@ -18,11 +18,13 @@ dequantized tiles from there on), ``GB/s`` (the weight bytes ``ggml`` read per s
 ``kernels.c`` with its flags for the build the op takes here and called with its tuned activations and switch, the
 tiles past it; n/a where it does not serve the type) and ``base GB/s``, ``avx2`` (this
 AVX2 build's op on a CPU with VNNI too), ``int16`` and ``int8`` (the integer kernel with
-each activation type) and ``tiles`` (each path alone), ``portable`` (the build for CPUs
+each activation type) and ``tiles`` (each path alone), ``repacked`` (the VNNI build's
+integer kernel on the weight repacked once into 16-row groups, Q4_K and Q6_K: n/a for the
+others and on CPUs without VNNI), ``portable`` (the build for CPUs
 without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as dispatched here)
 and plain ``F.linear``, and the op's ``reference`` (dequantize, then ``F.linear``).
-Ratios: the baseline's time over ``ggml``'s (above 1: ggml is faster), then fp32's and
-the reference's. The CPU is named as the probe reads it (lscpu's ``Model name``).
+Ratios: the baseline's time over ``ggml``'s (above 1: ggml is faster), then fp32's,
+the reference's and the repacked kernel's (below 1: the repacked weight is faster). The CPU is named as the probe reads it (lscpu's ``Model name``).
 
     python benchmarks/ggml_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,32]
                                      [--shapes 1536x1536,8960x1536] [--layers 30]
@@ -66,8 +68,8 @@ from hwplug.platforms.cpu.ggml import ops as c_kernels  # noqa: E402
 SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 #: Its tied LM head: one copy, as the GGUF stores it.
 HEAD = ("lm_head", 576, 49152)
-COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "tiles", "portable",
-           "fp32", "F.linear", "reference")
+COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "repacked", "tiles",
+           "portable", "fp32", "F.linear", "reference")
 #: The build of each ``ggml_linear`` variant (the baseline is built the same way).
 BUILD_OF = {"ggml_vnni": "vnni", "ggml_avx2": "avx2", "ggml_c": "portable"}
 #: The columns computed from another's time rather than timed.
@@ -168,12 +170,16 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
         "ggml_linear", hwplug.current_platform(), "cpu", "float32").chosen.name
         else c_kernels.AVX2)
     wide = int(kind) in c_kernels.WIDE_TYPES
+    repackable = best is c_kernels.VNNI and int(kind) in c_kernels.REPACKED_TYPES
+    packed = [best.repack(q, kind) for q in qweights] if repackable and "repacked" in timed \
+        else []
     columns: dict[str, Callable[[], object]] = {  # the order of COLUMNS
         "ggml": lambda: [ggml_linear(x, q, kind) for q in qweights],
         "base": lambda: [baseline.linear(x, q, kind) for q in qweights],
         "avx2": lambda: [c_kernels.AVX2.linear(x, q, kind) for q in qweights],
         "int16": lambda: [best.linear_blocks(x, q, kind, None, "int16") for q in qweights],
         "int8": lambda: [best.linear_blocks(x, q, kind, None, "int8") for q in qweights],
+        "repacked": lambda: [best.linear_repacked(x, q, kind) for q in packed],
         "tiles": lambda: [best.linear_tiled(x, q, kind) for q in qweights],
         "portable": lambda: [c_kernels.PORTABLE.linear(x, q, kind) for q in qweights],
         "fp32": lambda: [ops.linear(x, w) for w in dense],
@@ -182,7 +188,7 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
     }
     served = {c for c in timed if c not in RATES
               and (c != "base" or (baseline is not None and baseline.serves(kind)))
-              and (c != "int16" or wide)}
+              and (c != "int16" or wide) and (c != "repacked" or repackable)}
     times = interleaved_us({c: columns[c] for c in COLUMNS if c in served},
                            {c: 2 if c == "reference" else len(dense) if c in ("fp32", "F.linear")
                             else copies for c in served}, repeat, timer)
@@ -192,7 +198,7 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
     cells = "".join(f"{times[c]:>10.{1 if c in RATES else 0}f}" if c in times
                     else f"{'n/a':>10}" for c in timed)
     ratios = "".join(f"{times[c] / times['ggml']:>9.2f}x" if c in times and "ggml" in times
-                     else f"{'n/a':>10}" for c in ("base", "fp32", "reference"))
+                     else f"{'n/a':>10}" for c in ("base", "fp32", "reference", "repacked"))
     return f"{label}{cells}{ratios}"
 
 
@@ -252,7 +258,7 @@ def main() -> None:
         print(f"base: the C kernel of {args.baseline}")
     for kind, table_shapes, copies in tables:
         print(f"\n{kind.name}, microseconds per call{'' if copies > 1 else ' (LM head)'}:")
-        print(f"{header}{'base/ggml':>10}{'fp32/ggml':>10}{'ref/ggml':>10}")
+        print(f"{header}{'base/ggml':>10}{'fp32/ggml':>10}{'ref/ggml':>10}{'rep/ggml':>10}")
         for shape in table_shapes:
             for count in tokens:
                 print(row(kind, shape, count, copies, args.cycle_mb, args.repeat, timed,
