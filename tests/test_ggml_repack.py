@@ -61,6 +61,23 @@ def test_repacked_weights_give_every_row_count_the_rows_bits(kind):
                             ops_ggml.ggml_linear.reference(x[:5], qweight, kind, bias))
 
 
+@pytest.mark.parametrize("kind", REPACKED, ids=lambda t: Q(t).name)
+def test_the_repacked_result_does_not_depend_on_the_thread_count(kind):
+    build = built("ggml_vnni")
+    qweight, cols = weight_for(kind, 80, seed=3, blocks=4)
+    x = torch.randn(9, cols, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        packed = build.repack(qweight, kind)
+        one = build.linear_repacked(x, packed, kind)
+        torch.set_num_threads(2)
+        assert torch.equal(build.repack(qweight, kind), packed)
+        assert torch.equal(build.linear_repacked(x, packed, kind), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_repacked_kernel_writes_a_column_slice_of_a_wider_output():
     build = built("ggml_vnni")
     kind = int(Q.Q4_K)
