@@ -35,16 +35,16 @@ from __future__ import annotations
 
 from hwplug.kernel_registry.registry import kernels
 
-__all__ = ["ggml_embedding", "ggml_linear"]
+__all__ = ["ggml_embedding", "ggml_linear", "ggml_linear_repacked", "ggml_repack"]
 
 _REF = "hwplug.kernel_registry.reference.ggml:"
+_REPACK = "hwplug.kernel_registry.reference.ggml_repack:"
+#: ggml_linear's tolerances (activation rounding allowed) and exact ones.
+_LINEAR = {"float32": (6e-2, 1e-2), "float16": (6e-2, 1.2e-2), "bfloat16": (6e-2, 2e-2)}
+_EXACT = {"float32": (1e-3, 1e-3), "float16": (4e-3, 4e-3), "bfloat16": (2e-2, 2e-2)}
 
 ggml_linear = kernels.define_op(
-    "ggml_linear", _REF + "ggml_linear",
-    tolerances={"float32": (6e-2, 1e-2), "float16": (6e-2, 1.2e-2), "bfloat16": (6e-2, 2e-2)},
-    exact_tolerances={"float32": (1e-3, 1e-3), "float16": (4e-3, 4e-3),
-                      "bfloat16": (2e-2, 2e-2)},
-    doc="""
+    "ggml_linear", _REF + "ggml_linear", tolerances=_LINEAR, exact_tolerances=_EXACT, doc="""
 ggml_linear(x [..., K] float, qweight uint8 [N, row_bytes], ggml_type: int,
             bias [N] | None = None, out [..., N] | None = None)
     -> [..., N] = x @ dequantize(qweight, ggml_type).T + bias
@@ -63,4 +63,25 @@ ggml_embedding = kernels.define_op(
 ggml_embedding(ids [T] int64 | int32, qweight uint8 [V, row_bytes], ggml_type: int)
     -> [T, K] float32 = dequantize(qweight[ids], ggml_type)
     Dequantizes only the rows it reads. An id outside [0, V) is an UnsupportedError.
+""")
+
+ggml_repack = kernels.define_op(
+    "ggml_repack", _REPACK + "repack", tolerances={"uint8": (0.0, 0.0)}, doc="""
+ggml_repack(qweight uint8 [N, row_bytes], ggml_type: int) -> uint8 [N, row_bytes]
+    Q4_K or Q6_K rows in the layout ggml_linear_repacked multiplies: each group of 16 rows
+    (the first N // 16 * 16), super-block by super-block, the rows' 32-bit words
+    interleaved (Q6_K's trailing fp16 d after them); the rest of the rows as they are.
+    The same bytes, reordered exactly (hwplug.kernel_registry.reference.ggml_repack).
+    Another type is an UnsupportedError. Done once, when the weights are loaded.
+""")
+
+ggml_linear_repacked = kernels.define_op(
+    "ggml_linear_repacked", _REPACK + "ggml_linear_repacked", tolerances=_LINEAR,
+    exact_tolerances=_EXACT, doc="""
+ggml_linear_repacked(x [..., K] float, packed uint8 [N, row_bytes], ggml_type: int,
+                     bias [N] | None = None, out [..., N] | None = None)
+    -> ggml_linear(x, rows, ggml_type, bias, out), packed = ggml_repack(rows, ggml_type)
+    The same contract and tolerances as ggml_linear on weights ggml_repack wrote. The
+    reference un-interleaves them first (slow: for checking); a model holds repacked
+    weights only where a variant other than the reference serves this op.
 """)

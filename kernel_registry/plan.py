@@ -184,6 +184,11 @@ class BoundOp:
         """The variants that have served this op's calls."""
         return set().union(*(bucket.used() for bucket in self.buckets))
 
+    def chosen(self) -> tuple[str, ...]:
+        """The variant chosen for each token bucket, in bucket order (the first of its
+        fallbacks: a call it declines may still fall back)."""
+        return tuple(bucket.chosen for bucket in self.buckets)
+
     def describe(self) -> str:
         """``"gemv_avx2 [1, 2), gemm_avx2 [2, inf)"``: the chosen variant per bucket (one
         bucket: its name alone; fallbacks after ``>``)."""

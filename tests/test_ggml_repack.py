@@ -1,34 +1,22 @@
 """The VNNI build's repacked Q4_K / Q6_K weights (kgroup.h's ``kpack_rows``): the layout
-against a torch reimplementation of it, the outputs bitwise those of the rows (batch
-invariance holds across layouts and row counts), and the calls it declines."""
+against the ``ggml_repack`` op's torch reference (and back), the outputs bitwise those of
+the rows (batch invariance holds across layouts and row counts), and the calls it
+declines."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from test_ggml_kernels import assert_within_tolerance, built, weight_for
 
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import ops_ggml
+from hwplug.kernel_registry.reference.ggml_repack import repack, unpack
 from hwplug.platforms.cpu.ggml import ops as c_ops
 
 Q = GGMLQuantizationType
 REPACKED = sorted(c_ops.REPACKED_TYPES)
-
-
-def reference_repack(qweight: torch.Tensor, kind: int) -> torch.Tensor:
-    """kpack_rows' layout, recomputed: per group of 16 rows and super-block, word w of row r
-    at byte 64 w + 4 r, a trailing fp16 (Q6_K's d) of row r at 64 * words + 2 r; rows past
-    the last whole group as they were."""
-    rows, row_bytes = qweight.shape
-    size = GGML_QUANT_SIZES[Q(kind)][1]
-    groups, words, blocks = rows // 16, size // 4, row_bytes // size
-    head = qweight[: groups * 16].reshape(groups, 16, blocks, size).permute(0, 2, 1, 3)
-    body = head[..., : 4 * words].reshape(groups, blocks, 16, words, 4).transpose(2, 3)
-    tail = head[..., 4 * words :].reshape(groups, blocks, -1)
-    packed = torch.cat([body.reshape(groups, blocks, -1), tail], dim=-1)
-    return torch.cat([packed.reshape(groups * 16, row_bytes), qweight[groups * 16 :]])
 
 
 @pytest.mark.parametrize("kind", REPACKED, ids=lambda t: Q(t).name)
@@ -37,8 +25,9 @@ def test_the_repacked_rows_are_the_rows_words_interleaved(kind):
     qweight, _ = weight_for(kind, 43, seed=kind, blocks=3)  # 2 groups of 16 and 11 rows
     packed = build.repack(qweight, kind)
     assert packed.shape == qweight.shape and packed.dtype == torch.uint8
-    assert torch.equal(packed, reference_repack(qweight, kind))
+    assert torch.equal(packed, repack(qweight, kind))
     assert not torch.equal(packed[:32], qweight[:32])  # the groups did move
+    assert torch.equal(unpack(packed, kind), qweight)
 
 
 @pytest.mark.parametrize("kind", REPACKED, ids=lambda t: Q(t).name)

@@ -38,7 +38,7 @@ from hwplug.conformance.paged_batches import (  # noqa: F401  (importers of this
     mixed_step,
     verify_step,
 )
-from hwplug.conformance.quant_inputs import ggml, int4_linear, scaled_mm
+from hwplug.conformance.quant_inputs import ggml, ggml_repacked, int4_linear, scaled_mm
 from hwplug.conformance.sampling_inputs import rejection_sample
 from hwplug.dtypes import FLOAT_DTYPES, FP8_KV_DTYPES, is_quantized_kv_cache
 from hwplug.errors import UnsupportedError
@@ -229,6 +229,8 @@ GENERATORS: dict[str, Generator] = {
     "scaled_mm": scaled_mm,
     "ggml_linear": ggml,
     "ggml_embedding": ggml,
+    "ggml_repack": ggml_repacked,
+    "ggml_linear_repacked": ggml_repacked,
     "int4_linear": int4_linear,
     "moe_topk": moe_topk,
     "moe_experts": moe_experts,

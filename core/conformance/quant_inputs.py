@@ -1,5 +1,5 @@
-"""Input generators of the quantized ops: ``scaled_mm``, ``ggml_linear``/``ggml_embedding``
-and ``int4_linear`` (see :mod:`hwplug.conformance.inputs` for the generator contract)."""
+"""Input generators of the quantized ops: ``scaled_mm``, ``ggml_linear``/``ggml_embedding``,
+``ggml_repack``/``ggml_linear_repacked`` and ``int4_linear`` (see :mod:`hwplug.conformance.inputs` for the generator contract)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from hwplug.conformance.case import Case, leading_shape, randn, seeded
 from hwplug.dtypes import FLOAT_DTYPES, torch_dtype
+from hwplug.kernel_registry.reference.ggml_repack import REPACKED_TYPES, repack
 from hwplug.kernel_registry.reference.ggml_weights import GGML_TYPES, ggml_block, ggml_weight
 
 
@@ -64,6 +65,25 @@ def ggml(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
     return Case((x, weight, kind), {"bias": bias}, (dtype,),
                 f"x {tuple(x.shape)} {dtype} by {what}, bias={bias is not None}")
 
+
+@st.composite
+def ggml_repacked(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
+    """Random Q4_K / Q6_K rows: ``ggml_repack``'s (``dtype`` uint8, ``tokens`` rows), or,
+    repacked (groups of 16 and the rows after them), ``ggml_linear_repacked``'s with x of a
+    float ``dtype``."""
+    rng, kind = seeded(draw), draw(st.sampled_from(sorted(REPACKED_TYPES)))
+    k = draw(st.sampled_from((256, 512)))
+    if dtype == "uint8":
+        n = draw(tokens)
+        return Case((ggml_weight(rng, kind, n, k), kind), {}, (dtype,),
+                    f"{n} rows of {k} of GGUF type {kind}")
+    n = draw(st.integers(1, 40))
+    packed = repack(ggml_weight(rng, kind, n, k), kind)
+    x, bias = randn(rng, (*leading_shape(draw, tokens), k), dtype), randn(rng, (n,), dtype)
+    bias = bias if draw(st.booleans()) else None
+    return Case((x, packed, kind), {"bias": bias}, (dtype,),
+                f"x {tuple(x.shape)} {dtype} by {n} repacked rows of {k} of GGUF type {kind}, "
+                f"bias={bias is not None}")
 
 
 def random_int4(rng: torch.Generator, out_features: int, in_features: int,

@@ -137,6 +137,18 @@ CPU_VARIANTS: list[dict[str, Any]] = [
                        "per 32 for the rest, as tuned); past a tuned row count, fp32 tiles of "
                        "the weight through torch's GEMM")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
+    # the VNNI build's 16-row groups on Q4_K / Q6_K weights repacked once at load (fp32
+    # only: the model's activations); the GGUF quant method repacks where these are bound
+    dict(op="ggml_repack", name="ggml_vnni", impl=_GGML + "VNNI.repack.unchecked",
+         features=_GGML_BUILDS["ggml_vnni"][1], supports=_GGML + "repack_supported",
+         native=_GGML + "VNNI", dtypes=("uint8",), priority=15,
+         description="C (vnni): 16-row groups' words interleaved, OpenMP over the groups"),
+    dict(op="ggml_linear_repacked", name="ggml_vnni", impl=_GGML + "VNNI.linear_repacked.unchecked",
+         features=_GGML_BUILDS["ggml_vnni"][1], supports=_GGML + "repacked_supported",
+         native=_GGML + "VNNI", dtypes=("float32",), priority=15,
+         activation_quantization=GGML_ACTIVATIONS,
+         description="C (vnni): integer dots on 16 repacked rows at a time, at every row "
+                     "count (bitwise ggml_vnni's ggml_linear on the rows)"),
     *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding.unchecked", features=features,
            supports=_GGML + "embedding_supported", native=_GGML + build, priority=priority,
            description=f"C ({build.lower()}): dequantizes the rows it reads")

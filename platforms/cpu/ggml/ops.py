@@ -32,6 +32,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from hwplug import envs
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, row_values, type_name
+from hwplug.kernel_registry.reference.ggml_repack import REPACKED_TYPES  # repack's types
 from hwplug.kernel_registry.tuning import TuningTable, read_layer
 from hwplug.platforms.cpu.checked_op import checked
 from hwplug.platforms.cpu.ggml import build
@@ -76,9 +77,6 @@ ACTIVATIONS = {"int8": 8, "int16": 16}
 WIDE_TYPES = frozenset(int(GGMLQuantizationType[name])
                        for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
 _SERVED = ", ".join(type_name(t) for t in QUANTIZED_TYPES)
-#: The GGUF types the VNNI build repacks for its 16-row groups (:meth:`GgmlKernels.repack`;
-#: measured in kernels.c at KG_MIN_ROWS).
-REPACKED_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in ("Q4_K", "Q6_K"))
 _REPACKED = ", ".join(type_name(t) for t in sorted(REPACKED_TYPES))
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 #: The GGUF type of fp32 rows, which the C dequantization copies.
