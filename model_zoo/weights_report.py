@@ -44,7 +44,8 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
 
     ``mapped`` are the checkpoint's files used in place (views of them are reported as
     mapped from that file, with the reason the conversion copied them there where it
-    did; other tensors, e.g. a tensor-parallel rank's cut of GGUF rows, as in memory);
+    did; other tensors, e.g. a tensor-parallel rank's cut of GGUF rows or GGUF runs
+    repacked for their kernel, as in memory);
     ``dequantized`` says why the checkpoint's quantized matrices were loaded as floats
     (e.g. ``"dequantize=True was asked"``), None when they were not.
     """
@@ -67,11 +68,13 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
         return "memory", "as stored"
 
     for module in model.modules():
-        for kind, rows in getattr(module, "gguf_runs", ()):
+        repacked = getattr(module, "gguf_repacked", frozenset())
+        for index, (kind, rows) in enumerate(getattr(module, "gguf_runs", ())):
             if rows.data_ptr() in seen:
                 continue
             seen.add(rows.data_ptr())
-            where, why = place(rows)
+            where, why = (("memory", "repacked once for ggml_linear_repacked (16-row groups)")
+                          if index in repacked else place(rows))
             add(f"GGUF {type_name(kind)}", rows, where, why)
         for tensor in module.parameters(recurse=False):
             if tensor.numel() == 0 or tensor.data_ptr() in seen:

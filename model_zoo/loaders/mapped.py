@@ -8,12 +8,17 @@ it; the pages are the page cache's (``RssFile``, not ``RssAnon``), shared with e
 process that maps the file, and the kernel drops them under memory pressure instead of
 swapping them. All views of a file share one storage, so views of adjacent tensors can be
 joined into one without a copy (see :mod:`hwplug.model_zoo.quant_methods.gguf`).
+
+Where a consumer copies a view instead (the GGUF quant method repacking Q4_K / Q6_K rows
+for its kernel), it calls :func:`release_pages` on the view afterwards, so the pages the
+copy read are not kept resident beside the copy.
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: The dtypes a mapped tensor may have, by name.
 MAPPED_DTYPES = {"uint8": torch.uint8, "float32": torch.float32}
+#: The mapped files whose mapping is made and that are still referenced, by ``id``.
+_LIVE: weakref.WeakValueDictionary[int, MappedFile] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class MappedFile:
                                  f"{tensor.offset}) is outside the file or misaligned")
         logger.debug("mapped %s (%d bytes, %d tensors used in place)", self.path, size,
                      len(self.tensors))
+        _LIVE[id(self)] = self
         return mapped
 
     @cached_property
@@ -106,3 +114,31 @@ class MappedFile:
         for name, tensor in self.tensors.items():
             raw = whole[tensor.offset:tensor.offset + tensor.nbytes]
             yield name, raw.view(MAPPED_DTYPES[tensor.dtype]).view(tensor.shape)
+
+    def release(self, tensor: torch.Tensor) -> int:
+        """Drop from this process the pages of the mapping that lie wholly inside
+        ``tensor``'s bytes (they are read from the file again if touched; nothing was
+        written to them) and return how many bytes; 0 when ``tensor`` is not in it."""
+        start, end = self.address_range()
+        first = tensor.data_ptr()
+        last = first + tensor.numel() * tensor.element_size()
+        if not (start <= first and last <= end):
+            return 0
+        page = mmap.PAGESIZE
+        low = -(-(first - start) // page) * page
+        high = (last - start) // page * page
+        if high <= low:
+            return 0
+        self._mmap.madvise(mmap.MADV_DONTNEED, low, high - low)
+        return high - low
+
+
+def release_pages(tensor: torch.Tensor) -> int:
+    """:meth:`MappedFile.release` ``tensor``'s pages from the live mapping that holds it;
+    0 (nothing done) when none does: ``tensor`` is then ordinary memory, freed when its
+    last reference goes."""
+    for mapped in list(_LIVE.values()):
+        released = mapped.release(tensor)
+        if released:
+            return released
+    return 0

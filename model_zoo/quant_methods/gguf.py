@@ -22,7 +22,18 @@ cached load reads no weight byte before the first step. The runs are registered 
 layer's buffers ``gguf_run0``, ``gguf_run1``... (not saved in a state dict), and the
 loading parameters ``qweight`` / ``qweight_type`` are removed.
 
-Under tensor parallelism the blocks stay as stored. A column-parallel layer (and a
+Where the model's kernel plan binds a variant other than the reference for
+``ggml_linear_repacked`` (the cpu platform's VNNI build), each Q4_K / Q6_K run of a layer
+that is not an embedding table is repacked once after loading (the ``ggml_repack`` op:
+groups of 16 rows with their 32-bit words interleaved, the same size; see
+:mod:`hwplug.kernel_registry.reference.ggml_repack`) into one new buffer, multiplied by
+``ggml_linear_repacked`` (bitwise ``ggml_linear``'s outputs on the rows), and the mapped
+file's pages it read are released (:func:`~hwplug.model_zoo.loaders.mapped.release_pages`),
+so the weights stay resident once. ``layer.gguf_repacked`` are the indices of those runs
+(``gguf_runs`` then holds the repacked bytes); other types stay as rows.
+``HWPLUG_DISABLED_KERNELS=ggml_linear_repacked/ggml_vnni`` keeps every run as rows.
+
+Under tensor parallelism the blocks stay as stored (a rank's cut is repacked the same way). A column-parallel layer (and a
 vocabulary table) holds its share of the output rows. A row-parallel layer holds its share
 of the input columns where every run's blocks start and end on the share's boundaries
 (``split_by="columns"``: the bytes of those blocks of each row); where a type's block does
@@ -35,6 +46,7 @@ so the row-parallel all-reduce still sums the ranks' outputs into the whole.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -44,11 +56,15 @@ from torch import nn
 
 from hwplug.dtypes import dtype_name
 from hwplug.errors import ModelError, UnsupportedError
+from hwplug.kernel_registry import kernels
 from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_name
+from hwplug.kernel_registry.reference.ggml_repack import REPACKED_TYPES, unpack
 from hwplug.model_zoo.kernel_binding import kernels_of
+from hwplug.model_zoo.loaders.mapped import release_pages
 from hwplug.quantization import QuantMethod
 
 if TYPE_CHECKING:
+    from hwplug.attention import KernelBinder
     from hwplug.model_zoo.parallel import TensorParallel
 
 #: A layer's loaded parts: first output row -> {"qweight": rows, "qweight_type": type}.
@@ -89,13 +105,16 @@ class GgufMethod(QuantMethod):
             layer.register_parameter(name, param)
         layer.register_parameter("bias", nn.Parameter(
             torch.empty(output_size, dtype=params_dtype), requires_grad=False) if bias else None)
-        layer.gemm_kernel = kernels_of(layer).bind("ggml_linear", dtype_name(params_dtype))
+        plan, dtype = kernels_of(layer), dtype_name(params_dtype)
+        layer.gemm_kernel = plan.bind("ggml_linear", dtype)
+        layer.gguf_repacking = _repacking(plan, dtype)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Check the loaded parts cover every output row with whole rows of
         ``input_size`` values, then keep them as runs: each part itself, or one view of
         parts of one type adjacent in memory, never a copy (a row-parallel layer's share is
-        first cut from the whole rows, see the module docstring)."""
+        first cut from the whole rows); then repack the Q4_K / Q6_K runs where the plan
+        has a native ``ggml_linear_repacked`` (see the module docstring)."""
         layer.gguf_split_by = None
         if layer.gguf_columns is not None:
             _cut_share(layer)
@@ -120,16 +139,27 @@ class GgufMethod(QuantMethod):
         if expected != output_size:
             raise ModelError(f"GGUF weights cover {expected} of {output_size} output rows")
         del layer.qweight, layer.qweight_type, layer.gguf_parts
+        kernels = [layer.gemm_kernel] * len(runs)
+        layer.gguf_repacked = frozenset()
+        if layer.gguf_repacking is not None and not hasattr(layer, "embed_kernel"):
+            repack, kernel = layer.gguf_repacking
+            layer.gguf_repacked = frozenset(i for i, (kind, _) in enumerate(runs)
+                                            if kind in REPACKED_TYPES)
+            for index in sorted(layer.gguf_repacked):
+                kind, rows = runs[index]
+                runs[index], kernels[index] = (kind, repack(rows, kind)), kernel
+                release_pages(rows)
+        del layer.gguf_repacking
         for index, (_, rows) in enumerate(runs):
             layer.register_buffer(f"gguf_run{index}", rows, persistent=False)
-        layer.gguf_runs = tuple(runs)
+        layer.gguf_runs, layer.gguf_kernels = tuple(runs), tuple(kernels)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.gguf_split_by == "gathered":
             return _gathered_apply(layer, x)
         runs = layer.gguf_runs
         if len(runs) == 1:
-            return layer.gemm_kernel(x, runs[0][1], runs[0][0], layer.bias)
+            return layer.gguf_kernels[0](x, runs[0][1], runs[0][0], layer.bias)
         out = x.new_empty(*x.shape[:-1], layer.gguf_shape[0])
         _write_runs(layer, x, out, 0, layer.bias)
         return out
@@ -139,7 +169,7 @@ class GgufMethod(QuantMethod):
         return layer.embed_kernel(ids, rows, kind)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        return torch.cat([dequantize(rows, kind) for kind, rows in layer.gguf_runs])
+        return torch.cat([dequantize(rows, kind) for kind, rows in gguf_rows(layer)])
 
     def example_checkpoint(self, input_size: int, output_size: int,
                            generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -158,6 +188,24 @@ class GgufMethod(QuantMethod):
         kind = fitting[int(torch.randint(len(fitting), (), generator=generator))]
         return {"qweight": ggml_weight(generator, kind, output_size, input_size),
                 "qweight_type": torch.tensor([kind], dtype=torch.int32)}
+
+
+def gguf_rows(layer: nn.Module) -> list[tuple[int, torch.Tensor]]:
+    """``layer``'s runs as GGUF rows, ``(type, uint8 [rows, row_bytes])``: the repacked
+    ones un-interleaved into new tensors, the others themselves."""
+    return [(kind, unpack(rows, kind) if index in layer.gguf_repacked else rows)
+            for index, (kind, rows) in enumerate(layer.gguf_runs)]
+
+
+def _repacking(plan: KernelBinder, dtype: str) -> tuple[Callable[..., Any], ...] | None:
+    """``(ggml_repack, ggml_linear_repacked)`` bound from ``plan`` for ``dtype`` where a
+    variant other than the reference serves ``ggml_linear_repacked`` (the reference
+    un-interleaves the weight at every call: the rows serve faster); else None."""
+    linear = plan.bind("ggml_linear_repacked", dtype)
+    chosen = getattr(linear, "chosen", None)  # a BoundOp's; a plain binder's ops say nothing
+    if chosen is None or kernels.REFERENCE in chosen():
+        return None
+    return plan.bind("ggml_repack", "uint8"), linear
 
 
 def _cut_share(layer: nn.Module) -> None:
@@ -207,9 +255,9 @@ def _write_runs(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, first: int
     """Each of ``layer``'s runs multiplies ``x`` into its columns of ``out``, the first
     run's at column ``first`` (no ``torch.cat``: on the CPU the step stays native calls),
     adding its slice of ``bias``."""
-    for kind, rows in layer.gguf_runs:
+    for (kind, rows), kernel in zip(layer.gguf_runs, layer.gguf_kernels, strict=True):
         stop = first + rows.shape[0]
-        layer.gemm_kernel(x, rows, kind, None if bias is None else bias[first:stop],
+        kernel(x, rows, kind, None if bias is None else bias[first:stop],
                           out=out[..., first:stop])
         first = stop
 

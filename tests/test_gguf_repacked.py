@@ -1,0 +1,95 @@
+"""GGUF models on the repacked Q4_K / Q6_K kernel (``ggml_linear_repacked``): where the
+plan binds the VNNI build for it, the quant method repacks those runs once at load, the
+logits are bitwise those of the rows' kernel, the rows read back unchanged, the mapped
+file's pages the repack read are released, and the plan reports the variant that ran."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from test_ggml_kernels import runnable
+from test_gguf_quantized import _mappings, _resident, _stored, prefill_logits
+from tiny_checkpoints import shrink_gguf
+
+from hwplug.kernel_registry.reference.ggml import dequantize
+from hwplug.model_zoo.context import build_model
+from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
+from hwplug.model_zoo.weights_report import weight_storage
+
+#: Keeps every GGUF run as rows: the repacked kernel is not chosen.
+ROWS_ONLY = "ggml_linear_repacked/ggml_vnni"
+
+
+@pytest.fixture(scope="module", params=[Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def k_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model's first two layers with ``ffn_down`` (1536 inputs: six
+    super-blocks, 576 rows: 36 groups of 16) in a K-quant (SmolLM2-135M Q4_K_M keeps its
+    ``ffn_down`` in Q6_K and, at other shapes, Q4_K)."""
+    runnable("ggml_vnni")
+    return shrink_gguf(resolve_model(None), tmp_path_factory.mktemp("gguf") / "k.gguf",
+                       layers=2, vocab=1536, retype={"ffn_down": int(request.param)})
+
+
+def _build(path: Path, monkeypatch: pytest.MonkeyPatch, repacked: bool):
+    if repacked:
+        monkeypatch.delenv("HWPLUG_DISABLED_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", ROWS_ONLY)
+    checkpoint = load_checkpoint(path)
+    model, ctx = build_model(checkpoint, dtype="float32")
+    return checkpoint, model, ctx
+
+
+def test_repacked_weights_give_the_rows_logits_bitwise(k_gguf: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """A prefill of 23 tokens and of one (the decode row count) gives bitwise the logits of
+    the model on the rows; only the K-quant runs are repacked, the embedding never."""
+    logits = {}
+    for repacked in (True, False):
+        _, model, ctx = _build(k_gguf, monkeypatch, repacked)
+        for layer in model.model.layers:
+            assert layer.mlp.down_proj.gguf_repacked == (frozenset({0}) if repacked
+                                                         else frozenset())
+            assert layer.mlp.gate_up_proj.gguf_repacked == frozenset()  # Q4_1: rows
+        assert model.model.embed_tokens.gguf_repacked == frozenset()  # tied to the head
+        logits[repacked] = [prefill_logits(model, ctx, ids)
+                            for ids in (list(range(3, 26)), [7])]
+        used = ctx.kernels.used()
+        if repacked:
+            assert used["ggml_linear_repacked"] == {"ggml_vnni"}
+            assert used["ggml_repack"] == {"ggml_vnni"}
+        else:
+            assert "ggml_linear_repacked" not in used and "ggml_repack" not in used
+    for got, want in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(got, want)
+
+
+def test_repacked_runs_read_back_as_the_files_rows(k_gguf: Path,
+                                                   monkeypatch: pytest.MonkeyPatch):
+    """The run holds other bytes than the file (the groups moved), outside the mapping;
+    ``dequantize`` un-repacks them to the stored rows' values; the pages of the file the
+    repack read are released (resident: less than one of the two layers' tensors)."""
+    gc.collect()  # other tests' mappings of the file
+    checkpoint, model, _ = _build(k_gguf, monkeypatch, True)
+    resident = _resident(k_gguf)  # before the reader below maps the file again
+    reader, ranges = GGUFReader(k_gguf), _mappings(k_gguf)
+    sizes = []
+    for index, layer in enumerate(model.model.layers):
+        down = layer.mlp.down_proj
+        stored = _stored(reader, f"blk.{index}.ffn_down.weight")
+        (kind, packed), = down.gguf_runs
+        assert packed.shape == stored.shape and not torch.equal(packed, stored)
+        assert not any(lo <= packed.data_ptr() < hi for lo, hi in ranges)
+        assert torch.equal(down.quant_method.dequantize(down), dequantize(stored, kind))
+        sizes.append(stored.numel())
+    assert resident < min(sizes), resident
+    repacked = [g for g in weight_storage(model, checkpoint.mapped)
+                if g.why.startswith("repacked")]
+    assert [(g.held_as, g.where, g.count) for g in repacked] == [
+        (f"GGUF {Q(kind).name}", "memory", 2)]
+    del checkpoint
