@@ -148,18 +148,52 @@ INLINE int kpack_type(int type) { return type == T_Q4_K || type == T_Q6_K; }
 /* word w of a repacked super-block: lane r = word w of row r */
 #define KPACK_WORD(p, w) _mm512_loadu_si512((const void *)((p) + 64 * (w)))
 
+/* r[i] <- lane n of r[i] is lane i of r[n] (a 16 x 16 transpose of int32) */
+INLINE void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int h = 0; h < 16; h += 4) { /* 128-bit lane L of u[h + j]: word 4 L + j of rows h.. */
+        u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+        const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88),
+                      b = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD),
+                      c = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88),
+                      d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+        r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+        r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+    }
+}
+
 /* out <- the rows n0 .. n0 + 15 of w (rows row_bytes apart, n0 a multiple of 16) repacked:
- * per super-block sb, 16 * bytes bytes at (n0 / 16 * nb + sb) * 16 * bytes */
+ * per super-block sb, 16 * bytes bytes at (n0 / 16 * nb + sb) * 16 * bytes; 16 words of
+ * the 16 rows at a time by wide loads and a transpose in registers */
 INLINE void kpack_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t n0, uint8_t *out) {
     const int bytes = k_bytes(type), words = bytes / 4;
     const int64_t nb = row_bytes / bytes;
     for (int64_t sb = 0; sb < nb; ++sb) {
         uint8_t *dst = out + (n0 / KG_ROWS * nb + sb) * KG_ROWS * bytes;
-        for (int r = 0; r < KG_ROWS; ++r) {
-            const uint8_t *src = w + (n0 + r) * row_bytes + sb * bytes;
-            for (int i = 0; i < words; ++i) memcpy(dst + 64 * i + 4 * r, src + 4 * i, 4);
-            if (bytes % 4) memcpy(dst + 64 * words + 2 * r, src + 4 * words, 2);
+        const uint8_t *src = w + n0 * row_bytes + sb * bytes;
+        for (int i = 0; i < words; i += KG_ROWS) { /* 16 words of the 16 rows at a time */
+            const int n = words - i < KG_ROWS ? words - i : KG_ROWS;
+            const __mmask16 mask = (__mmask16)((1u << n) - 1);
+            __m512i r[KG_ROWS];
+            for (int k = 0; k < KG_ROWS; ++k)
+                r[k] = _mm512_maskz_loadu_epi32(mask, src + k * row_bytes + 4 * i);
+            transpose16_epi32(r);
+            for (int k = 0; k < n; ++k) _mm512_storeu_si512((void *)(dst + 64 * (i + k)), r[k]);
         }
+        if (bytes % 4)
+            for (int r = 0; r < KG_ROWS; ++r)
+                memcpy(dst + 64 * words + 2 * r, src + r * row_bytes + 4 * words, 2);
     }
 }
 
