@@ -62,13 +62,15 @@ class HwplugEngine:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of the model's parameters and buffers, each storage counted once (tied
-    embeddings share one)."""
-    storages = {}
+    """Bytes of the model's parameters and buffers, each tensor counted once by where it
+    starts (tied embeddings share one): a view of a mapped file counts its own bytes, not
+    the whole mapping's (whose other pages, e.g. those of GGUF runs repacked at load and
+    released, are not the model's)."""
+    sizes: dict[int, int] = {}
     for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
+        size = tensor.numel() * tensor.element_size()
+        sizes[tensor.data_ptr()] = max(size, sizes.get(tensor.data_ptr(), 0))
+    return sum(sizes.values())
 
 
 if __name__ == "__main__":
