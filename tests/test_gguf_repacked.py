@@ -35,11 +35,12 @@ def k_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                        layers=2, vocab=1536, retype={"ffn_down": int(request.param)})
 
 
-def _build(path: Path, monkeypatch: pytest.MonkeyPatch, repacked: bool):
+def _build(path: Path, monkeypatch: pytest.MonkeyPatch, repacked: bool,
+           disabled: str = ROWS_ONLY):
     if repacked:
         monkeypatch.delenv("HWPLUG_DISABLED_KERNELS", raising=False)
     else:
-        monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", ROWS_ONLY)
+        monkeypatch.setenv("HWPLUG_DISABLED_KERNELS", disabled)
     checkpoint = load_checkpoint(path)
     model, ctx = build_model(checkpoint, dtype="float32")
     return checkpoint, model, ctx
@@ -93,3 +94,16 @@ def test_repacked_runs_read_back_as_the_files_rows(k_gguf: Path,
     assert [(g.held_as, g.where, g.count) for g in repacked] == [
         (f"GGUF {Q(kind).name}", "memory", 2)]
     del checkpoint
+
+
+def test_without_a_native_repack_the_runs_stay_rows(k_gguf: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture):
+    """A native repacked linear but only the reference repack (as when its library fails
+    to build): the first layer's repack falls back, so nothing is held repacked (the
+    reference repacked linear would un-interleave at every call) and it says so."""
+    _, model, ctx = _build(k_gguf, monkeypatch, False, disabled="ggml_repack/ggml_vnni")
+    assert all(not m.gguf_repacked for m in model.modules() if hasattr(m, "gguf_repacked"))
+    assert "stay as rows: ggml_repack fell back" in caplog.text
+    prefill_logits(model, ctx, [7, 8])
+    assert "ggml_linear_repacked" not in ctx.kernels.used()

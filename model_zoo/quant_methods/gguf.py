@@ -139,20 +139,10 @@ class GgufMethod(QuantMethod):
         if expected != output_size:
             raise ModelError(f"GGUF weights cover {expected} of {output_size} output rows")
         del layer.qweight, layer.qweight_type, layer.gguf_parts
-        kernels = [layer.gemm_kernel] * len(runs)
-        layer.gguf_repacked = frozenset()
-        if layer.gguf_repacking is not None and not hasattr(layer, "embed_kernel"):
-            repack, kernel = layer.gguf_repacking
-            layer.gguf_repacked = frozenset(i for i, (kind, _) in enumerate(runs)
-                                            if kind in REPACKED_TYPES)
-            for index in sorted(layer.gguf_repacked):
-                kind, rows = runs[index]
-                runs[index], kernels[index] = (kind, repack(rows, kind)), kernel
-                release_pages(rows)
-        del layer.gguf_repacking
+        calls = _repack_runs(layer, runs)
         for index, (_, rows) in enumerate(runs):
             layer.register_buffer(f"gguf_run{index}", rows, persistent=False)
-        layer.gguf_runs, layer.gguf_kernels = tuple(runs), tuple(kernels)
+        layer.gguf_runs, layer.gguf_kernels = tuple(runs), tuple(calls)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.gguf_split_by == "gathered":
@@ -195,6 +185,35 @@ def gguf_rows(layer: nn.Module) -> list[tuple[int, torch.Tensor]]:
     ones un-interleaved into new tensors, the others themselves."""
     return [(kind, unpack(rows, kind) if index in layer.gguf_repacked else rows)
             for index, (kind, rows) in enumerate(layer.gguf_runs)]
+
+
+def _repack_runs(layer: nn.Module, runs: list[tuple[int, torch.Tensor]]
+                 ) -> list[Callable[..., Any]]:
+    """Repack ``runs``' Q4_K / Q6_K runs in place where ``layer.gguf_repacking`` is set and
+    the layer is no embedding table, releasing the mapped pages each one read (sets
+    ``layer.gguf_repacked``); the kernel of each run. Where the reference served a repack
+    (the native library failed to build), nothing more is repacked: its repacked linear
+    would be the reference too, slower than the rows' kernel."""
+    calls = [layer.gemm_kernel] * len(runs)
+    repacking, layer.gguf_repacked = layer.gguf_repacking, frozenset()
+    del layer.gguf_repacking
+    if repacking is None or hasattr(layer, "embed_kernel"):
+        return calls
+    repack, kernel = repacking
+    done = set()
+    for index, (kind, rows) in enumerate(runs):
+        if kind not in REPACKED_TYPES or kernels.REFERENCE in repack.used():
+            continue
+        packed = repack(rows, kind)
+        if kernels.REFERENCE in repack.used():
+            logger.warning("GGUF %s weights stay as rows: ggml_repack fell back to its "
+                           "reference", type_name(kind))
+            continue
+        runs[index], calls[index] = (kind, packed), kernel
+        done.add(index)
+        release_pages(rows)
+    layer.gguf_repacked = frozenset(done)
+    return calls
 
 
 def _repacking(plan: KernelBinder, dtype: str) -> tuple[Callable[..., Any], ...] | None:
