@@ -53,8 +53,7 @@ from hwplug.platforms.device_names import canonical_device_name
 #: invariance, docs/generation.md "Numerics"); since the VNNI build's 16-row chunks
 #: (lgroup.h) the integer kernel beats the tiles at 32-512 rows (SmolLM2 Q4_1's shapes,
 #: one thread, CPU time: 1.2-1.5x; the AVX2 build, without them, took 1.2-1.4x the tiles'
-#: time before its tiles of eight pairs, not measured since). Before
-#: those tiles, 68 against 228 ms at batch 20 and par at 48. Q5_0 and Q5_1 never take the
+#: time before its tiles of eight pairs, not measured since). Q5_0 and Q5_1 never take the
 #: tiles either (null) since the VNNI build's 16-row chunks (lgroup.h): their int16 kernel
 #: took 0.35-0.98x the tiles' time at 32-512 rows (that Zen 5, one thread, CPU time, loaded;
 #: 576x576 and 1536x8960). The activations of the 32-value types are int16 (max|x| /
