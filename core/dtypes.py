@@ -30,8 +30,9 @@ FNUZ_DTYPES = ("fp8_e4m3fnuz",)
 #: The device feature (``DeviceFacts.features``) of a platform whose fp8 is fnuz: fp8
 #: weights and KV caches there are :data:`FNUZ_DTYPES`.
 FNUZ_FEATURE = "fp8-fnuz"
-#: Integer dtypes quantized weights and activations are stored in.
-INT_DTYPES = ("int8",)
+#: Integer dtypes quantized weights and activations are stored in (uint8: GGUF blocks, the
+#: ``ggml_repack`` op's input and output).
+INT_DTYPES = ("int8", "uint8")
 #: dtype names hwplug understands: compute, KV caches, quantized tensors.
 DTYPE_NAMES = (*FLOAT_DTYPES, *FP8_KV_DTYPES, *INT_DTYPES, *FNUZ_DTYPES)
 #: The model dtype that lets the platform choose (see :func:`auto_dtype`).
