@@ -69,3 +69,23 @@ class PagedBatch:
         positions, metadata = self.step(context_lens, [len(c) for c in chunks])
         with torch.inference_mode():
             return model(torch.cat(chunks), positions, self.kv_caches, metadata, **kwargs)
+
+
+def greedy_steps(model: Any, ctx: ModelContext, prompts: torch.Tensor, new_tokens: int,
+                 feed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every step ``[new_tokens, B, vocab]`` and their argmax tokens ``[B,
+    new_tokens]`` after ``prompts [B, L]``, through the paged cache; each step's input is its
+    argmax, or ``feed``'s tokens when given (teacher forcing, so two models see the same
+    inputs however their choices differ)."""
+    prompt_len = prompts.shape[1]
+    batch = PagedBatch(ctx, model.num_layers, len(prompts), prompt_len + new_tokens)
+    chunks, lens, steps, tokens = list(prompts), [prompt_len] * len(prompts), [], []
+    with torch.inference_mode():
+        for step in range(new_tokens):
+            hidden = batch.run(model, chunks, lens)
+            last = torch.tensor([len(c) for c in chunks]).cumsum(0) - 1
+            steps.append(model.compute_logits(hidden[last]))
+            tokens.append(steps[-1].argmax(-1))
+            fed = tokens[-1] if feed is None else feed[:, step]
+            chunks, lens = [t.view(1) for t in fed], [n + 1 for n in lens]
+    return torch.stack(steps), torch.stack(tokens, dim=1)

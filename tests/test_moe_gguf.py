@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from model_harness import PagedBatch
 from test_models_vs_transformers import FP32_ATOL
 from tiny_models import randomize
-from tiny_moe_gguf import VOCAB, llama_cpp_greedy, quantize_gguf, write_moe_gguf
+from tiny_moe_gguf import VOCAB, hwplug_greedy, llama_cpp_greedy, quantize_gguf, write_moe_gguf
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
 from hwplug.kernel_registry import ops_moe
@@ -58,16 +57,7 @@ def _transformers_model(name: str, quantizable: bool) -> torch.nn.Module:
 
 
 def _greedy(path: Path, dequantize_all: bool = False) -> tuple[list[int], torch.Tensor]:
-    """hwplug's greedy tokens after PROMPT and its prefill logits."""
-    model, ctx = build_model(load_checkpoint(path, dequantize=dequantize_all), dtype="float32",
-                             block_size=8)
-    batch = PagedBatch(ctx, model.num_layers, 1, len(PROMPT) + STEPS)
-    tokens = torch.tensor(PROMPT)
-    prefill = logits = model.compute_logits(batch.run(model, [tokens], [len(tokens)]))
-    for _ in range(STEPS):
-        tokens = torch.cat([tokens, logits[-1:].argmax(-1)])
-        logits = model.compute_logits(batch.run(model, [tokens[-1:]], [len(tokens)]))
-    return tokens[len(PROMPT):].tolist(), prefill
+    return hwplug_greedy(path, PROMPT, STEPS, dequantize_all)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

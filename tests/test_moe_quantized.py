@@ -18,7 +18,7 @@ import sys
 import pytest
 import quant_formats
 import torch
-from model_harness import InMemoryCheckpoint, PagedBatch
+from model_harness import InMemoryCheckpoint, greedy_steps
 from test_moe_models import CONFIGS, _per_expert
 from test_quant_models import load
 from tiny_models import randomize
@@ -78,22 +78,6 @@ def _written(name: str, fmt: str, tmp_path, monkeypatch):
     return config, model, ctx, dequantized
 
 
-def _greedy(model, ctx, config, prompts: torch.Tensor, feed: torch.Tensor | None = None):
-    """Logits of every step ``[steps, B, vocab]`` and their argmax tokens; each step's
-    input is its argmax or ``feed``'s tokens (so two models see the same inputs)."""
-    batch = PagedBatch(ctx, model.num_layers, len(prompts), PROMPT_LEN + NEW_TOKENS)
-    chunks, lens, steps, tokens = list(prompts), [PROMPT_LEN] * len(prompts), [], []
-    with torch.inference_mode():
-        for step in range(NEW_TOKENS):
-            hidden = batch.run(model, chunks, lens)
-            last = torch.tensor([len(c) for c in chunks]).cumsum(0) - 1
-            steps.append(model.compute_logits(hidden[last]))
-            tokens.append(steps[-1].argmax(-1))
-            fed = tokens[-1] if feed is None else feed[:, step]
-            chunks, lens = [t.view(1) for t in fed], [n + 1 for n in lens]
-    return torch.stack(steps), torch.stack(tokens, dim=1)
-
-
 @pytest.mark.parametrize("fmt", ["fp8-block", "int8-w8a8"])
 @pytest.mark.parametrize("name", ["qwen3-moe", "deepseek-v3"])
 def test_a_quantized_moe_checkpoint_tracks_its_dequantized_weights(name, fmt, tmp_path,
@@ -108,8 +92,8 @@ def test_a_quantized_moe_checkpoint_tracks_its_dequantized_weights(name, fmt, tm
                                        dtype="float32", block_size=8)
     prompts = torch.randint(0, config.vocab_size, (NUM_PROMPTS, PROMPT_LEN),
                             generator=torch.Generator().manual_seed(1))
-    want, want_tokens = _greedy(want_model, want_ctx, config, prompts)
-    got, got_tokens = _greedy(model, ctx, config, prompts, feed=want_tokens)
+    want, want_tokens = greedy_steps(want_model, want_ctx, prompts, NEW_TOKENS)
+    got, got_tokens = greedy_steps(model, ctx, prompts, NEW_TOKENS, feed=want_tokens)
     error = float((got - want).abs().max() / (want.max() - want.min()))
     same = int((got_tokens == want_tokens).all(dim=1).sum())
     assert 0 < error < LOGIT_RTOL[(name, fmt)], error

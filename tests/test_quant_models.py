@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_harness import InMemoryCheckpoint, PagedBatch
+from model_harness import InMemoryCheckpoint, greedy_steps
 from quant_formats import FORMATS, LINEARS, write_quantized
 from tiny_models import randomize
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
@@ -57,24 +57,6 @@ def reference():
     return model.state_dict(), amax
 
 
-def greedy(model, ctx, prompts: torch.Tensor, feed: torch.Tensor | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of every step ``[steps, B, vocab]`` and their argmax tokens ``[B, new]``;
-    each step's input is its argmax, or ``feed``'s tokens when given (teacher forcing, so
-    two models see the same inputs however their choices differ)."""
-    batch = PagedBatch(ctx, CONFIG.num_hidden_layers, len(prompts), PROMPT_LEN + NEW_TOKENS)
-    chunks, lens, steps, tokens = list(prompts), [PROMPT_LEN] * len(prompts), [], []
-    with torch.inference_mode():
-        for step in range(NEW_TOKENS):
-            hidden = batch.run(model, chunks, lens)
-            last = torch.tensor([len(c) for c in chunks]).cumsum(0) - 1
-            steps.append(model.compute_logits(hidden[last]))
-            tokens.append(steps[-1].argmax(-1))
-            fed = tokens[-1] if feed is None else feed[:, step]
-            chunks, lens = [t.view(1) for t in fed], [n + 1 for n in lens]
-    return torch.stack(steps), torch.stack(tokens, dim=1)
-
-
 def load(directory: Path, dtype: str):
     checkpoint = Checkpoint(AutoConfig.from_pretrained(directory), None, directory,
                             "safetensors", (directory / "model.safetensors",))
@@ -89,8 +71,8 @@ def against_dequantized(model, ctx, dequantized: dict, dtype: str) -> tuple[floa
                                        block_size=8)
     prompts = torch.randint(0, CONFIG.vocab_size, (NUM_PROMPTS, PROMPT_LEN),
                             generator=torch.Generator().manual_seed(1))
-    want, want_tokens = greedy(want_model, want_ctx, prompts)
-    got, got_tokens = greedy(model, ctx, prompts, feed=want_tokens)
+    want, want_tokens = greedy_steps(want_model, want_ctx, prompts, NEW_TOKENS)
+    got, got_tokens = greedy_steps(model, ctx, prompts, NEW_TOKENS, feed=want_tokens)
     error = float((got - want).abs().max() / (want.max() - want.min()))
     return error, int((got_tokens == want_tokens).all(dim=1).sum())
 

@@ -228,3 +228,23 @@ def llama_cpp_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
         out.append(token)
         llm.eval([token])
     return out
+
+
+def hwplug_greedy(path: Path, prompt: list[int], steps: int, dequantize_all: bool = False
+                  ) -> tuple[list[int], torch.Tensor]:
+    """hwplug's ``steps`` greedy tokens after ``prompt`` from the GGUF at ``path`` (kept in
+    blocks unless ``dequantize_all``) and its prefill logits ``[len(prompt), vocab]``."""
+    from model_harness import PagedBatch
+
+    from hwplug.model_zoo.context import build_model
+    from hwplug.model_zoo.loaders import load_checkpoint
+
+    model, ctx = build_model(load_checkpoint(path, dequantize=dequantize_all), dtype="float32",
+                             block_size=8)
+    batch = PagedBatch(ctx, model.num_layers, 1, len(prompt) + steps)
+    tokens = torch.tensor(prompt)
+    prefill = logits = model.compute_logits(batch.run(model, [tokens], [len(tokens)]))
+    for _ in range(steps):
+        tokens = torch.cat([tokens, logits[-1:].argmax(-1)])
+        logits = model.compute_logits(batch.run(model, [tokens[-1:]], [len(tokens)]))
+    return tokens[len(prompt):].tolist(), prefill
