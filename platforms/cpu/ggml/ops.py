@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -184,16 +185,8 @@ class GgmlKernels(build.Library):
         quantized to ``activations`` (a key of :data:`ACTIVATIONS`; int16 for
         :data:`WIDE_TYPES` only), written to ``out`` (fp32 ``[M, N]`` of unit column
         stride, any row stride: a column slice of a wider output) when given."""
-        rows, fp32_bias = _fp32(x), _fp32(bias)
-        (m, k), (n, row_bytes) = rows.shape, qweight.shape
-        if out is None:
-            out = torch.empty(m, n, dtype=torch.float32)
-        if m:
-            native_call(self.library.hwplug_ggml_linear, ggml_type, qweight.data_ptr(),
-                        row_bytes, n, k, rows.data_ptr(), m, out.data_ptr(), out.stride(0),
-                        _pointer(fp32_bias), ACTIVATIONS[activations], torch.get_num_threads(),
-                        check=self._check)
-        return out
+        return _rows_by_blocks(self.library.hwplug_ggml_linear, x, qweight, ggml_type, bias,
+                               out, (ACTIVATIONS[activations],), self._check)
 
     @checked("repack_supported")
     def repack(self, qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
@@ -214,16 +207,8 @@ class GgmlKernels(build.Library):
                         ) -> torch.Tensor:
         """:meth:`linear_blocks` on weights :meth:`repack` wrote (int8 activations): every
         output bitwise the same as from the rows, whatever the number of rows of ``x``."""
-        rows, fp32_bias = _fp32(x), _fp32(bias)
-        (m, k), (n, row_bytes) = rows.shape, packed.shape
-        if out is None:
-            out = torch.empty(m, n, dtype=torch.float32)
-        if m:
-            native_call(self.library.hwplug_ggml_linear_repacked, ggml_type, packed.data_ptr(),
-                        row_bytes, n, k, rows.data_ptr(), m, out.data_ptr(), out.stride(0),
-                        _pointer(fp32_bias), torch.get_num_threads(),
-                        check=self._check_repacked)
-        return out
+        return _rows_by_blocks(self.library.hwplug_ggml_linear_repacked, x, packed, ggml_type,
+                               bias, out, (), self._check_repacked)
 
     def _check_repacked(self, status: int) -> None:
         if status == -1:
@@ -336,6 +321,21 @@ def blocks_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
         return f"out {out.dtype} {list(out.shape)} is not float32 {list(want or ())} of unit " \
                "column stride"
     return linear_supported(x, qweight, ggml_type, bias)
+
+
+def _rows_by_blocks(function: Callable[..., int], x: torch.Tensor, qweight: torch.Tensor,
+                    ggml_type: int, bias: torch.Tensor | None, out: torch.Tensor | None,
+                    options: tuple, check: Callable[[int], None]) -> torch.Tensor:
+    """``function`` (``hwplug_ggml_linear``'s arguments, ``options`` before the threads)."""
+    rows, fp32_bias = _fp32(x), _fp32(bias)
+    (m, k), (n, row_bytes) = rows.shape, qweight.shape
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32)
+    if m:
+        native_call(function, ggml_type, qweight.data_ptr(), row_bytes, n, k, rows.data_ptr(),
+                    m, out.data_ptr(), out.stride(0), _pointer(fp32_bias), *options,
+                    torch.get_num_threads(), check=check)
+    return out
 
 
 def repack_supported(qweight: torch.Tensor, ggml_type: int) -> str | None:
