@@ -53,12 +53,8 @@ def decode_attention(query: torch.Tensor, view: CacheView, metadata: AttentionMe
     split_size, num_splits = split_plan(num_seqs * num_kv_heads, max_seq_len, config,
                                         query.device, split_size)
     out = query.new_empty(query.shape)
-    partial_acc = partial_max = partial_sum = out  # unused unless split
-    if num_splits > 1:
-        partial_acc = query.new_empty((num_seqs, num_heads, num_splits, head_size),
-                                      dtype=torch.float32)
-        partial_max = query.new_empty((num_seqs, num_heads, num_splits), dtype=torch.float32)
-        partial_sum = torch.empty_like(partial_max)
+    partial_acc, partial_max, partial_sum = split_partials(out, num_seqs, num_heads,
+                                                           num_splits, head_size)
     block_d = tiles.padded_head_size(head_size)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, *tiles.cache_arguments(view), *(scales or (out, out)), block_tables, seq_lens,
@@ -78,6 +74,18 @@ def decode_attention(query: torch.Tensor, view: CacheView, metadata: AttentionMe
             HEAD_SIZE=head_size, BLOCK_D=block_d,
             BLOCK_SPLITS=triton.next_power_of_2(num_splits))
     return out
+
+
+def split_partials(out: torch.Tensor, rows: int, num_heads: int, num_splits: int, width: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fp32 partial accumulators ``[rows, heads, splits, width]``, maxima and sums
+    ``[rows, heads, splits]`` a split kernel writes for ``reduce_splits_kernel``; ``out``
+    three times (never read) when there is one split."""
+    if num_splits == 1:
+        return out, out, out
+    acc = out.new_empty((rows, num_heads, num_splits, width), dtype=torch.float32)
+    maxima = out.new_empty((rows, num_heads, num_splits), dtype=torch.float32)
+    return acc, maxima, torch.empty_like(maxima)
 
 
 def split_plan(programs: int, max_seq_len: int, config: dict, device: torch.device,

@@ -35,7 +35,11 @@ import triton.language as tl
 
 from hwplug_triton.kernels import checked
 from hwplug_triton.kernels.attention_tiles import dot_operands
-from hwplug_triton.kernels.decode_attention import reduce_splits_kernel, split_plan
+from hwplug_triton.kernels.decode_attention import (
+    reduce_splits_kernel,
+    split_partials,
+    split_plan,
+)
 from hwplug_triton.kernels.layouts import COMPUTE_DTYPES
 from hwplug_triton.kernels.mla_cache import cache_problem
 from hwplug_triton.tuning import launch_config
@@ -101,12 +105,8 @@ def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch
     if num_tokens == metadata.seq_lens.shape[0] and metadata.max_query_len == 1:
         keys_per_split, num_splits = split_plan(num_tokens * head_blocks, max_seq_len, config,
                                                 q_lat.device, split_size)
-    partial_acc = partial_max = partial_sum = out  # unused unless split
-    if num_splits > 1:
-        partial_acc = q_lat.new_empty((num_tokens, num_heads, num_splits, latent),
-                                      dtype=torch.float32)
-        partial_max = q_lat.new_empty((num_tokens, num_heads, num_splits), dtype=torch.float32)
-        partial_sum = torch.empty_like(partial_max)
+    partial_acc, partial_max, partial_sum = split_partials(out, num_tokens, num_heads,
+                                                           num_splits, latent)
     block_l, tables = max(16, triton.next_power_of_2(latent)), metadata.block_tables
     _mla_kernel[(num_tokens, head_blocks, num_splits)](
         q_lat, q_pe, kv_cache, kv_scale if kv_scale is not None else q_lat, tables,
