@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_cases import FP8_DTYPES, ON_GPU, kv_scales, skip_fp8_the_gpu_lacks, write_both
+from triton_cases import FNUZ, FP8_DTYPES, ON_GPU, kv_scales, skip_fp8_the_gpu_lacks, write_both
 
 from hwplug.attention import PagedAttentionParams
 from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry import reference
 from hwplug.kv_cache_layout import NHD
 from hwplug_triton.kernels import cache
 
@@ -45,7 +46,28 @@ def test_fp8_caches_hold_the_reference_codes(device: str, cache_dtype: torch.dty
     scales = kv_scales(cache_dtype, SHAPE[2], per_head, device)
     written, expected = write_both(cache.reshape_and_cache, NHD, SHAPE, torch.bfloat16,
                                    cache_dtype, 16, device, scales)
-    assert torch.equal(written.float(), expected.float())  # equal values (+0 / -0 alike)
+    # the same bytes: values that round to zero keep their sign, as torch's cast
+    assert torch.equal(written.view(torch.uint8), expected.view(torch.uint8))
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=str)
+def test_fp8_writes_keep_the_sign_of_values_that_round_to_zero(device: str,
+                                                               cache_dtype: torch.dtype) -> None:
+    """-0.0 and tiny negatives are stored as fp8's negative zero, as torch's cast stores
+    them (the reference's), not as +0; the fnuz formats have none (their 0x80 is NaN)."""
+    skip_fp8_the_gpu_lacks(cache_dtype)
+    key = torch.tensor([[[-0.0, -1e-9, 1e-9, 0.0, -1e-30, 3.0, -2.0 ** -20, 1.0]]],
+                       device=device)
+    slot = torch.zeros(1, dtype=torch.long, device=device)
+    params = PagedAttentionParams(1.0, k_scale=torch.tensor(1.0, device=device),
+                                  v_scale=torch.tensor(1.0, device=device))
+    written, expected = (torch.zeros(2, 1, 1, 1, 8, dtype=cache_dtype, device=device)
+                         for _ in range(2))
+    cache.reshape_and_cache(key, key, written, slot, params)
+    reference.reshape_and_cache(key, key, expected, slot, params)
+    assert torch.equal(written.view(torch.uint8), expected.view(torch.uint8))
+    negative_zero = written[0].flatten().view(torch.uint8)[1].item()
+    assert negative_zero == (0 if cache_dtype in FNUZ else 0x80)
 
 
 def test_fp8_writes_saturate_instead_of_overflowing(device: str) -> None:

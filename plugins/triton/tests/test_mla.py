@@ -49,8 +49,8 @@ def _batch(steps: list[tuple[int, int]], block_size: int, cache_dtype: torch.dty
     lens = [c + n for c, n in steps]
     counts = [-(-n // block_size) for n in lens]
     order = torch.randperm(sum(counts) + 2, generator=gen).tolist()
-    cache = quantize(torch.randn(sum(counts) + 2, block_size, LORA + ROPE, generator=gen),
-                     kv_scale, cache_dtype).to(device)
+    cache = quantize(torch.randn(sum(counts) + 2, block_size, LORA + ROPE, generator=gen)
+                     .to(device), kv_scale, cache_dtype)
     tables, slots, used = [], [], 0
     for (context, new), count in zip(steps, counts, strict=True):
         table = order[used:used + count]

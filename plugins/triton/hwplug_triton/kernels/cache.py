@@ -101,7 +101,7 @@ def _cache_kernel(key_ptr, value_ptr, slot_mapping_ptr, num_heads,
                   v_ptr, v_block, v_slot, v_head, v_chunk_stride,
                   K_CHUNK: tl.constexpr, V_CHUNK: tl.constexpr, SCALED: tl.constexpr,
                   FP8_MAX: tl.constexpr, FP8_MANTISSA: tl.constexpr, FP8_STEP: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                  FP8_SIGNED_ZERO: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_HEADS: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -118,25 +118,28 @@ def _cache_kernel(key_ptr, value_ptr, slot_mapping_ptr, num_heads,
                       + dims[None, :],
                       k_ptr + block * k_block + offset * k_slot + heads[:, None] * k_head
                       + k_dims[None, :], k_scale_ptr + heads, mask, heads < num_heads, SCALED,
-                      FP8_MAX, FP8_MANTISSA, FP8_STEP)
+                      FP8_MAX, FP8_MANTISSA, FP8_STEP, FP8_SIGNED_ZERO)
         store_entries(value_ptr + token * value_stride_t + heads[:, None] * value_stride_h
                       + dims[None, :],
                       v_ptr + block * v_block + offset * v_slot + heads[:, None] * v_head
                       + v_dims[None, :], v_scale_ptr + heads, mask, heads < num_heads, SCALED,
-                      FP8_MAX, FP8_MANTISSA, FP8_STEP)
+                      FP8_MAX, FP8_MANTISSA, FP8_STEP, FP8_SIGNED_ZERO)
 
 
 @triton.jit
 def store_entries(source, target, scale_ptr, mask, head_mask, SCALED: tl.constexpr,
-                  FP8_MAX: tl.constexpr, FP8_MANTISSA: tl.constexpr, FP8_STEP: tl.constexpr):
+                  FP8_MAX: tl.constexpr, FP8_MANTISSA: tl.constexpr, FP8_STEP: tl.constexpr,
+                  FP8_SIGNED_ZERO: tl.constexpr):
     """Store the ``[BLOCK_HEADS, BLOCK_D]`` entries at ``source`` into ``target`` (a cache
     entry's heads; the MLA cache write passes its one latent "head"): divided by the
-    heads' scales when ``SCALED``; into an fp8 cache (``FP8_MAX`` not 0) clamped to
-    +-``FP8_MAX`` and rounded to nearest-even."""
+    heads' scales when ``SCALED`` (correctly rounded, as torch divides); into an fp8 cache
+    (``FP8_MAX`` not 0) clamped to +-``FP8_MAX`` and rounded to nearest-even."""
     entries = tl.load(source, mask=mask)
     if SCALED:
-        entries = entries.to(tl.float32) / tl.load(scale_ptr, mask=head_mask, other=1.0)[:, None]
+        # a GPU's default fp32 division is approximate: one ulp off flips fp8 roundings
+        entries = tl.math.div_rn(entries.to(tl.float32),
+                                 tl.load(scale_ptr, mask=head_mask, other=1.0)[:, None])
     if FP8_MAX != 0.0:
         entries = tl.minimum(tl.maximum(entries.to(tl.float32), -FP8_MAX), FP8_MAX)
-        entries = round_to_fp8_grid(entries, FP8_MANTISSA, FP8_STEP)
+        entries = round_to_fp8_grid(entries, FP8_MANTISSA, FP8_STEP, FP8_SIGNED_ZERO)
     tl.store(target, entries.to(target.dtype.element_ty), mask=mask)

@@ -25,19 +25,26 @@ def tanh(x):
 
 
 @triton.jit
-def round_to_fp8_grid(x, MANTISSA: tl.constexpr, STEP: tl.constexpr):
+def round_to_fp8_grid(x, MANTISSA: tl.constexpr, STEP: tl.constexpr,
+                      SIGNED_ZERO: tl.constexpr):
     """fp32 ``x`` rounded to nearest-even onto the values of an fp8 format with
     ``MANTISSA`` mantissa bits whose subnormals are ``STEP`` apart, still in fp32 (``x``
     must be clamped to the format's range first). A cast of the result to the format is
     exact, so it does not depend on how the backend rounds: Triton's interpreter (3.x)
-    rounds fp32 -> fp8 without carrying into the exponent (31.9 -> 16 in e4m3). Zeros
-    come out positive."""
+    rounds fp32 -> fp8 without carrying into the exponent (31.9 -> 16 in e4m3). Values
+    that round to zero keep ``x``'s sign where the format has a negative zero
+    (``SIGNED_ZERO``: OCP's formats, not the fnuz ones, whose 0x80 is NaN), as torch's
+    casts do."""
     SHIFT: tl.constexpr = 23 - MANTISSA
     bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)) & -(1 << SHIFT)
+    rounded = (bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)) & -(1 << SHIFT)
     magic = STEP * 12582912.0  # 1.5 * 2**23 * STEP: adding it rounds to a multiple of STEP
-    return tl.where(tl.abs(x) < STEP * (1 << MANTISSA), (x + magic) - magic,
-                    bits.to(tl.float32, bitcast=True))
+    magnitude = ((tl.abs(x) + magic) - magic).to(tl.int32, bitcast=True)
+    subnormal = magnitude | (bits & -(1 << 31))
+    if not SIGNED_ZERO:
+        subnormal = tl.where(magnitude == 0, 0, subnormal)
+    return tl.where(tl.abs(x) < STEP * (1 << MANTISSA), subnormal,
+                    rounded).to(tl.float32, bitcast=True)
 
 
 @triton.jit

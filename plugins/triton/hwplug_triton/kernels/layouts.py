@@ -100,9 +100,11 @@ FP8_MANTISSA_BITS = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2, torch.float8_
 def fp8_format(dtype: torch.dtype) -> dict[str, float | int]:
     """The cache-write kernel's constants for storing into ``dtype``: ``FP8_MAX`` (stores
     clamp to it, as the reference does; 0.0: not fp8), ``FP8_MANTISSA`` and ``FP8_STEP``
-    (the subnormal spacing) of :func:`~hwplug_triton.kernels.functions.round_to_fp8_grid`."""
+    (the subnormal spacing) and ``FP8_SIGNED_ZERO`` of
+    :func:`~hwplug_triton.kernels.functions.round_to_fp8_grid`."""
     if dtype not in FP8_MANTISSA_BITS:
-        return {"FP8_MAX": 0.0, "FP8_MANTISSA": 0, "FP8_STEP": 0.0}
+        return {"FP8_MAX": 0.0, "FP8_MANTISSA": 0, "FP8_STEP": 0.0, "FP8_SIGNED_ZERO": False}
     info, mantissa = torch.finfo(dtype), FP8_MANTISSA_BITS[dtype]
     return {"FP8_MAX": float(info.max), "FP8_MANTISSA": mantissa,
-            "FP8_STEP": float(info.tiny) * 2.0 ** -mantissa}
+            "FP8_STEP": float(info.tiny) * 2.0 ** -mantissa,
+            "FP8_SIGNED_ZERO": dtype in (torch.float8_e4m3fn, torch.float8_e5m2)}

@@ -89,7 +89,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
 def _cache_kernel(kv_c_ptr, k_pe_ptr, slot_mapping_ptr, scale_ptr, cache_ptr,
                   kv_c_stride, k_pe_stride, cache_block, cache_slot,
                   SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANTISSA: tl.constexpr,
-                  FP8_STEP: tl.constexpr, BLOCK_SIZE: tl.constexpr, LATENT: tl.constexpr,
+                  FP8_STEP: tl.constexpr, FP8_SIGNED_ZERO: tl.constexpr, BLOCK_SIZE: tl.constexpr, LATENT: tl.constexpr,
                   ROPE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -99,7 +99,9 @@ def _cache_kernel(kv_c_ptr, k_pe_ptr, slot_mapping_ptr, scale_ptr, cache_ptr,
     one = tl.zeros([1], dtype=tl.int32)  # the one "head" of the latent cache
     lat = tl.arange(0, BLOCK_L)[None, :]
     store_entries(kv_c_ptr + token * kv_c_stride + lat, entry + lat, scale_ptr + one,
-                  lat < LATENT, one == 0, SCALED, FP8_MAX, FP8_MANTISSA, FP8_STEP)
+                  lat < LATENT, one == 0, SCALED, FP8_MAX, FP8_MANTISSA, FP8_STEP,
+                  FP8_SIGNED_ZERO)
     pe = tl.arange(0, BLOCK_R)[None, :]
     store_entries(k_pe_ptr + token * k_pe_stride + pe, entry + LATENT + pe, scale_ptr + one,
-                  pe < ROPE, one == 0, SCALED, FP8_MAX, FP8_MANTISSA, FP8_STEP)
+                  pe < ROPE, one == 0, SCALED, FP8_MAX, FP8_MANTISSA, FP8_STEP,
+                  FP8_SIGNED_ZERO)
