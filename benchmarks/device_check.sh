@@ -36,6 +36,7 @@ step tests 170 python3 -m pytest -q -p no:randomly -p no:cacheprovider -n 8 plug
 step conformance 60 python3 -m hwplug.cli.main conformance cuda --json
 step bench_kernels 110 python3 plugins/triton/benchmarks/bench_kernels.py --out "$OUT/RESULTS.md"
 step bench_moe 60 python3 plugins/triton/benchmarks/bench_moe.py --out "$OUT/RESULTS_moe.md"
+step bench_mla 60 python3 plugins/triton/benchmarks/bench_mla.py --out "$OUT/RESULTS_mla.md"
 if [ -n "$HF_DIR" ]; then
     python3 - "$HF_DIR" /tmp/hf-random <<'PY'
 import shutil, sys, torch, transformers

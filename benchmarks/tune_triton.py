@@ -43,10 +43,14 @@ GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
                                "waves": (2,)},
     "paged_attention_prefill": {"block_m": (32, 64, 128), "block_n": (32, 64),
                                 "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    "mla_attention": {"block_h": (32, 64, 128), "block_n": (16, 32, 64), "num_warps": (4, 8),
+                      "num_stages": (1, 2), "min_split_tokens": (256,), "waves": (2,)},
 }
 DTYPE = torch.bfloat16
 #: Attention heads of the representative calls: (query heads, KV heads).
 HEADS = (32, 8)
+#: DeepSeek-V3's latent attention: query heads, nope and rope head sizes, value head size.
+MLA_HEADS, MLA_NOPE, MLA_ROPE, MLA_V = 128, 128, 64, 128
 
 
 def find_gpu() -> torch.device | None:
@@ -63,7 +67,7 @@ def cases(kernel: str, bucket: int, device: torch.device
     """``(call, reference, op)`` of a representative call in ``bucket``: both return what
     to compare, within ``op``'s tolerance."""
     from hwplug.kernel_registry import reference
-    from hwplug_triton.kernels import activation, attention, cache, norm, rotary
+    from hwplug_triton.kernels import activation, attention, cache, mla, norm, rotary
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device, dtype=DTYPE)
@@ -94,6 +98,9 @@ def cases(kernel: str, bucket: int, device: torch.device
             return target
         return (lambda: write(cache.reshape_and_cache, caches[0]),
                 lambda: write(reference.reshape_and_cache, caches[1]), kernel)
+    if kernel == "mla_attention":  # decode, 64 sequences of 4096 keys, latent width <= bucket
+        return (*mla_case(min(bucket, 512), device, randn, mla.mla_attention,
+                          reference.mla_attention), kernel)
     decode = kernel == "paged_attention_decode"
     seqs, context, head_size = (64, min(bucket, 8192), 128) if decode else (1, 4096, bucket)
     blocks = -(-context // 16)
@@ -108,6 +115,25 @@ def cases(kernel: str, bucket: int, device: torch.device
     args = (query, kv_cache, metadata, PagedAttentionParams(head_size ** -0.5))
     return (lambda: attention.paged_attention(*args),
             lambda: reference.paged_attention(*args), "paged_attention")
+
+
+def mla_case(latent: int, device: torch.device, randn: Callable[..., torch.Tensor],
+             kernel: Callable[..., torch.Tensor], oracle: Callable[..., torch.Tensor]
+             ) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """``(call, reference)`` of a decode-only ``mla_attention`` batch: 64 sequences of 4096
+    cached latents (``latent + MLA_ROPE`` wide, block 64, shuffled tables)."""
+    seqs, context, block = 64, 4096, 64
+    blocks = seqs * context // block
+    kv_cache = randn(blocks, block, latent + MLA_ROPE)
+    tables = torch.randperm(blocks, device=device, dtype=torch.int32).view(seqs, -1)
+    metadata = AttentionMetadata(torch.zeros(0, dtype=torch.int64, device=device), tables,
+                                 torch.full((seqs,), context, device=device, dtype=torch.int32),
+                                 torch.arange(seqs + 1, device=device, dtype=torch.int32), 1,
+                                 context)
+    args = (randn(seqs, MLA_HEADS, MLA_NOPE), randn(seqs, MLA_HEADS, MLA_ROPE), kv_cache,
+            metadata, randn(MLA_HEADS, MLA_NOPE, latent) * latent ** -0.5,
+            randn(MLA_HEADS, MLA_V, latent) * latent ** -0.5, (MLA_NOPE + MLA_ROPE) ** -0.5)
+    return lambda: kernel(*args), lambda: oracle(*args)
 
 
 def candidates(kernel: str) -> list[dict[str, int]]:
@@ -133,10 +159,11 @@ def measure(call: Callable[[], Any], oracle: Callable[[], Any], op: str) -> floa
     """Median milliseconds of ``call``, or None when it fails or differs from ``oracle``."""
     import triton.testing
 
-    from hwplug.kernel_registry import ops
+    from hwplug.kernel_registry import ops  # noqa: F401  (defines the ops in the registry)
+    from hwplug.kernel_registry.registry import kernels
 
     try:
-        atol, rtol = getattr(ops, op).tolerances[str(DTYPE).removeprefix("torch.")]
+        atol, rtol = kernels.op(op).tolerances[str(DTYPE).removeprefix("torch.")]
         for actual, expected in zip(*(_flat(f()) for f in (call, oracle)), strict=True):
             torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
         return triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median")

@@ -1,5 +1,6 @@
-"""``benchmarks/bench_quant.py`` runs end to end (``--smoke``: tiny shapes in the Triton
-interpreter) and, without a GPU, refuses to measure with a message saying so."""
+"""``benchmarks/bench_quant.py`` and ``bench_mla.py`` run end to end (``--smoke``: tiny
+shapes in the Triton interpreter) and, without a GPU, refuse to measure with a message
+saying so."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ pytestmark = pytest.mark.slow  # each test runs a benchmark script in a fresh in
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quant.py"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
-                          text=True, timeout=300)
+def run(*args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                          text=True, timeout=300, cwd=script.parent)
 
 
 def test_the_smoke_run_reports_every_section_with_its_difference_from_the_reference() -> None:
@@ -39,3 +40,11 @@ def test_without_a_gpu_it_measures_nothing_and_says_why() -> None:
     assert proc.returncode == 1
     assert "no GPU (CUDA, ROCm or XPU): run on a GPU machine, or pass --smoke" in proc.stderr
     assert not SCRIPT.with_name("RESULTS_quant.md").exists()
+
+
+def test_the_mla_smoke_run_reports_the_kernel_beside_the_reference() -> None:
+    proc = run("--smoke", script=SCRIPT.with_name("bench_mla.py"))
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| 2 x 40 | fp32 |"))
+    assert float(row.rstrip(" |").rsplit("|", 1)[1]) < 1e-5  # relative to the largest output
+    assert "written to" not in proc.stdout
