@@ -72,8 +72,13 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     not fit.
     """
     params = dict(model.named_parameters())
+    modules = dict(model.named_modules())  # one walk, not one per tensor
+
+    def owner(param_name: str) -> nn.Module:
+        return modules[param_name.rpartition(".")[0]]
+
     expected = {(name, shard) for name in params
-                for shard in getattr(_owner(model, name), "shard_names", (None,))}
+                for shard in getattr(owner(name), "shard_names", (None,))}
     unexpected, loaded = [], set()
     for hf_name, tensor in weights:
         target = rename(hf_name)
@@ -87,7 +92,7 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
         check_dtype_kind(hf_name, tensor, name, params[name])
         check_scales(hf_name, name, tensor)
         try:
-            loader = getattr(_owner(model, name), "load_weight", None)
+            loader = getattr(owner(name), "load_weight", None)
             if loader is None:
                 copy_checked(params[name], tensor, name)
             else:
@@ -96,8 +101,8 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
             raise ModelError(f"checkpoint tensor {hf_name}: {exc}") from None
         loaded.add((name, shard))
     missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded
-                     if n.rpartition(".")[2] not in getattr(_owner(model, n),
-                                                            "optional_parameters", ()))
+                     if n.rpartition(".")[2] not in getattr(owner(n), "optional_parameters",
+                                                            ()))
     if unexpected or missing:
         raise ModelError(f"checkpoint does not match {type(model).__name__}: "
                          f"unexpected tensors {sorted(unexpected) or 'none'}; "
@@ -130,7 +135,3 @@ def check_dtype_kind(hf_name: str, tensor: torch.Tensor, param_name: str,
         raise ModelError(f"checkpoint tensor {hf_name} is {stored} ({have}), but parameter "
                          f"{param_name} holds {held} ({want}): a {have} tensor is not loaded "
                          f"into a {want} parameter")
-
-
-def _owner(model: nn.Module, param_name: str) -> nn.Module:
-    return model.get_submodule(param_name.rpartition(".")[0])
