@@ -24,6 +24,7 @@ from hwplug.dtypes import dtype_name, torch_dtype
 from hwplug.errors import ConfigError, ModelError, UnsupportedError
 from hwplug.kernel_registry import BoundOp, KernelPlan, KernelPolicy, kernels
 from hwplug.model_zoo.llm_config import LLMConfig
+from hwplug.model_zoo.loaders import repacked_cache
 from hwplug.model_zoo.loaders.memory import (
     check_memory,
     estimate_memory,
@@ -165,9 +166,10 @@ def build_model(checkpoint: CheckpointLike, *, platform: Platform | None = None,
         model = model_cls(hf_config, ctx)
     logger.info("quantization %s", quantization_report(ctx))
     model.load_weights(checkpoint.weights())
-    for module in model.modules():  # linear layers and vocabulary tables
-        if hasattr(module, "quant_method"):
-            module.quant_method.process_weights_after_loading(module)
+    with repacked_cache.caching():  # repacked GGUF runs: mapped from disk after the first load
+        for module in model.modules():  # linear layers and vocabulary tables
+            if hasattr(module, "quant_method"):
+                module.quant_method.process_weights_after_loading(module)
     return model.eval(), ctx
 
 

@@ -142,3 +142,15 @@ def release_pages(tensor: torch.Tensor) -> int:
         if released:
             return released
     return 0
+
+
+def locate(tensor: torch.Tensor) -> tuple[MappedFile, int] | None:
+    """``(file, byte offset)``: the live mapped file whose bytes ``tensor`` views and where
+    its first byte is in it; None when it is no view of one."""
+    first = tensor.data_ptr()
+    last = first + tensor.numel() * tensor.element_size()
+    for mapped in list(_LIVE.values()):
+        start, end = mapped.address_range()
+        if start <= first and last <= end:
+            return mapped, first - start
+    return None

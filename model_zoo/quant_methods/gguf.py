@@ -29,8 +29,11 @@ groups of 16 rows with their 32-bit words interleaved, the same size; see
 :mod:`hwplug.kernel_registry.reference.ggml_repack`) into one new buffer, multiplied by
 ``ggml_linear_repacked`` (bitwise ``ggml_linear``'s outputs on the rows), and the mapped
 file's pages it read are released (:func:`~hwplug.model_zoo.loaders.mapped.release_pages`),
-so the weights stay resident once. ``layer.gguf_repacked`` are the indices of those runs
-(``gguf_runs`` then holds the repacked bytes); other types stay as rows.
+so the weights stay resident once. As :func:`~hwplug.model_zoo.context.build_model` loads,
+the repacked runs are cached on disk and later loads map them from there, neither
+repacking nor reading those runs of the file (:mod:`~hwplug.model_zoo.loaders.repacked_cache`).
+``layer.gguf_repacked`` are the indices of those runs (``gguf_runs`` then holds the
+repacked bytes); other types stay as rows.
 ``HWPLUG_DISABLED_KERNELS=ggml_linear_repacked/ggml_vnni`` keeps every run as rows.
 
 Under tensor parallelism the blocks stay as stored (a rank's cut is repacked the same way). A column-parallel layer (and a
@@ -61,6 +64,7 @@ from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_n
 from hwplug.kernel_registry.reference.ggml_repack import REPACKED_TYPES, unpack
 from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.model_zoo.loaders.mapped import release_pages
+from hwplug.model_zoo.loaders.repacked_cache import repacked
 from hwplug.quantization import QuantMethod
 
 if TYPE_CHECKING:
@@ -204,7 +208,7 @@ def _repack_runs(layer: nn.Module, runs: list[tuple[int, torch.Tensor]]
     for index, (kind, rows) in enumerate(runs):
         if kind not in REPACKED_TYPES or kernels.REFERENCE in repack.used():
             continue
-        packed = repack(rows, kind)
+        packed = repacked(repack, rows, kind)  # from the cache where an earlier load wrote it
         if kernels.REFERENCE in repack.used():
             logger.warning("GGUF %s weights stay as rows: ggml_repack fell back to its "
                            "reference", type_name(kind))

@@ -1,0 +1,104 @@
+"""The repacked-weights cache (:mod:`hwplug.model_zoo.loaders.repacked_cache`): a second
+load maps the runs the first repacked (no repack runs, logits bitwise the same); a
+truncated or corrupt cache is rebuilt, saying so; a changed GGUF gets a new entry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_gguf_quantized import _inside, _mappings, prefill_logits
+from test_gguf_repacked import _build, k_gguf  # noqa: F401 - k_gguf is a fixture
+
+from hwplug import envs
+from hwplug.model_zoo.loaders.repacked_cache import CACHE_KIND, INDEX_NAME, PACKED_NAME
+
+PROMPTS = (list(range(3, 26)), [7])
+
+
+def _entries() -> list[Path]:
+    root = envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) \
+        if root.is_dir() else []
+
+
+@pytest.fixture
+def no_repacked_cache() -> None:
+    """Start without any repacked-weights entry (other tests may have written some)."""
+    shutil.rmtree(envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND, ignore_errors=True)
+
+
+def _load(path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``(logits of each prompt, repacked runs, the plan's ops used)`` of a fresh load."""
+    _, model, ctx = _build(path, monkeypatch, True)
+    runs = [rows for m in model.modules()
+            for index, (_, rows) in enumerate(getattr(m, "gguf_runs", ()))
+            if index in m.gguf_repacked]
+    logits = [prefill_logits(model, ctx, ids) for ids in PROMPTS]
+    return logits, runs, ctx.kernels.used()
+
+
+def test_a_second_load_maps_the_cache_and_gives_the_same_logits(
+        k_gguf: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        no_repacked_cache: None) -> None:
+    first, first_runs, used = _load(k_gguf, monkeypatch)
+    assert used["ggml_repack"] == {"ggml_vnni"} and first_runs
+    entry, = _entries()
+    packed = entry / PACKED_NAME
+    assert packed.stat().st_size == pytest.approx(
+        sum(r.numel() for r in first_runs), abs=64 * len(first_runs))
+    second, runs, used = _load(k_gguf, monkeypatch)
+    assert "ggml_repack" not in used  # nothing repacked
+    assert used["ggml_linear_repacked"] == {"ggml_vnni"}
+    ranges = _mappings(packed)
+    assert ranges and all(_inside(run, ranges) for run in runs)  # the cache's pages
+    for got, want in zip(second, first, strict=True):
+        assert torch.equal(got, want)
+    assert [r.shape for r in runs] == [r.shape for r in first_runs]
+    assert all(torch.equal(a, b) for a, b in zip(runs, first_runs, strict=True))
+    assert _entries() == [entry]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten", "no index"])
+def test_a_damaged_cache_is_rebuilt(k_gguf: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                                    caplog: pytest.LogCaptureFixture, damage: str,
+                                    no_repacked_cache: None) -> None:
+    want, _, _ = _load(k_gguf, monkeypatch)
+    entry, = _entries()
+    packed = entry / PACKED_NAME
+    size = packed.stat().st_size
+    if damage == "truncated":
+        os.truncate(packed, size // 2)
+    elif damage == "overwritten":
+        with open(packed, "r+b") as file:
+            file.write(bytes(4096))
+    else:
+        (entry / INDEX_NAME).unlink()
+    got, _, used = _load(k_gguf, monkeypatch)
+    assert "repacked-weights cache" in caplog.text and "rebuilding" in caplog.text
+    assert used["ggml_repack"] == {"ggml_vnni"}
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    entry, = _entries()
+    assert (entry / PACKED_NAME).stat().st_size == size
+    caplog.clear()
+    _, _, used = _load(k_gguf, monkeypatch)  # the rebuilt entry serves
+    assert "ggml_repack" not in used and "rebuilding" not in caplog.text
+
+
+def test_a_changed_gguf_gets_a_new_entry(k_gguf: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                                         tmp_path: Path, no_repacked_cache: None) -> None:
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(k_gguf, copy)
+    want, _, _ = _load(copy, monkeypatch)
+    before = _entries()
+    stat = copy.stat()
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file changed
+    got, _, used = _load(copy, monkeypatch)
+    assert used["ggml_repack"] == {"ggml_vnni"}  # repacked again, not read from the old entry
+    assert len(_entries()) == len(before) + 1
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
