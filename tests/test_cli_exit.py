@@ -1,6 +1,7 @@
 """``hwplug`` commands that run a model end the process promptly (``os._exit`` after
 flushing and the ``atexit`` handlers): the output and exit status are those of a normal
-exit, whether stdout is a pipe or a file."""
+exit, whether stdout is a pipe or a file. The garbage collector, paused while the model
+loads, is on again afterwards with the loaded objects frozen."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ pytestmark = pytest.mark.slow  # starts hwplug in subprocesses with a real model
 #: handler registered first that must still run and print, and an object that says when
 #: the interpreter's teardown frees it (skipped after a model ran).
 PROGRAM = """
-import atexit, sys
-atexit.register(lambda: print("atexit ran", file=sys.stderr, flush=True))
+import atexit, gc, sys
+atexit.register(lambda: print(f"gc on {gc.isenabled()}, frozen {gc.get_freeze_count() > 0}",
+                              "atexit ran", file=sys.stderr, flush=True))
 class Witness:
     def __del__(self):
         sys.__stderr__.write("torn down\\n")
@@ -48,6 +50,7 @@ def test_generate_output_and_status_match_the_in_process_command(
     assert piped.returncode == 0, piped.stderr
     assert piped.stderr.rstrip().endswith("atexit ran")
     assert "torn down" not in piped.stderr  # ended without the teardown
+    assert "gc on True, frozen True" in piped.stderr  # paused for the load, then frozen
     assert "6 tokens in" in piped.stderr
     with open(tmp_path / "out.txt", "w") as out:  # a file: block-buffered stdout
         to_file = subprocess.run([sys.executable, "-m", "hwplug", *args], stdout=out,
@@ -64,6 +67,7 @@ def test_commands_that_run_no_model_exit_normally() -> None:
     assert out.returncode == 0, out.stderr
     assert "LlamaForCausalLM" in out.stdout
     assert out.stderr.rstrip().endswith("torn down")  # after the atexit handlers
+    assert "gc on True, frozen False" in out.stderr
 
 
 @pytest.mark.parametrize("args, status", [

@@ -13,6 +13,7 @@ from rich.console import Console
 from hwplug.cli.inputs import utf8_text
 from hwplug.cli.llm_flags import add_llm_flags, llm_options
 from hwplug.cli.output import add_json_flag, print_json, table
+from hwplug.cli.startup import model_loaded
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
 #: Values shown per vector in the table.
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from hwplug import LLM
 
     llm = LLM(**llm_options(args))
+    model_loaded()
     vectors = llm.embed(args.texts).tolist()
     if args.json:
         print_json(console, {"model": args.model, "dimension": len(vectors[0]),

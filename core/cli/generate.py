@@ -29,6 +29,7 @@ from rich.console import Console
 from hwplug.cli.inputs import path_name, read_text_file, utf8_text
 from hwplug.cli.llm_flags import add_llm_flags, declared_default, llm_options
 from hwplug.cli.output import table
+from hwplug.cli.startup import model_loaded
 from hwplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     default_seqs = declared_default("max_num_seqs")
     options.setdefault("max_num_seqs", min(len(prompts), default_seqs))
     llm = LLM(**options)
+    model_loaded()
     if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0, which prints
         return 0
     if args.verbose:

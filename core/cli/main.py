@@ -7,7 +7,8 @@ traceback.
 Run as the ``hwplug`` program (:func:`main` without ``argv``), a command that ran a model
 (:data:`RUNS_MODELS`) ends the process as soon as its output is flushed and the ``atexit``
 handlers ran (:func:`exit_promptly`): tearing down the interpreter's modules and a loaded
-model's memory would add a second or more to every start and change nothing.
+model's memory would add a second or more to every start and change nothing; the garbage
+collector is paused while it loads the model (:mod:`hwplug.cli.startup`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from hwplug import envs
+from hwplug.cli import startup
 from hwplug.errors import ConfigError, HwplugError
 
 #: Subcommands that run a model: the platform's process environment is applied first.
@@ -101,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.command
         if command in RUNS_MODELS:
             from hwplug import current_platform
+
+            if program:
+                startup.pause_gc()  # until the command's model is loaded
 
             current_platform().apply_process_env()
         code = importlib.import_module(args.module).run(args, Console())

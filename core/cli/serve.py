@@ -16,6 +16,7 @@ from rich.console import Console
 
 from hwplug.cli.inputs import number, positive_int, utf8_text
 from hwplug.cli.llm_flags import add_llm_flags, llm_options
+from hwplug.cli.startup import model_loaded
 from hwplug.errors import ConfigError
 from hwplug.serve import (
     DEFAULT_MAX_QUEUED_REQUESTS,
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     llm = None
     try:
         llm = LLM(**options)
+        model_loaded()
         if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0
             return 0
         app = create_app(llm, model_name=name, api_key=args.api_key,
