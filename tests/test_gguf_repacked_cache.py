@@ -1,6 +1,7 @@
 """The repacked-weights cache (:mod:`hwplug.model_zoo.loaders.repacked_cache`): a second
 load maps the runs the first repacked (no repack runs, logits bitwise the same); a
-truncated or corrupt cache is rebuilt, saying so; a changed GGUF gets a new entry."""
+truncated or corrupt cache is rebuilt, saying so; a changed GGUF gets a new entry, which
+replaces the old one; ``discard_for`` removes a file's entry."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from test_gguf_quantized import _inside, _mappings, prefill_logits
 from test_gguf_repacked import _build, k_gguf  # noqa: F401 - k_gguf is a fixture
 
 from hwplug import envs
-from hwplug.model_zoo.loaders.repacked_cache import CACHE_KIND, INDEX_NAME, PACKED_NAME
+from hwplug.model_zoo.loaders.repacked_cache import (
+    CACHE_KIND,
+    INDEX_NAME,
+    PACKED_NAME,
+    discard_for,
+)
 
 PROMPTS = (list(range(3, 26)), [7])
 
@@ -99,6 +105,8 @@ def test_a_changed_gguf_gets_a_new_entry(k_gguf: Path, monkeypatch: pytest.Monke
     os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file changed
     got, _, used = _load(copy, monkeypatch)
     assert used["ggml_repack"] == {"ggml_vnni"}  # repacked again, not read from the old entry
-    assert len(_entries()) == len(before) + 1
+    after = _entries()
+    assert len(after) == len(before) == 1 and after != before  # the old entry replaced
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+    assert discard_for(k_gguf) == 0 and discard_for(copy) == 1 and not _entries()

@@ -21,7 +21,8 @@ served by another variant than the op's first choice (a fallback) are not cached
 
 An entry is written whole at the end of a successful :func:`caching` block (staged in a
 temporary directory and renamed into place, :func:`.cache.building`), only when a run was
-missing from it. A :data:`PACKED_NAME` of another size than its index says, or whose runs'
+missing from it; it replaces the source's other entries (:func:`discard_for`), so one
+entry per source stays on disk. A :data:`PACKED_NAME` of another size than its index says, or whose runs'
 first bytes do not match the index's checksums, is discarded with a warning and rebuilt.
 """
 
@@ -91,6 +92,22 @@ def entry_dir(source: Path, build: str) -> Path:
     return envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND / key
 
 
+def discard_for(source: Path) -> int:
+    """Remove every entry of the runs of ``source`` (any build, any version of the file,
+    as its index names it); the number removed. An entry being read keeps its mapping."""
+    root = envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND
+    wanted, removed = str(source.resolve()), 0
+    for entry in root.glob("[!.]*") if root.is_dir() else ():
+        try:
+            named = json.loads((entry / INDEX_NAME).read_text()).get("source")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if named == wanted:
+            cache.discard(entry)
+            removed += 1
+    return removed
+
+
 def build_identity(repack: Any) -> tuple[str, str] | None:
     """``(variant, identity)``: the variant a bound ``repack`` op chose, and what
     identifies its code (the variant and its native library file); None (nothing is
@@ -133,7 +150,7 @@ class _Session:
         entry = self.entries.get((id(source), identity))
         if entry is None:
             entry = self.entries[(id(source), identity)] = _Entry(
-                entry_dir(source.path, identity))
+                entry_dir(source.path, identity), source.path)
         return entry
 
     def _build(self, repack: Repack) -> tuple[str, str] | None:
@@ -155,8 +172,8 @@ class _Entry:
     """One cache entry: its runs mapped from disk (when it was readable) and those
     repacked in this session."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, source: Path) -> None:
+        self.path, self.source = path, source
         self.found: dict[str, torch.Tensor] = {}
         self.new: dict[str, torch.Tensor] = {}
         if path.is_dir():
@@ -197,12 +214,12 @@ class _Entry:
         return views
 
     def write(self) -> None:
-        """Write every run (found and new) as a new entry when any is new."""
+        """Write every run (found and new) as a new entry when any is new, replacing
+        this source's other entries (an older file, build or layout)."""
         if not self.new:
             return
         runs = {**self.found, **self.new}
-        if self.path.is_dir():
-            cache.discard(self.path)  # its mapping stays valid while views of it live
+        discard_for(self.source)  # mappings of them stay valid while views of them live
         index, offset = {}, 0
         with cache.building(self.path) as staging:
             with open(staging / PACKED_NAME, "wb") as file:
@@ -213,7 +230,8 @@ class _Entry:
                     index[key] = [offset, "uint8", list(tensor.shape), _checksum(tensor)]
                     offset += tensor.numel()
             (staging / INDEX_NAME).write_text(json.dumps(
-                {"version": LAYOUT_VERSION, "size": offset, "runs": index}))
+                {"version": LAYOUT_VERSION, "source": str(self.source.resolve()),
+                 "size": offset, "runs": index}))
         logger.info("wrote %d repacked runs (%.1f MiB) to %s", len(runs), offset / 2**20,
                     self.path)
 
