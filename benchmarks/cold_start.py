@@ -5,10 +5,13 @@ Each run is a fresh ``python -c`` process that imports hwplug, builds ``hwplug.L
 token. The first run may fill hwplug's cache (converted config and tokenizer, the weights
 in GGUF blocks); the second must reuse it. By default both runs share a new temporary
 ``HWPLUG_CACHE_DIR`` so the first is truly cold; pass ``--cache-dir`` to use another (e.g.
-your usual one).
+your usual one: its built kernels are reused), and ``--fresh`` to discard the model's
+conversion and repacked weights there first, so run 1 reports a first load's cost (convert,
+repack, write the repacked-weights cache) and the later runs a second one.
 
     python benchmarks/cold_start.py
     python benchmarks/cold_start.py --model smollm2 --runs 3
+    python benchmarks/cold_start.py --model M.gguf --cache-dir ~/.cache/hwplug --fresh
 """
 
 from __future__ import annotations
@@ -39,7 +42,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--cache-dir", help="HWPLUG_CACHE_DIR for the runs (default: a new "
                                             "temporary directory)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="discard the model's conversion and repacked weights in the "
+                             "cache before run 1")
     return parser.parse_args()
+
+
+def discard_model(model: str | None) -> None:
+    """Remove ``model``'s GGUF conversion and its repacked-weights entries from the cache
+    (``HWPLUG_CACHE_DIR`` of this process)."""
+    from hwplug.model_zoo.loaders import cache, repacked_cache
+    from hwplug.model_zoo.loaders.gguf_file import BLOCKS_CACHE_KIND, REPACKED_NAME
+    from hwplug.model_zoo.loaders.resolve import resolve_model
+
+    gguf = resolve_model(model)
+    entry = cache.entry_dir(gguf, BLOCKS_CACHE_KIND)
+    removed = sum(repacked_cache.discard_for(source) for source in (gguf, entry / REPACKED_NAME))
+    if entry.is_dir():
+        cache.discard(entry)
+    print(f"discarded the conversion of {gguf.name} and {removed} repacked-weights entries")
 
 
 def run_once(model: str | None, cache_dir: str) -> dict[str, float]:
@@ -58,6 +79,9 @@ def main() -> None:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="hwplug-cold-start-") as scratch:
         cache_dir = args.cache_dir or scratch
+        if args.fresh:
+            os.environ["HWPLUG_CACHE_DIR"] = cache_dir
+            discard_model(args.model)
         print(f"HWPLUG_CACHE_DIR={cache_dir}; seconds since process launch")
         print(f"{'run':>3} {'import':>8} {'loaded':>8} {'first token':>12}")
         for run in range(1, args.runs + 1):
