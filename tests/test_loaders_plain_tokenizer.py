@@ -114,3 +114,43 @@ def test_a_gguf_conversion_caches_a_plain_tokenizer_and_a_changed_file_replaces_
     assert len(changed.tokenizer) == 300
     assert reference.get_vocab() == {
         token: index for token, index in changed.tokenizer.get_vocab().items() if index < 256}
+
+
+def test_the_marker_lists_the_added_tokens_so_tokenizer_json_is_not_parsed_in_python(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """transformers reads a fast tokenizer's added tokens by parsing all of
+    ``tokenizer.json`` in Python unless it is given them: the marker lists them, and the
+    plain load given them is the same tokenizer without that parse; a marker written
+    before it listed them still loads (with the parse)."""
+    import transformers.tokenization_utils_base as base
+
+    tokenizer = _qwen2_tokenizer()
+    tokenizer.add_tokens(["<tool>", "</tool>"])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|sep|>"]})
+    tokenizer.save_pretrained(tmp_path)
+    assert write_plain_tokenizer(tokenizer, tmp_path)
+    marker = json.loads((tmp_path / PLAIN_TOKENIZER_NAME).read_text())
+    assert {int(i): t for i, t in marker["added_tokens_decoder"].items()} == {
+        i: t.__getstate__() for i, t in tokenizer.added_tokens_decoder.items()}
+    parsed = []
+
+    class Json:  # transformers' json module, recording which files it parses
+        def __getattr__(self, name):
+            return getattr(json, name)
+
+        def load(self, handle, **kwargs):
+            parsed.append(Path(handle.name).name)
+            return json.load(handle, **kwargs)
+
+    monkeypatch.setattr(base, "json", Json())
+    loaded = load_tokenizer(tmp_path, None)
+    assert "tokenizer.json" not in parsed
+    assert tokenizer_differences(tokenizer, loaded) == []
+    _same_tokens(tokenizer, loaded)
+    assert loaded.convert_tokens_to_ids(["<tool>", "<|sep|>"]) == \
+        tokenizer.convert_tokens_to_ids(["<tool>", "<|sep|>"])
+    del marker["added_tokens_decoder"]  # as written before
+    (tmp_path / PLAIN_TOKENIZER_NAME).write_text(json.dumps(marker))
+    loaded = load_tokenizer(tmp_path, None)
+    assert "tokenizer.json" in parsed
+    assert tokenizer_differences(tokenizer, loaded) == []
