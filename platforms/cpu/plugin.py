@@ -54,6 +54,7 @@ _FUSED_OPS = {
                           "every slot checked, then one memcpy per key and value row"),
 }
 _MOE = "hwplug.platforms.cpu.moe:"
+_FUSED_MOE = "hwplug.platforms.cpu.fused_moe.ops:"
 _GGML_MOE = "hwplug.platforms.cpu.ggml_moe:"
 _COMPOSED = "hwplug.kernel_registry.moe_compose:"
 _GROUPED = "tokens grouped by expert, one MLP per active expert (experts without tokens "
@@ -84,6 +85,22 @@ CPU_VARIANTS: list[dict[str, Any]] = [
           ("gemm_avx2", (2, None), 19, "C (avx2): 2-8 rows in one pass over the weight, "
                                        "more in 4 x 3 dot-product tiles; every output "
                                        "summed in the one-row order (batch-invariant)"))),
+    # one C call each, so a MoE decode step replays as a step graph (routing stays in C);
+    # before the grouped variants: explicit fallback order C, then torch-op grouping
+    *(dict(op="moe_topk", name=name, impl=f"{_FUSED_MOE}{build}.moe_topk.unchecked",
+           supports=_FUSED_MOE + "topk_supported", native=_FUSED_MOE + build,
+           dtypes=FLOAT_DTYPES, features=features, priority=priority,
+           description=f"C ({build.lower()}): softmax, top-k and renormalisation in one call "
+                       "(other scorings: the reference)")
+      for name, (build, features, priority) in _FUSED_BUILDS.items()),
+    *(dict(op="moe_experts", name=name, impl=f"{_FUSED_MOE}{build}.moe_experts.unchecked",
+           supports=_FUSED_MOE + "experts_supported", native=_FUSED_MOE + build,
+           dtypes=("float32",), features=features, priority=priority, num_tokens=(1, 17),
+           description=f"C ({build.lower()}): one call; pairs grouped by expert, each active "
+                       "expert's rows read once for its tokens (OpenMP over rows), slots "
+                       "summed per token (batch-invariant); above 16 tokens the grouped "
+                       "variant's GEMMs")
+      for name, (build, features, priority) in _FUSED_BUILDS.items()),
     dict(op="moe_experts", name="grouped", impl=_MOE + "moe_experts",
          supports=_MOE + "experts_supported", dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped) through the linear op"),
@@ -96,6 +113,15 @@ CPU_VARIANTS: list[dict[str, Any]] = [
            description=_GROUPED + f"skipped) through C ({build.lower()}) ggml_linear on the "
                        "quantized rows: one call per active expert for gate and up, one for "
                        "down, one activation over all rows")
+      for name, (build, features, priority) in _GGML_BUILDS.items()),
+    # each just above the grouped variant over the same GGUF build
+    *(dict(op="ggml_moe_experts", name=name.replace("ggml", "fused"),
+           impl=f"{_FUSED_MOE}GGUF_{build}.experts.unchecked",
+           supports=_FUSED_MOE + "gguf_experts_supported", native=_FUSED_MOE + f"GGUF_{build}",
+           features=features, dtypes=("float32",), priority=priority + 2,
+           description=f"C ({build.lower()}): one call for up to 16 tokens; rows grouped by "
+                       "expert in C, ggml_linear per active expert (gate and up, then down), "
+                       "slots summed per token")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
     dict(op="fp8_moe_experts", name="grouped", impl=_MOE + "fp8_moe_experts",
          dtypes=FLOAT_DTYPES,

@@ -1,0 +1,1 @@
+"""One-C-call mixture-of-experts kernels of the CPU platform (see :mod:`.ops`)."""
