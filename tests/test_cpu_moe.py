@@ -100,6 +100,10 @@ def test_the_registry_dispatches_moe_to_the_grouped_variants():
     x, logits = _inputs(2)
     ops_moe.fused_moe(x, logits, w13, w2, 2)
     assert "grouped" in ops_moe.fused_moe.variants_used()
+    # up to 16 fp32 tokens the one-call C variant where the CPU has AVX2
+    # (tests/test_fused_moe_c.py), the grouped variant from 17
+    assert ops_moe.moe_experts.variants_used() <= {"fused_avx2", "fused_c", "grouped"}
+    ops_moe.fused_moe(*_inputs(17), w13, w2, 2)
     assert "grouped" in ops_moe.moe_experts.variants_used()
     variant = kernels.get("moe_experts/grouped")
     assert variant.supports(x, w13.bfloat16(), w2, None, None) is not None
