@@ -22,7 +22,7 @@ Rows, each timed per layer call (router included):
 
 Printed: microseconds per call, and the faster transformers time over each row's (above
 1: faster than transformers), with the CPU and thread count, then the variants that served
-each token count. ``--cpu-time`` times this thread's CPU time on one thread (for a loaded
+the hwplug rows. ``--cpu-time`` times this thread's CPU time on one thread (for a loaded
 machine, where wall-clock times mean little). ``--quick`` runs a small layer (hidden
 256, 16 experts, top-4, intermediate 128) at 1 and 8 tokens: a check that the script works,
 not a measurement.
@@ -175,7 +175,6 @@ def main() -> None:
     print(header)
     results: dict[str, list[str]] = {}
     differences: dict[str, float] = {"hwplug fused_moe fp32": 0.0, args.gguf_type: 0.0}
-    served: dict[int, dict[str, list[str]]] = {}
     for tokens in tokens_list:
         x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens))
         with torch.inference_mode():
@@ -196,14 +195,11 @@ def main() -> None:
             baseline = min(times[f"transformers {name}"] for name in TRANSFORMERS)
             for name, us in times.items():
                 results.setdefault(name, []).append(f"{us:>14.0f}{baseline / us:>8.2f}x")
-            for op in (moe_topk, fused_moe, ggml_moe_experts, moe_experts):
-                served.setdefault(tokens, {})[op.name] = sorted(op.variants_used())
-                op.invalidate()  # the next token count binds (and records) anew
     for name, cells in results.items():
         print(f"{name:<34}" + "".join(cells))
-    for tokens, ops_served in served.items():
-        print(f"variants at {tokens} tokens: " + ", ".join(
-            f"{name} {'/'.join(names)}" for name, names in ops_served.items()))
+    print("variants that served the hwplug rows (the C ones up to 16 tokens): " + ", ".join(
+        f"{op.name} {'/'.join(sorted(op.variants_used()))}"
+        for op in (moe_topk, fused_moe, moe_experts, ggml_moe_experts)))
     print(f"largest difference: hwplug fused_moe fp32 vs transformers "
           f"{differences['hwplug fused_moe fp32']:.2e}; {args.gguf_type} ggml_moe_experts "
           f"vs its reference {differences[args.gguf_type]:.2e} of the largest output")
