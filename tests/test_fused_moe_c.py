@@ -163,3 +163,20 @@ def test_a_qwen3_moe_decode_step_replays_and_gives_the_eager_tokens(tmp_path, mo
     eager, llm = _generate(str(tmp_path), step_graphs=False)
     llm.close()
     assert eager == tokens
+
+
+def test_gguf_f32_rows_take_the_fp32_c_linear():
+    """A GGUF F32 matrix (llama.cpp's MoE router, ``ffn_gate_inp``) through ``ggml_linear``:
+    the fp32 C linear on the rows as floats, within 1e-5 of the reference; other types and
+    ``out=`` are declined."""
+    variant = _variant("ggml_linear/f32_rows_avx2")
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(EXPERTS, HIDDEN, generator=generator)
+    rows = weight.view(torch.uint8)
+    x = torch.randn(3, HIDDEN, generator=generator)
+    assert variant.supports(x, rows, int(Q.F32)) is None
+    torch.testing.assert_close(variant.impl(x, rows, int(Q.F32)), x @ weight.T, rtol=1e-5,
+                               atol=1e-5)
+    assert "F32" in variant.supports(x, rows, int(Q.Q4_K))
+    assert "out=" in variant.supports(x, rows, int(Q.F32), out=torch.empty(3, EXPERTS))
+    assert "F32 rows" in variant.supports(x, rows[:, :8], int(Q.F32))

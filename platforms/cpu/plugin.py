@@ -123,6 +123,12 @@ CPU_VARIANTS: list[dict[str, Any]] = [
                        "expert in C, ggml_linear per active expert (gate and up, then down), "
                        "slots summed per token")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
+    # GGUF F32 rows (MoE routers): the fp32 C GEMV, so a GGUF MoE decode step is all C;
+    # after the GGUF builds, which take every quantized call first (one supports each)
+    dict(op="ggml_linear", name="f32_rows_avx2", impl=_FUSED_MOE + "f32_rows_linear",
+         supports=_FUSED_MOE + "f32_rows_supported", native=_FUSED + "AVX2",
+         dtypes=("float32",), features=_FUSED_BUILDS["fused_avx2"][1], priority=4,
+         description="C (avx2): GGUF F32 rows (MoE routers) through the fp32 linear"),
     dict(op="fp8_moe_experts", name="grouped", impl=_MOE + "fp8_moe_experts",
          dtypes=FLOAT_DTYPES,
          description=_GROUPED + "skipped); each active expert's fp8 tiles dequantized to "

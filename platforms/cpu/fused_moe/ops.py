@@ -31,16 +31,19 @@ from hwplug.kernel_registry.native import BuildStatus
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
 from hwplug.platforms.cpu import ggml_moe
 from hwplug.platforms.cpu.checked_op import checked
+from hwplug.platforms.cpu.fused import ops as fused
 from hwplug.platforms.cpu.ggml import build
 from hwplug.platforms.cpu.ggml import ops as ggml
 from hwplug.platforms.cpu.step_graph import native_call
 
 __all__ = ["AVX2", "GGUF_AVX2", "GGUF_PORTABLE", "GGUF_VNNI", "MAX_GGUF_TOKENS", "PORTABLE",
-           "GgufMoeKernels", "MoeKernels"]
+           "GgufMoeKernels", "MoeKernels", "f32_rows_linear", "f32_rows_supported"]
 
 SOURCE = Path(__file__).with_name("kernels.c")
 #: The most tokens a ``ggml_moe_experts`` call serves (decode batches and verify steps).
 MAX_GGUF_TOKENS = 16
+#: GGUF's F32 type.
+F32_TYPE = 0
 #: The gated activations, as the C code numbers them.
 ACTIVATIONS = {"silu": 0, "gelu": 1}
 _i64, _ptr, _int, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -229,6 +232,32 @@ def gguf_experts_supported(x: torch.Tensor, w13: torch.Tensor, w13_type: int,
             return (f"{type_name(kind)} rows of {x.shape[0]} tokens do not take the GGUF "
                     f"kernel's integer dots (a type it serves, below its switch to tiles)")
     return _routing_problem(topk_weights, topk_ids, x.shape[0])
+
+
+def f32_rows_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                    bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """The ``ggml_linear`` op on GGUF F32 rows (llama.cpp keeps a MoE router,
+    ``ffn_gate_inp``, in F32), for calls :func:`f32_rows_supported` accepts: the fp32 C
+    ``linear`` (AVX2 build) on the rows viewed as floats, so the router of a GGUF MoE
+    decode step is a native call, not a torch matmul."""
+    return fused.AVX2.linear.unchecked(x, qweight.view(torch.float32), bias)
+
+
+def f32_rows_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
+                       bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                       ) -> str | None:
+    """Why :func:`f32_rows_linear` declines a call, or None: F32 rows of ``x``'s ``K``
+    values (contiguous ``uint8 [N, 4K]``, 4-byte aligned), no ``out``, and what the fp32 C
+    ``linear`` takes."""
+    if ggml_type != F32_TYPE or out is not None:
+        return (f"GGUF F32 rows without out= only, got {type_name(ggml_type)}"
+                f"{', out=' if out is not None else ''}")
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2 or not qweight.is_contiguous() or \
+            qweight.shape[1] != 4 * x.shape[-1] or qweight.data_ptr() % 4:
+        return (f"needs contiguous, 4-byte aligned uint8 [N, {4 * x.shape[-1]}] F32 rows, got "
+                f"{qweight.dtype} {list(qweight.shape)}")
+    return fused.linear_supported(x, qweight.view(torch.float32), bias)
 
 
 #: The builds of ``kernels.c``.
