@@ -24,7 +24,8 @@ from hwplug.platforms.cpu.fused_moe import ops
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 8, 64, 48, 3
 #: The variants this file checks (op/name), as HWPLUG_DISABLED_KERNELS names them.
-C_VARIANTS = ("moe_topk/fused_avx2", "moe_topk/fused_c", "moe_experts/fused_avx2",
+C_VARIANTS = ("rms_norm/token_rows_avx2", "rms_norm/token_rows_c",
+              "moe_topk/fused_avx2", "moe_topk/fused_c", "moe_experts/fused_avx2",
               "moe_experts/fused_c", "ggml_moe_experts/fused_vnni",
               "ggml_moe_experts/fused_avx2", "ggml_moe_experts/fused_c")
 
@@ -134,17 +135,21 @@ def test_gguf_experts_match_the_grouped_variant_and_the_reference(name):
         torch.randn(len(many), EXPERTS), TOP_K))
 
 
+PROMPTS = [[5, 17, 3, 90, 41], [61, 7, 7]]
+
+
 def _generate(path: str, **options: object) -> tuple[list[list[int]], hwplug.LLM]:
     llm = hwplug.LLM(path, max_num_seqs=2, **options)
     params = hwplug.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    outputs = llm.generate([[5, 17, 3, 90, 41]], params)
+    outputs = llm.generate(PROMPTS, params) + llm.generate(PROMPTS[:1], params)
     return [list(o.outputs[0].token_ids) for o in outputs], llm
 
 
 def test_a_qwen3_moe_decode_step_replays_and_gives_the_eager_tokens(tmp_path, monkeypatch,
                                                                       fresh_discovery):
-    """The C variants on, decode steps of one sequence replay a recorded step; the greedy
-    tokens equal eager steps with the C MoE variants off (the grouped variants)."""
+    """The C variants on, decode steps of two sequences (q/k-norm rows apart: the token-rows
+    rms_norm) and of one replay a recorded step; the greedy tokens equal eager steps with
+    the C variants off (the grouped MoE variants)."""
     from tiny_checkpoints import _tokenizer
 
     _variant("moe_experts/fused_avx2")
@@ -155,7 +160,8 @@ def test_a_qwen3_moe_decode_step_replays_and_gives_the_eager_tokens(tmp_path, mo
     _tokenizer(config.vocab_size).save_pretrained(tmp_path)
     tokens, llm = _generate(str(tmp_path))
     try:
-        assert 1 in llm.runner.graphs.recorded and llm.runner.graphs.replays > 0
+        assert sorted(llm.runner.graphs.recorded) == [1, 2], llm.runner.graphs.describe()
+        assert llm.runner.graphs.replays > 0
         assert {"fused_avx2"} <= set(ops_moe.moe_experts.variants_used())
     finally:
         llm.close()
@@ -180,3 +186,23 @@ def test_gguf_f32_rows_take_the_fp32_c_linear():
     assert "F32" in variant.supports(x, rows, int(Q.Q4_K))
     assert "out=" in variant.supports(x, rows, int(Q.F32), out=torch.empty(3, EXPERTS))
     assert "F32 rows" in variant.supports(x, rows[:, :8], int(Q.F32))
+
+
+@pytest.mark.parametrize("name", ["token_rows_avx2", "token_rows_c"])
+def test_rms_norm_of_token_rows_apart_is_the_fused_kernel_on_a_copy(name):
+    """q heads of a fused qkv output ([T, heads, D] views, tokens a row of qkv apart): each
+    token's rows bitwise what the fused rms_norm gives the contiguous copy, within 1e-5 of
+    the reference; contiguous inputs and residuals are left to the fused variant."""
+    variant = _variant(f"rms_norm/{name}")
+    fused = _variant(f"rms_norm/{name.replace('token_rows', 'fused')}")
+    generator = torch.Generator().manual_seed(7)
+    qkv = torch.randn(5, 4 * 32 + 2 * 2 * 32, generator=generator)
+    q = qkv[:, :4 * 32].view(5, 4, 32)
+    weight = torch.randn(32, generator=generator)
+    assert variant.supports(q, weight, 1e-6) is None
+    got = variant.impl(q, weight, 1e-6)
+    assert torch.equal(got, fused.impl(q.contiguous(), weight, 1e-6))
+    torch.testing.assert_close(got, torch.nn.functional.rms_norm(q, (32,), weight, 1e-6),
+                               rtol=1e-5, atol=1e-5)
+    assert "non-contiguous" in variant.supports(q.contiguous(), weight, 1e-6)
+    assert "residual" in variant.supports(q, weight, 1e-6, q.contiguous())
