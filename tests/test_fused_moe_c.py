@@ -107,7 +107,9 @@ def test_experts_refuse_bad_ids_and_layouts_with_reasons():
     assert "non-contiguous" in variant.supports(x, w13, w2[:, :, :8], weights, ids)
 
 
-@pytest.mark.parametrize("name", ["fused_vnni", "fused_avx2", "fused_c"])
+# the GGUF builds this CPU runs (the portable pairing is the same C code, another pointer;
+# its GGUF build alone takes ~25 s to compile)
+@pytest.mark.parametrize("name", ["fused_vnni", "fused_avx2"])
 def test_gguf_experts_match_the_grouped_variant_and_the_reference(name):
     """Each row through the same GGUF kernel build as the grouped variant (outputs within
     1e-5; the activation differs in the last bits), within the op's tolerance of the
