@@ -114,8 +114,8 @@ def test_gguf_experts_match_the_grouped_variant_and_the_reference(name):
     """Each row through the same GGUF kernel build as the grouped variant (outputs within
     1e-5; the activation differs in the last bits), within the op's tolerance of the
     reference, and bitwise the same alone as in a batch of 7."""
-    variant = _variant(f"ggml_moe_experts/{name}")
-    grouped = _variant(f"ggml_moe_experts/{name.replace('fused', 'grouped')}")
+    grouped = _variant(f"ggml_moe_experts/{name.replace('fused', 'grouped')}")  # loads
+    variant = _variant(f"ggml_moe_experts/{name}")  # the GGUF build it calls
     w13 = _quantized(Q.Q4_K, 2 * 256, 256, seed=2)
     w2 = _quantized(Q.Q6_K, 256, 256, seed=3)
     generator = torch.Generator().manual_seed(4)
@@ -195,8 +195,8 @@ def test_rms_norm_of_token_rows_apart_is_the_fused_kernel_on_a_copy(name):
     """q heads of a fused qkv output ([T, heads, D] views, tokens a row of qkv apart): each
     token's rows bitwise what the fused rms_norm gives the contiguous copy, within 1e-5 of
     the reference; contiguous inputs and residuals are left to the fused variant."""
-    variant = _variant(f"rms_norm/{name}")
-    fused = _variant(f"rms_norm/{name.replace('token_rows', 'fused')}")
+    fused = _variant(f"rms_norm/{name.replace('token_rows', 'fused')}")  # loads the build
+    variant = _variant(f"rms_norm/{name}")  # calls
     generator = torch.Generator().manual_seed(7)
     qkv = torch.randn(5, 4 * 32 + 2 * 2 * 32, generator=generator)
     q = qkv[:, :4 * 32].view(5, 4, 32)

@@ -64,7 +64,8 @@ def builds_run(log: Path) -> dict[tuple[str, str], int]:
     """Compiler runs per build: (source folder, build name) -> count."""
     counts: dict[tuple[str, str], int] = {}
     for line in runs(log):
-        folder = "ggml" if "/ggml/kernels.c" in line else "fused"
+        folder = ("ggml" if "/ggml/kernels.c" in line
+                  else "fused_moe" if "/fused_moe/kernels.c" in line else "fused")
         build = (folder, "vnni" if "-DHWPLUG_GGML_VNNI" in line
                  else "avx2" if "-DHWPLUG_GGML_AVX2" in line else "portable")
         counts[build] = counts.get(build, 0) + 1

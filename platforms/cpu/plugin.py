@@ -117,7 +117,8 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     # each just above the grouped variant over the same GGUF build
     *(dict(op="ggml_moe_experts", name=name.replace("ggml", "fused"),
            impl=f"{_FUSED_MOE}GGUF_{build}.experts.unchecked",
-           supports=_FUSED_MOE + "gguf_experts_supported", native=_FUSED_MOE + f"GGUF_{build}",
+           supports=f"{_FUSED_MOE}GGUF_{build}.supports",
+           native=_FUSED_MOE + ("PORTABLE" if build == "PORTABLE" else "AVX2"),
            features=features, dtypes=("float32",), priority=priority + 2,
            description=f"C ({build.lower()}): one call for up to 16 tokens; rows grouped by "
                        "expert in C, ggml_linear per active expert (gate and up, then down), "
@@ -127,8 +128,8 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     # fused rms_norm per token from C, so such decode steps replay as step graphs
     *(dict(op="rms_norm", name=name.replace("fused", "token_rows"),
            impl=f"{_FUSED_MOE}TOKEN_ROWS_{build}.rms_norm.unchecked",
-           supports=_FUSED_MOE + "token_rows_supported",
-           native=_FUSED_MOE + f"TOKEN_ROWS_{build}", dtypes=("float32",), features=features,
+           supports=f"{_FUSED_MOE}TOKEN_ROWS_{build}.supports", native=_FUSED_MOE + build,
+           dtypes=("float32",), features=features,
            priority=priority - 5,
            description=f"C ({build.lower()}): [T, rows, D] whose tokens sit apart, each "
                        "token's rows through the fused rms_norm (bitwise its numbers)")

@@ -12,7 +12,9 @@ native_call`, so a decode step of a MoE model can be a step graph. :data:`AVX2` 
 build``); :data:`GGUF_VNNI`, :data:`GGUF_AVX2` and :data:`GGUF_PORTABLE` pair one with a
 build of the GGUF kernel, whose ``hwplug_ggml_linear`` the C code calls through a
 function pointer, and :data:`TOKEN_ROWS_AVX2` / :data:`TOKEN_ROWS_PORTABLE` with a build of
-the fused small-op kernels (its ``hwplug_rms_norm``). Each op checks its call first (the ``*_supported`` functions; the
+the fused small-op kernels (its ``hwplug_rms_norm``); their variants' native library is
+the ``kernels.c`` build, and they decline calls until the other library is loaded
+(:class:`PairedKernels`). Each op checks its call first (the ``*_supported`` functions; the
 registry's variants name the ``unchecked`` forms, having asked ``supports``).
 
 Contracts beyond the ops': ``moe_topk`` picks the lower expert index on equal scores;
@@ -31,7 +33,6 @@ from pathlib import Path
 import torch
 
 from hwplug.errors import UnsupportedError
-from hwplug.kernel_registry.native import BuildStatus
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
 from hwplug.platforms.cpu import ggml_moe
 from hwplug.platforms.cpu.checked_op import checked
@@ -113,32 +114,26 @@ class MoeKernels(build.Library):
 
 
 class PairedKernels:
-    """A build of ``kernels.c`` (``moe``) whose C code calls a function of another native
-    library (``other``); a :class:`~hwplug.kernel_registry.native.NativeLibrary` standing
-    for both (built, checked and forgotten together)."""
+    """A build of ``kernels.c`` (``moe``, the variants' native library, which the registry
+    builds) whose C code calls a function of another native library (``other``), found
+    loaded: the variants over ``other`` itself (earlier in the same chain for ``rms_norm``;
+    every GGUF layer's ``ggml_linear`` for ``ggml_moe_experts``) build and load it.
+    :meth:`supports` declines calls until then, naming it."""
+
+    #: The ``*_supported`` function of the calls the op takes.
+    checks: str = ""
 
     def __init__(self, moe: MoeKernels, other: build.Library) -> None:
         self.moe, self.other = moe, other
         self.name = f"{moe.name}+{other.source.parent.name} {other.name}"
 
-    def status(self) -> BuildStatus:
-        """The first of the two builds' statuses that is not ``built`` (a failed one
-        before an absent one), else the other library's."""
-        statuses = [self.moe.status(), self.other.status()]
-        for state in ("failed", "absent"):
-            for status in statuses:
-                if status.state == state:
-                    return status
-        return statuses[1]
-
-    def ensure_built(self) -> BuildStatus:
-        """Build (and load) both libraries; the other library's status."""
-        self.moe.ensure_built()
-        return self.other.ensure_built()
-
-    def forget_failure(self) -> bool:
-        """Forget both builds' remembered failures; whether there was one."""
-        return bool(self.moe.forget_failure() | self.other.forget_failure())
+    def supports(self, *args: object, **kwargs: object) -> str | None:
+        """Why the op declines a call, or None: ``other`` not loaded, or the call's own
+        check (:attr:`checks`)."""
+        if "library" not in vars(self.other):  # functools.cached_property: loaded once
+            return (f"the {self.other.source.parent.name} ({self.other.name}) kernels it calls "
+                    f"are not loaded yet (their own variants build them)")
+        return globals()[self.checks](*args, **kwargs)
 
     def address(self, function: str) -> int:
         """The address of the other library's C ``function``."""
@@ -148,6 +143,8 @@ class PairedKernels:
 class TokenRowsNorm(PairedKernels):
     """``rms_norm`` over ``[T, rows, D]`` whose tokens sit apart, through a build of the
     fused small-op kernels' ``hwplug_rms_norm`` (``other``)."""
+
+    checks = "token_rows_supported"
 
     @checked("token_rows_supported")
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -169,6 +166,8 @@ class TokenRowsNorm(PairedKernels):
 class GgufMoeKernels(PairedKernels):
     """``ggml_moe_experts`` through a build of ``kernels.c`` calling a build of the GGUF
     kernel (``other``)."""
+
+    checks = "gguf_experts_supported"
 
     @functools.cached_property
     def _linear(self) -> int:
