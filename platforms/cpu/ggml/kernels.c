@@ -275,22 +275,27 @@ INLINE void legacy_tile_of(int type, const uint8_t *w, int64_t ld, int nrv, cons
     }
 }
 #endif
-/* the tile with type, mtp and wide compile-time constants in each instance */
-#define LEGACY_TILE(T, MTP, W) legacy_tile_of(T, w, ld, nrv, a, MTP, mt, res, W)
-#define LEGACY_TYPES(MTP, W)                                                            \
+/* the tile with type, mtp, wide and the weight rows nrv compile-time constants in each
+ * instance (NRV: nrv, a variable, for the tiles short of rows) */
+#define LEGACY_TILE(T, MTP, W, NRV) legacy_tile_of(T, w, ld, NRV, a, MTP, mt, res, W)
+#define LEGACY_TYPES_OF(MTP, W, NRV)                                                    \
     switch (type) {                                                                     \
-    case T_Q4_0: LEGACY_TILE(T_Q4_0, MTP, W); break;                                    \
-    case T_Q4_1: LEGACY_TILE(T_Q4_1, MTP, W); break;                                    \
-    case T_Q5_0: LEGACY_TILE(T_Q5_0, MTP, W); break;                                    \
-    case T_Q5_1: LEGACY_TILE(T_Q5_1, MTP, W); break;                                    \
-    case T_Q8_0: LEGACY_TILE(T_Q8_0, MTP, W); break;                                    \
-    default: if (!(W)) LEGACY_TILE(T_IQ4_NL, MTP, 0); break;                            \
+    case T_Q4_0: LEGACY_TILE(T_Q4_0, MTP, W, NRV); break;                               \
+    case T_Q4_1: LEGACY_TILE(T_Q4_1, MTP, W, NRV); break;                               \
+    case T_Q5_0: LEGACY_TILE(T_Q5_0, MTP, W, NRV); break;                               \
+    case T_Q5_1: LEGACY_TILE(T_Q5_1, MTP, W, NRV); break;                               \
+    case T_Q8_0: LEGACY_TILE(T_Q8_0, MTP, W, NRV); break;                               \
+    default: if (!(W)) LEGACY_TILE(T_IQ4_NL, MTP, 0, NRV); break;                       \
     }
+#define LEGACY_TYPES(MTP, W) LEGACY_TYPES_OF(MTP, W, nrv)
+/* one activation row (a decode step): full tiles of LT_LANES weight rows unrolled */
+#define LEGACY_TYPES_ONE(W)                                                             \
+    if (nrv == LT_LANES) { LEGACY_TYPES_OF(1, W, LT_LANES) } else { LEGACY_TYPES(1, W) }
 static void legacy_tile(int type, const uint8_t *w, int64_t ld, int nrv, const act_t *a,
                         int mtp, int mt, float *res, int wide) {
     switch (mtp * 2 + wide) {
-    case 2: LEGACY_TYPES(1, 0) break;
-    case 3: LEGACY_TYPES(1, 1) break;
+    case 2: LEGACY_TYPES_ONE(0) break;
+    case 3: LEGACY_TYPES_ONE(1) break;
     case 4: LEGACY_TYPES(2, 0) break;
     case 5: LEGACY_TYPES(2, 1) break;
     case 8: LEGACY_TYPES(4, 0) break;
@@ -299,7 +304,9 @@ static void legacy_tile(int type, const uint8_t *w, int64_t ld, int nrv, const a
     default: LEGACY_TYPES(8, 1) break;
     }
 }
+#undef LEGACY_TYPES_ONE
 #undef LEGACY_TYPES
+#undef LEGACY_TYPES_OF
 #undef LEGACY_TILE
 
 /* the 6-bit scales and mins of Q4_K / Q5_K's eight sub-blocks, four bytes at a time:

@@ -158,10 +158,14 @@ INLINE int dot8_u8_pairs(const uint8_t *a, const int16_t *b) {
  * pairs, 8 int32 lanes of 4 products each. Largest lane: Q8_0, 4 * 128 * 32767 < 2^24. */
 INLINE __m256i widen_lo(u8x32 u) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)); }
 INLINE __m256i widen_hi(u8x32 u) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)); }
-/* lo . x[0..15] + hi . x[16..31] */
+/* lo . x[0..15] + hi . x[16..31] (VNNI: the pairs' sums by vpdpwssd, the same lanes) */
 INLINE isum_t dot16_pair(__m256i lo, __m256i hi, const int16_t *x) {
+#ifdef HWPLUG_GGML_VNNI
+    return _mm256_dpwssd_epi32(_mm256_madd_epi16(lo, load32(x)), hi, load32(x + 16));
+#else
     return _mm256_add_epi32(_mm256_madd_epi16(lo, load32(x)),
                             _mm256_madd_epi16(hi, load32(x + 16)));
+#endif
 }
 typedef struct { __m256i lo, hi; } wide_t; /* 32 weight quants as int16: 0..15, 16..31 */
 INLINE wide_t widen(u8x32 u) { return (wide_t){widen_lo(u), widen_hi(u)}; }
