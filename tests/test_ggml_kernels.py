@@ -115,7 +115,7 @@ def test_every_build_gives_the_32_value_types_the_same_bits(fresh_discovery, kin
     builds = [built(name) for name in VARIANTS if not NEEDS[name] - current_platform().facts.features]
     qweight, cols = weight_for(kind, 21, seed=kind + 7, blocks=9)
     generator = torch.Generator().manual_seed(kind)
-    for rows in (1, 2, 3, 5, 8, 13):
+    for rows in (1, 2, 3, 5, 8, 11, 13):  # VNNI, int16: 2-11 lw_linear, 13 the chunks
         x = torch.randn(rows, cols, generator=generator)
         for activations in ("int8", "int16") if kind in c_ops.WIDE_TYPES else ("int8",):
             first, *others = (b.linear_blocks(x, qweight, kind, None, activations)
@@ -298,7 +298,8 @@ def test_integer_dots_hold_the_largest_weights_and_activations_exactly(fresh_dis
     q6 = torch.cat([torch.zeros(192, dtype=torch.uint8), torch.full((16,), 0x80, dtype=torch.uint8),
                     one]).repeat(2, 2)
     for qweight, kind, value in ((q8, Q.Q8_0, -128.0), (q6, Q.Q6_K, 4096.0),
-                                 (q6.repeat(8, 1), Q.Q6_K, 4096.0)):  # 16 rows x 8: kgroup
+                                 (q6.repeat(8, 1), Q.Q6_K, 4096.0),  # 16 rows x 8: kgroup
+                                 (q8.repeat(8, 1), Q.Q8_0, -128.0)):  # lgroup's lw_linear
         x = torch.ones(8 if qweight.shape[0] == 16 else 1, 512)
         want = ops_ggml.ggml_linear.reference(x, qweight, kind)
         assert torch.equal(want, torch.full((x.shape[0], qweight.shape[0]), 512 * value))

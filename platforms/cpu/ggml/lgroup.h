@@ -93,4 +93,126 @@ static void lg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
     }
 }
 
+/* ---- one weight row per lane ("lw"): a verify step's 2 to LW_MAX_ROWS activation rows ----
+ * The transpose of the chunks above: a group of LW_ROWS weight rows, each row's block decoded
+ * (legacy_values) and its 16 int16 pairs turned so that vector i holds pair i of every row
+ * of the group (lw_transpose); pair i of an activation row, broadcast, meets vector i in one
+ * vpdpwssd, so per activation row a block costs 16 vpdpwssd for the 16 weight rows and no
+ * horizontal sums, then one fp32 FMA for the 16 pairs (Q4_1, Q5_1: one more for the
+ * minimum), lane by lane the arithmetic of legacy_tile_of. The weight's decoding and
+ * transpose are shared by the call's activation rows (no packing of the activations). */
+enum { LW_ROWS = 16, LW_MAX_ROWS = LG_MIN_ROWS - 1 };
+
+/* z[r] lane i (pair i of weight row r) -> z[i] lane r: unpacks of 32 and 64 bits within the
+ * 128-bit lanes, then two rounds of 128-bit lane shuffles */
+INLINE void lw_transpose(__m512i z[16]) {
+    __m512i a[16], b[16];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 16; k += 2) {
+        a[k] = _mm512_unpacklo_epi32(z[k], z[k + 1]);
+        a[k + 1] = _mm512_unpackhi_epi32(z[k], z[k + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int g = 0; g < 4; ++g) { /* b[4 g + c]: element c of rows 4g.. */
+        b[4 * g] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) { /* z[4 j + c]: 128-bit lane j of b */
+        const __m512i y0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44),
+                      y1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE),
+                      y2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44),
+                      y3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+        z[c] = _mm512_shuffle_i32x4(y0, y2, 0x88);
+        z[4 + c] = _mm512_shuffle_i32x4(y0, y2, 0xDD);
+        z[8 + c] = _mm512_shuffle_i32x4(y1, y3, 0x88);
+        z[12 + c] = _mm512_shuffle_i32x4(y1, y3, 0xDD);
+    }
+}
+
+/* out[m * ldo + n] (+ bias[n]) for the MT activation rows and the LW_ROWS weight rows at w
+ * (ld bytes apart, n from n0) */
+INLINE void lw_group(int type, const uint8_t *w, int64_t ld, const act_t *a, int MT,
+                     float *out, int64_t ldo, const float *bias) {
+    const int bytes = legacy_bytes(type);
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)ld));
+    __m512 acc[LW_MAX_ROWS], off[LW_MAX_ROWS];
+    _Pragma("GCC unroll 11") for (int m = 0; m < MT; ++m) acc[m] = off[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const uint8_t *blk = w + b * bytes;
+        __m512i z[16];
+        _Pragma("GCC unroll 16") for (int r = 0; r < LW_ROWS; ++r) {
+            u8x32 u;
+            wide_t uw;
+            __builtin_prefetch(blk + (r + LW_ROWS) * ld, 0, 0); /* the next group's block */
+            legacy_values(type, blk + r * ld, 1, &u, &uw);
+            z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(uw.lo), uw.hi, 1);
+        }
+        lw_transpose(z);
+        /* lane r: the block's scale and (Q4_1, Q5_1) minimum of weight row r, as fp16 */
+        const __m512i words = _mm512_i32gather_epi32(rows, (const void *)blk, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+        _Pragma("GCC unroll 11") for (int m = 0; m < MT; ++m) {
+            const int64_t i = b * a->rows + m;
+            const int32_t *x = (const int32_t *)Q16(a, i);
+            __m512i part[4];
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; ++j) part[j] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 16") for (int k = 0; k < 16; ++k) part[k & 3] =
+                _mm512_dpwssd_epi32(part[k & 3], z[k], _mm512_set1_epi32(x[k]));
+            const __m512i tot = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]),
+                                                 _mm512_add_epi32(part[2], part[3]));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(a->d[i])), acc[m]);
+            if (legacy_has_min(type))
+                off[m] = _mm512_fmadd_ps(
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16))),
+                    _mm512_set1_ps(a->sd[i]), off[m]);
+        }
+    }
+    const __m512 add = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    _Pragma("GCC unroll 11") for (int m = 0; m < MT; ++m)
+        _mm512_storeu_ps(out + m * ldo, _mm512_add_ps(_mm512_add_ps(acc[m], off[m]), add));
+}
+
+/* lw_group with type and the row count MT compile-time constants in each instance */
+#define LW_TYPES(MT)                                                                       \
+    switch (type) {                                                                        \
+    case T_Q4_0: lw_group(T_Q4_0, w, ld, a, MT, out, ldo, bias); break;                    \
+    case T_Q4_1: lw_group(T_Q4_1, w, ld, a, MT, out, ldo, bias); break;                    \
+    case T_Q5_0: lw_group(T_Q5_0, w, ld, a, MT, out, ldo, bias); break;                    \
+    case T_Q5_1: lw_group(T_Q5_1, w, ld, a, MT, out, ldo, bias); break;                    \
+    default: lw_group(T_Q8_0, w, ld, a, MT, out, ldo, bias); break;                        \
+    }
+static void lw_group_of(int type, const uint8_t *w, int64_t ld, const act_t *a, float *out,
+                        int64_t ldo, const float *bias) {
+    switch (a->rows) {
+    case 1: LW_TYPES(1) break;
+    case 2: LW_TYPES(2) break;
+    case 3: LW_TYPES(3) break;
+    case 4: LW_TYPES(4) break;
+    case 5: LW_TYPES(5) break;
+    case 6: LW_TYPES(6) break;
+    case 7: LW_TYPES(7) break;
+    case 8: LW_TYPES(8) break;
+    case 9: LW_TYPES(9) break;
+    case 10: LW_TYPES(10) break;
+    default: LW_TYPES(11) break;
+    }
+}
+#undef LW_TYPES
+
+/* the first N / LW_ROWS * LW_ROWS weight rows, LW_ROWS at a time split over the threads,
+ * for int16 activations of 1 to LW_MAX_ROWS rows; the rows they cover */
+static int64_t lw_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+                         const act_t *a, float *out, int64_t ldo, const float *bias,
+                         int nthreads) {
+    const int64_t groups = N / LW_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * a->rows >= 65536)
+    for (int64_t g = 0; g < groups; ++g)
+        lw_group_of(type, w + g * LW_ROWS * row_bytes, row_bytes, a, out + g * LW_ROWS, ldo,
+                    bias ? bias + g * LW_ROWS : NULL);
+    return groups * LW_ROWS;
+}
+
 #endif /* HWPLUG_GGML_LGROUP_H */
