@@ -113,15 +113,17 @@ def test_every_build_gives_the_32_value_types_the_same_bits(fresh_discovery, kin
     dot per block, then one fmaf per block in order) is the same in every build and tile
     shape, so the portable build's outputs equal the AVX2 builds' bit for bit."""
     builds = [built(name) for name in VARIANTS if not NEEDS[name] - current_platform().facts.features]
-    qweight, cols = weight_for(kind, 21, seed=kind + 7, blocks=9)
     generator = torch.Generator().manual_seed(kind)
-    for rows in (1, 2, 3, 5, 8, 11, 13):  # VNNI, int16: 2-11 lw_linear, 13 the chunks
+    # VNNI, int16: one row of 9 blocks and 2-11 rows through lw_linear (lgroup.h), one row
+    # of 25 blocks through the tiles, 13 rows the chunks
+    for blocks, rows in ((9, 1), (25, 1), *((9, rows) for rows in (2, 3, 5, 8, 11, 13))):
+        qweight, cols = weight_for(kind, 21, seed=kind + 7, blocks=blocks)
         x = torch.randn(rows, cols, generator=generator)
         for activations in ("int8", "int16") if kind in c_ops.WIDE_TYPES else ("int8",):
             first, *others = (b.linear_blocks(x, qweight, kind, None, activations)
                               for b in builds)
             for other in others:
-                assert torch.equal(other, first), (rows, activations)
+                assert torch.equal(other, first), (blocks, rows, activations)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -579,9 +579,9 @@ static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
  * LT_LANES rows, each chunk in tiles of LT_LANES pairs (see legacy_tile_of), so a verify
  * step's or a prefill chunk's rows read each weight block once. The VNNI build takes
  * int16 activations of LG_MIN_ROWS rows or more in chunks of 16 (lgroup.h) instead, and
- * of 2 to LW_MAX_ROWS rows (a verify step's) 16 weight rows at a time, one per lane
- * (lw_linear; the last N % 16 rows through the tiles), each with the same fp32 arithmetic
- * per pair. One thread, CPU time, loaded, Q8_0 and Q4_1, SmolLM2's and Qwen2.5-1.5B's
+ * of 2 to LW_MAX_ROWS rows (a verify step's; one row where its rows are short) 16 weight
+ * rows at a time, one per lane (lw_linear; the last N % 16 rows through the tiles), each
+ * with the same fp32 arithmetic per pair. One thread, CPU time, loaded, Q8_0 and Q4_1, SmolLM2's and Qwen2.5-1.5B's
  * shapes from memory: a 5-row call costs 1.1-1.7x a 1-row call (the tiles: 2.2-3.8x). */
 static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                           const act_t *act, float *out, int64_t ldo, const float *bias,
@@ -600,7 +600,7 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
             return;
         }
     }
-    if (wide && M >= 2 && M <= LW_MAX_ROWS)
+    if (wide && M <= LW_MAX_ROWS && (M >= 2 || lw_one_row(type, act->nb)))
         n_start = lw_linear(type, w, row_bytes, N, act, out, ldo, bias, nthreads);
 #endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)

@@ -101,7 +101,18 @@ static void lg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
  * horizontal sums, then one fp32 FMA for the 16 pairs (Q4_1, Q5_1: one more for the
  * minimum), lane by lane the arithmetic of legacy_tile_of. The weight's decoding and
  * transpose are shared by the call's activation rows (no packing of the activations). */
-enum { LW_ROWS = 16, LW_MAX_ROWS = LG_MIN_ROWS - 1 };
+/* weight rows per group; the most activation rows; the longest rows (blocks) for which one
+ * activation row takes the groups too (lw_one_row) */
+enum { LW_ROWS = 16, LW_MAX_ROWS = LG_MIN_ROWS - 1, LW_ONE_ROW_BLOCKS = 24 };
+
+/* whether one activation row takes the groups: one thread, CPU time, loaded, weights from
+ * memory, against the one-row tiles, 576 inputs (18 blocks): Q8_0 1.2-1.4x, Q4_0
+ * 1.12-1.18x, Q4_1 1.02-1.06x faster, Q5_0 and Q5_1 0.96-0.99x (their fifth bits cost more
+ * for 16 rows); 1536 inputs 0.87-0.95x, 0.8-0.86x, 0.92-0.96x (sixteen rows' streams at
+ * once, the tiles' eight) */
+INLINE int lw_one_row(int type, int64_t nb) {
+    return nb <= LW_ONE_ROW_BLOCKS && type != T_Q5_0 && type != T_Q5_1;
+}
 
 /* z[r] lane i (pair i of weight row r) -> z[i] lane r: unpacks of 32 and 64 bits within the
  * 128-bit lanes, then two rounds of 128-bit lane shuffles */
