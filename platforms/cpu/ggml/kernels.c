@@ -276,8 +276,13 @@ INLINE void legacy_tile_of(int type, const uint8_t *w, int64_t ld, int nrv, cons
 }
 #endif
 /* the tile with type, mtp, wide and the weight rows nrv compile-time constants in each
- * instance (NRV: nrv, a variable, for the tiles short of rows) */
-#define LEGACY_TILE(T, MTP, W, NRV) legacy_tile_of(T, w, ld, NRV, a, MTP, mt, res, W)
+ * instance (NRV: nrv, a variable, for the tiles short of rows), and the activation rows mt
+ * too in the tiles of 1 and 2 rows (always exact: mt == mtp; one thread, CPU time, loaded,
+ * AVX2 build, Q8_0 1536 x 1536: 1.16x and 1.31x faster). Exact tiles of 3 rows (2 x 3
+ * pairs) measured 1.12-1.4x faster at 3 rows, but the build that had them computed 5 rows
+ * 0.75x as fast (cause not found), so 3 rows take the tiles of 4. */
+#define LEGACY_TILE(T, MTP, W, NRV) \
+    legacy_tile_of(T, w, ld, NRV, a, MTP, (MTP) <= 2 ? (MTP) : mt, res, W)
 #define LEGACY_TYPES_OF(MTP, W, NRV)                                                    \
     switch (type) {                                                                     \
     case T_Q4_0: LEGACY_TILE(T_Q4_0, MTP, W, NRV); break;                               \
@@ -581,8 +586,9 @@ static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
  * int16 activations of LG_MIN_ROWS rows or more in chunks of 16 (lgroup.h) instead, and
  * of 2 to LW_MAX_ROWS rows (a verify step's; one row where its rows are short) 16 weight
  * rows at a time, one per lane (lw_linear; the last N % 16 rows through the tiles), each
- * with the same fp32 arithmetic per pair. One thread, CPU time, loaded, Q8_0 and Q4_1, SmolLM2's and Qwen2.5-1.5B's
- * shapes from memory: a 5-row call costs 1.1-1.7x a 1-row call (the tiles: 2.2-3.8x). */
+ * with the same fp32 arithmetic per pair. One thread, CPU time, loaded, Q8_0 and Q4_1,
+ * SmolLM2's and Qwen2.5-1.5B's shapes from memory: a 5-row call costs 1.1-1.7x a 1-row
+ * call (the tiles: 2.2-3.8x). */
 static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                           const act_t *act, float *out, int64_t ldo, const float *bias,
                           int wide, int nthreads) {

@@ -218,8 +218,8 @@ static void lw_group_of(int type, const uint8_t *w, int64_t ld, const act_t *a, 
 static int64_t lw_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                          const act_t *a, float *out, int64_t ldo, const float *bias,
                          int nthreads) {
-    const int64_t groups = N / LW_ROWS;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * a->rows >= 65536)
+    const int64_t groups = N / LW_ROWS, M = a->rows;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * M >= 65536)
     for (int64_t g = 0; g < groups; ++g)
         lw_group_of(type, w + g * LW_ROWS * row_bytes, row_bytes, a, out + g * LW_ROWS, ldo,
                     bias ? bias + g * LW_ROWS : NULL);
