@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hwplug.kernel_registry.reference.ggml import type_name
-from hwplug.model_zoo.loaders.mapped import MappedFile
+from hwplug.model_zoo.loaders.mapped import MappedFile, locate
 from hwplug.model_zoo.loaders.memory import format_bytes
 
 
@@ -44,8 +44,9 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
 
     ``mapped`` are the checkpoint's files used in place (views of them are reported as
     mapped from that file, with the reason the conversion copied them there where it
-    did; other tensors, e.g. a tensor-parallel rank's cut of GGUF rows or GGUF runs
-    repacked for their kernel, as in memory);
+    did; GGUF runs repacked for their kernel as mapped from the repacked-weights cache
+    where a load found them there; other tensors, e.g. a tensor-parallel rank's cut of
+    GGUF rows or runs this load repacked, as in memory);
     ``dequantized`` says why the checkpoint's quantized matrices were loaded as floats
     (e.g. ``"dequantize=True was asked"``), None when they were not.
     """
@@ -67,14 +68,21 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
                     f"as stored; copied on conversion: {why}" if why else "as stored")
         return "memory", "as stored"
 
+    def repacked_place(rows: torch.Tensor) -> tuple[str, str]:
+        """Where a run repacked for its kernel lives: the repacked-weights cache's file
+        an earlier load wrote (mapped), or memory (repacked by this load)."""
+        cached = locate(rows)
+        why = "repacked once for ggml_linear_repacked (16-row groups)"
+        return ((f"in place: mapped from the repacked-weights cache ({cached[0].path.name})",
+                 why) if cached else ("memory", why))
+
     for module in model.modules():
         repacked = getattr(module, "gguf_repacked", frozenset())
         for index, (kind, rows) in enumerate(getattr(module, "gguf_runs", ())):
             if rows.data_ptr() in seen:
                 continue
             seen.add(rows.data_ptr())
-            where, why = (("memory", "repacked once for ggml_linear_repacked (16-row groups)")
-                          if index in repacked else place(rows))
+            where, why = repacked_place(rows) if index in repacked else place(rows)
             add(f"GGUF {type_name(kind)}", rows, where, why)
         for tensor in module.parameters(recurse=False):
             if tensor.numel() == 0 or tensor.data_ptr() in seen:
@@ -91,12 +99,13 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
 
 
 def summarize(groups: list[WeightGroup]) -> str:
-    """One line: bytes mapped in place, bytes in memory, and what is held dequantized
-    (``"dequantized: none"`` when nothing is)."""
+    """One line: bytes mapped in place (from the checkpoint or the repacked-weights
+    cache), bytes in memory, and what is held dequantized (``"dequantized: none"`` when
+    nothing is)."""
     mapped = sum(g.nbytes for g in groups if g.where.startswith("in place"))
     memory = sum(g.nbytes for g in groups if not g.where.startswith("in place"))
     dequantized = [g for g in groups if g.dequantized]
-    text = (f"{format_bytes(mapped)} in place in the mapped checkpoint, "
+    text = (f"{format_bytes(mapped)} in place in mapped files, "
             f"{format_bytes(memory)} in memory; dequantized: ")
     if not dequantized:
         return text + "none"

@@ -15,12 +15,14 @@ from test_gguf_quantized import _inside, _mappings, prefill_logits
 from test_gguf_repacked import _build, k_gguf  # noqa: F401 - k_gguf is a fixture
 
 from hwplug import envs
+from hwplug.model_zoo.loaders.memory import format_bytes
 from hwplug.model_zoo.loaders.repacked_cache import (
     CACHE_KIND,
     INDEX_NAME,
     PACKED_NAME,
     discard_for,
 )
+from hwplug.model_zoo.weights_report import summarize, weight_storage
 
 PROMPTS = (list(range(3, 26)), [7])
 
@@ -66,6 +68,23 @@ def test_a_second_load_maps_the_cache_and_gives_the_same_logits(
     assert [r.shape for r in runs] == [r.shape for r in first_runs]
     assert all(torch.equal(a, b) for a, b in zip(runs, first_runs, strict=True))
     assert _entries() == [entry]
+
+
+def test_the_weights_report_names_the_cache_the_runs_are_mapped_from(
+        k_gguf: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        no_repacked_cache: None) -> None:
+    def repacked_groups() -> list:
+        _, model, _ = _build(k_gguf, monkeypatch, True)
+        return [g for g in weight_storage(model) if "repacked once" in g.why]
+
+    first = repacked_groups()
+    assert first and all(g.where == "memory" for g in first)  # this load repacked them
+    second = repacked_groups()
+    assert second and all(g.where == "in place: mapped from the repacked-weights cache "
+                          f"({PACKED_NAME})" for g in second)
+    assert sum(g.nbytes for g in second) == sum(g.nbytes for g in first)
+    assert summarize(second).startswith(f"{format_bytes(sum(g.nbytes for g in second))} "
+                                        "in place in mapped files")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "overwritten", "no index"])

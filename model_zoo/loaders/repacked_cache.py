@@ -207,10 +207,12 @@ class _Entry:
         actual = packed.stat().st_size if packed.is_file() else None
         if actual != size:
             raise ModelError(f"{PACKED_NAME} is {actual} bytes, its index says {size}")
-        views = dict(MappedFile(packed, size, tensors).views())
+        mapped = MappedFile(packed, size, tensors)
+        views = dict(mapped.views())
         for key, view in views.items():
             if _checksum(view) != checks[key]:
                 raise ModelError(f"run {key} does not match its checksum")
+            view.hwplug_mapped_file = mapped  # live (found by locate) while the run is held
         return views
 
     def write(self) -> None:
