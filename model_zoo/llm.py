@@ -337,6 +337,12 @@ class LLM:
         self._require(encoder=False, method="submit()")
         return self._loop.submit(prompt_ids, sampling, prompt, listener)
 
+    def warm_up(self) -> list[int]:
+        """Record every decode batch bucket's step graph now (``hwplug serve`` does before it
+        answers, so no request pays for one); the buckets recorded ([]: no step replays)."""
+        self._require(encoder=False, method="warm_up()")
+        return self._loop.call(self.engine.warm_up)
+
     def chat(self, messages: Messages, sampling: SamplingParams | None = None) -> Output:
         """The assistant's reply to a conversation (see :meth:`apply_chat_template`)."""
         return self.generate([self.apply_chat_template(messages)], sampling)[0]

@@ -322,3 +322,31 @@ def test_the_kv_cache_takes_memory_only_as_it_is_written(model_dir):
     assert _rss_anon() - written < allocated / 8
     small = hwplug.LLM(model_dir, max_num_seqs=1, num_kv_blocks=16, dtype="float32")
     assert small.generate(PROMPT, GREEDY)[0].outputs[0].token_ids == solo
+
+
+def test_warm_up_records_every_bucket_so_the_first_decode_steps_replay(model_dir):
+    """``LLM.warm_up`` records each decode batch bucket's step graph ahead: from the first
+    decode step on every step replays (none runs eagerly, as one would before its bucket
+    is recorded), and the tokens are the eager engine's."""
+    prompts = [PROMPT, PROMPT[:5], PROMPT[3:]]
+    llm = hwplug.LLM(model_dir, num_kv_blocks=64, dtype="float32", max_num_seqs=4)
+    try:
+        assert llm.warm_up() == [1, 2, 4]
+        stats = llm.engine.stats()
+        assert (stats.step_graph_buckets, stats.replayed_steps, stats.eager_decode_steps) == (
+            3, 0, 0)
+        got = [output.outputs[0].token_ids for output in llm.generate(prompts, GREEDY)]
+        stats = llm.engine.stats()
+        # one prefill step gives each its first token, then 5 decode steps of the three
+        assert (stats.replayed_steps, stats.eager_decode_steps) == (5, 0)
+        assert llm.warm_up() == [1, 2, 4] and llm.engine.stats().step_graph_buckets == 3
+    finally:
+        llm.close()
+    eager = hwplug.LLM(model_dir, num_kv_blocks=64, dtype="float32", step_graphs=False)
+    try:
+        assert eager.warm_up() == []
+        assert [output.outputs[0].token_ids for output in eager.generate(prompts, GREEDY)] \
+            == got
+        assert eager.engine.stats().step_graph_buckets == 0
+    finally:
+        eager.close()

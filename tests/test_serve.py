@@ -202,6 +202,36 @@ def test_concurrent_streams_are_batched_and_each_gets_its_own_text(served):
     assert steps < len(prompts) * GREEDY["max_tokens"]  # requests shared steps
 
 
+def test_after_warm_up_a_burst_replays_step_graphs_and_records_none(served):
+    """``hwplug serve`` warms its ``LLM`` up before answering (tests/test_serve_cli.py); after
+    that ``/metrics`` counts every bucket recorded, and a burst of streams, whose batch
+    grows through the buckets, replays every decode step."""
+    graphs = served.llm.runner.graphs
+    recorded = served.llm.warm_up()
+    if graphs.refused:
+        pytest.skip(f"this CPU replays no float decode step: {graphs.describe()}")
+    assert recorded == [1, 2, 4]
+    before = wait_until_idle(served)
+    assert before["hwplug_step_graph_buckets"] == 3
+
+    async def one(client: openai.AsyncOpenAI, prompt: str) -> str:
+        stream = await client.completions.create(model=MODEL, prompt=prompt, stream=True,
+                                                 **GREEDY)
+        return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+    async def burst():
+        async with async_client(served) as client:
+            return await asyncio.gather(*(one(client, f"Item {i}:") for i in range(4)))
+
+    texts = asyncio.run(burst())
+    after = wait_until_idle(served)
+    assert texts == [expected(served.llm, f"Item {i}:", max_tokens=12).text for i in range(4)]
+    # 11 decode steps at least (12 tokens, the first from the prefill), none eager
+    assert after["hwplug_replayed_steps_total"] - before["hwplug_replayed_steps_total"] >= 11
+    assert after["hwplug_eager_decode_steps_total"] == before["hwplug_eager_decode_steps_total"]
+    assert after["hwplug_step_graph_buckets"] == 3
+
+
 def long_stream(client: httpx.Client, served, prompt: str):
     """A streamed request that would run for 2000 tokens, opened and read up to its
     first event (the engine is running it then); returns the response and its lines

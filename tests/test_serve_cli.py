@@ -1,7 +1,9 @@
 """``hwplug serve`` as a command: bad flags, a port in use, and SIGTERM's graceful shutdown.
 
-The shutdown test starts ``python -m hwplug serve`` on a free port, begins 8 streamed
-requests, sends SIGTERM once each has its first token, and checks that every stream still
+The shutdown test starts ``python -m hwplug serve`` on a free port (whose warm-up has
+recorded every decode batch bucket's step graph before it answers: ``/metrics`` says so,
+and the burst's decode steps then never run eagerly), begins 8 streamed requests, sends
+SIGTERM once each has its first token, and checks that every stream still
 gets all its tokens, that a new request on a fresh connection is refused meanwhile
 (connection refused, or 503), and that the process exits with status 0.
 """
@@ -19,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import hwplug
 from hwplug.cli.main import main
 
 HWPLUG = [sys.executable, "-m", "hwplug"]
@@ -68,6 +71,13 @@ def _stream_all(httpx, url: str, started: threading.Barrier) -> list[str]:
     return lines
 
 
+def _metrics(httpx, url: str) -> dict[str, float]:
+    """``/metrics`` as sample name -> value."""
+    lines = httpx.get(url + "/metrics", timeout=30).text.splitlines()
+    return {name: float(value) for name, _, value in (
+        line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+
 def _refused(httpx, url: str) -> bool:
     """Whether a new request on a fresh connection is refused: no connection, 503, or a
     connection closed unanswered (accepted into the backlog as the listener closed)."""
@@ -95,10 +105,17 @@ def test_sigterm_finishes_the_running_streams_then_exits_0():
                 url = found.group(1)
                 break
         assert url, "the server printed no address"
+        # float weights replay where the CPU has AVX2's C kernels (tests/test_step_graphs.py)
+        replays = {"avx2", "fma", "f16c"} <= hwplug.current_platform().facts.features
+        warmed = _metrics(httpx, url)
+        assert warmed["hwplug_step_graph_buckets"] == (4 if replays else 0)  # 1, 2, 4, 8
+        assert warmed["hwplug_eager_decode_steps_total"] == 0
         started = threading.Barrier(STREAMS + 1)
         with ThreadPoolExecutor(STREAMS) as pool:
             streams = [pool.submit(_stream_all, httpx, url, started) for _ in range(STREAMS)]
             started.wait(timeout=120)  # every stream has its first event
+            if replays:  # the burst's first decode steps replayed: nothing was recorded
+                assert _metrics(httpx, url)["hwplug_eager_decode_steps_total"] == 0
             server.send_signal(signal.SIGTERM)
             refused = _refused(httpx, url)
             while not refused and not all(stream.done() for stream in streams):

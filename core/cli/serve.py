@@ -1,8 +1,9 @@
 """``hwplug serve [MODEL]``: serve a model over an OpenAI-compatible HTTP API.
 
 Loads the model with every ``LLM`` option as a flag (:mod:`hwplug.cli.llm_flags`), binds
-``--host``:``--port`` (a port in use is a one-line error), prints where it listens on
-stderr, and serves until SIGTERM or Ctrl-C, then finishes the requests in flight within
+``--host``:``--port`` (a port in use is a one-line error), records every decode batch
+bucket's step graph (``LLM.warm_up``: no first request pays for one), prints where it
+listens on stderr, and serves until SIGTERM or Ctrl-C, then finishes the requests in flight within
 ``--shutdown-timeout`` seconds and exits with status 0. Needs the ``serve`` extra; the
 endpoints are described in docs/serving.md.
 """
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         model_loaded()
         if llm.parallelism.is_worker:  # a torchrun rank > 0: it served rank 0
             return 0
+        if not llm.is_encoder:  # no first request at a batch size pays for a recording
+            llm.warm_up()
         app = create_app(llm, model_name=name, api_key=args.api_key,
                          max_queued_requests=args.max_queued_requests,
                          max_request_bytes=args.max_request_bytes)

@@ -4,8 +4,10 @@ Counted by the server: requests by endpoint and status code, prompt and generate
 time to first token and the time between tokens (histograms, seconds), and requests in
 flight and queued (admitted beyond what the engine runs at once). Read from the engine
 at each scrape (:meth:`~hwplug.model_zoo.engine.llm_engine.LLMEngine.stats`): sequences
-running and waiting, KV blocks in use and in all, and the prefix cache's hit rate
-(prompt tokens found cached over prompt tokens looked up). Names start with ``hwplug_``.
+running and waiting, KV blocks in use and in all, the prefix cache's hit rate
+(prompt tokens found cached over prompt tokens looked up), and the decode step graphs:
+batch buckets recorded (all of them after ``hwplug serve``'s warm-up), steps replayed and
+decode steps run eagerly. Names start with ``hwplug_``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class _EngineCollector(Collector):
                 ("hwplug_prefix_cache_hit_rate", "prompt tokens found in the prefix cache "
                  "over prompt tokens looked up (0 before any)",
                  stats.prefix_hit_tokens / stats.prefix_queried_tokens
-                 if stats.prefix_queried_tokens else 0.0)):
+                 if stats.prefix_queried_tokens else 0.0),
+                ("hwplug_step_graph_buckets", "decode batch sizes recorded as step graphs",
+                 stats.step_graph_buckets)):
             yield GaugeMetricFamily(name, help_text, value=value)
         for name, help_text, value in (
                 ("hwplug_prefix_cache_queried_tokens", "prompt tokens looked up in the "
@@ -59,6 +63,11 @@ class _EngineCollector(Collector):
                 ("hwplug_preemptions", "sequences preempted for lack of KV blocks",
                  stats.num_preemptions),
                 ("hwplug_engine_steps", "engine steps run", stats.num_steps),
+                ("hwplug_replayed_steps", "decode and verify steps served by a step graph's "
+                 "replay", stats.replayed_steps),
+                ("hwplug_eager_decode_steps", "decode and verify steps run eagerly (no step "
+                 "graph: a bucket not recorded yet or refused, or too large)",
+                 stats.eager_decode_steps),
                 ("hwplug_spec_proposed_tokens", "speculative decoding: tokens proposed and "
                  "verified", stats.spec_proposed_tokens),
                 ("hwplug_spec_accepted_tokens", "speculative decoding: proposed tokens "

@@ -13,7 +13,8 @@ position 0, slot -1 (not written), one token of block 0 (read, never written).
 A bucket is recorded at its :data:`RECORD_AT`-th decode step; the steps before run eagerly,
 so a generation of one token (a cold start's ``--max-tokens 1``), or a batch size met
 once, never pays for the recordings: two forward passes, the second over the longest
-context. A bucket is recorded twice, over the shortest context (one token) and the longest
+context. :meth:`DecodeGraphs.record_all` records every bucket ahead instead (a server's
+warm-up), so no step pays for a recording or runs eagerly before it. A bucket is recorded twice, over the shortest context (one token) and the longest
 (``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
 ``StepRecorder.check_same``): a kernel chosen in Python from a
@@ -121,6 +122,8 @@ class DecodeGraphs:
         self.refused: dict[int, str] = {}
         #: Steps served by a replay, and of them verify steps.
         self.replays = self.verify_replays = 0
+        #: Decode (and verify) steps that ran eagerly instead (see :meth:`logits`).
+        self.eager_steps = 0
         #: bucket -> its steps so far that ran eagerly before it was recorded.
         self._unrecorded: dict[int, int] = {}
 
@@ -128,6 +131,11 @@ class DecodeGraphs:
     def recorded(self) -> list[int]:
         """The buckets recorded so far."""
         return sorted(self._graphs)
+
+    @property
+    def num_recorded(self) -> int:
+        """How many buckets are recorded (safe to read from any thread)."""
+        return len(self._graphs)
 
     def describe(self) -> str:
         """One line: the buckets replayed and the steps they served, the refused ones and
@@ -145,6 +153,15 @@ class DecodeGraphs:
                   f"({why})" for why, buckets in reasons.items()]
         return f"step graphs: {'; '.join(parts) or 'none recorded yet (no decode step)'}"
 
+    def record_all(self) -> list[int]:
+        """Record every bucket not recorded or refused yet, so that the first steps of
+        every batch size replay; returns the buckets recorded (a refused one is logged and
+        left out, see the module docstring). Writes no KV: safe between any two steps."""
+        for bucket in self.buckets:
+            if bucket not in self._graphs and bucket not in self.refused:
+                self._record(bucket)
+        return self.recorded
+
     def logits(self, token_ids: Sequence[int], positions: Sequence[int],
                slots: Sequence[int], block_tables: Sequence[Sequence[int]],
                verify: bool = False) -> torch.Tensor | None:
@@ -156,6 +173,7 @@ class DecodeGraphs:
         ``max_blocks``; logged at debug level)."""
         graph = self._filled(token_ids, positions, slots, block_tables)
         if graph is None:
+            self.eager_steps += 1
             return None
         self.replays += 1
         self.verify_replays += verify
@@ -169,6 +187,7 @@ class DecodeGraphs:
         has a device sampler), or None when that step runs eagerly."""
         graph = self._filled(token_ids, positions, slots, block_tables)
         if graph is None:
+            self.eager_steps += 1
             return None
         self.replays += 1
         return graph.replay_sampled(request)  # type: ignore[attr-defined]

@@ -82,6 +82,12 @@ class EngineStats:
     spec_verifications: int = 0
     #: Verify steps (each a step of the whole batch) served by a step graph's replay.
     replayed_verify_steps: int = 0
+    #: Decode batch buckets (see :mod:`~hwplug.model_zoo.engine.decode_graphs`) recorded
+    #: as step graphs, decode and verify steps served by a replay, and those that ran
+    #: eagerly instead (0 each where steps never replay).
+    step_graph_buckets: int = 0
+    replayed_steps: int = 0
+    eager_decode_steps: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -200,7 +206,21 @@ class LLMEngine:
             spec_proposed_tokens=spec.num_proposed if spec else 0,
             spec_accepted_tokens=spec.num_accepted if spec else 0,
             spec_verifications=spec.num_verified if spec else 0,
-            replayed_verify_steps=graphs.verify_replays if graphs else 0)
+            replayed_verify_steps=graphs.verify_replays if graphs else 0,
+            step_graph_buckets=graphs.num_recorded if graphs else 0,
+            replayed_steps=graphs.replays if graphs else 0,
+            eager_decode_steps=graphs.eager_steps if graphs else 0)
+
+    def warm_up(self) -> list[int]:
+        """Record the step graph of every decode batch bucket now (on the engine's thread,
+        between steps), so the first steps at each batch size replay instead of running
+        eagerly and recording; returns the buckets recorded ([]: steps never replay here).
+        See :meth:`~hwplug.model_zoo.engine.decode_graphs.DecodeGraphs.record_all`."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return []
+        with torch.inference_mode():
+            return graphs.record_all()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
