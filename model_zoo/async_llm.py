@@ -6,8 +6,11 @@ batching: a request joins the running batch at the next step). Each request is a
 :class:`AsyncRequest` of one or more prompts: ``async for index, update in
 request.updates()`` yields each engine step's
 :class:`~hwplug.model_zoo.engine.llm_engine.RequestUpdate` for each prompt, a prompt's
-last one holding its :class:`~hwplug.model_zoo.engine.output.Output`. The engine thread wakes the
-waiting coroutine through ``call_soon_threadsafe``, so no thread blocks on a request.
+last one holding its :class:`~hwplug.model_zoo.engine.output.Output`. The engine thread wakes
+the event loop through ``call_soon_threadsafe`` once per step that gave any of its requests
+an update, however many requests it advanced (a :class:`_Waker` per event loop, shared
+by the loop's requests); the loop then wakes each coroutine whose request has news, so
+no thread blocks on a request and 64 streams cost one cross-thread call per step, not 64.
 :meth:`AsyncRequest.abort` (a client that went away) drops the request and frees its KV
 blocks at the engine's next turn; leaving ``updates()`` early does the same.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
 
@@ -32,32 +36,64 @@ __all__ = ["AsyncLLM", "AsyncRequest"]
 logger = logging.getLogger(__name__)
 
 
+class _Waker:
+    """The listener an event loop's requests share: called on the engine's thread after a
+    step that delivered to any of them, it schedules one :meth:`_wake` on the loop (none
+    while one is pending), which sets the event of each request with updates to take."""
+
+    def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
+        self._event_loop = event_loop
+        self._requests: weakref.WeakSet[AsyncRequest] = weakref.WeakSet()  # unread: dropped
+        self._scheduled = False
+
+    def add(self, request: AsyncRequest) -> None:
+        self._requests.add(request)
+
+    def discard(self, request: AsyncRequest) -> None:
+        self._requests.discard(request)
+
+    def __call__(self) -> None:  # on the engine's thread
+        if self._scheduled:  # the pending wake will see this step's updates too
+            return
+        self._scheduled = True
+        try:
+            self._event_loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the event loop has closed: nobody is reading
+            logger.debug("an update for requests whose event loop has closed")
+
+    def _wake(self) -> None:  # on the event loop
+        self._scheduled = False  # before looking: a later step schedules a new wake
+        for request in list(self._requests):
+            if request.has_updates:
+                request._event.set()
+
+
 class AsyncRequest:
     """Prompts started together on the engine (each its own engine request, with
-    ``sampling.n`` completions), read from the event loop that started them."""
+    ``sampling.n`` completions), read from the event loop that started them (woken by
+    that loop's ``waker``)."""
 
     def __init__(self, llm: LLM, prompt_ids: Seq[Seq[int]], sampling: SamplingParams,
-                 prompts: Seq[str | None]) -> None:
+                 prompts: Seq[str | None], waker: _Waker) -> None:
         self._event = asyncio.Event()
-        event_loop = asyncio.get_running_loop()
-
-        def wake() -> None:  # on the engine's thread
-            try:
-                event_loop.call_soon_threadsafe(self._event.set)
-            except RuntimeError:  # the event loop has closed: nobody is reading
-                logger.debug("an update for a request whose event loop has closed")
-
+        self._waker = waker
         #: When the request was submitted (``time.monotonic()``).
         self.arrival = time.monotonic()
         self.prompt_ids = [list(ids) for ids in prompt_ids]
         self.sampling = sampling
         self._handles: list[RequestHandle] = []
+        waker.add(self)
         try:
             for ids, prompt in zip(self.prompt_ids, prompts, strict=True):
-                self._handles.append(llm.submit(ids, sampling, prompt, wake))
+                self._handles.append(llm.submit(ids, sampling, prompt, waker))
         except BaseException:
             self.abort()
             raise
+
+    @property
+    def has_updates(self) -> bool:
+        """Whether any prompt has updates delivered and not yet read."""
+        return any(handle.has_updates for handle in self._handles)
 
     @property
     def outputs(self) -> list[Output | None]:
@@ -84,6 +120,7 @@ class AsyncRequest:
                     self._event.clear()
         finally:
             self.abort()
+            self._waker.discard(self)
 
     async def result(self) -> list[Output]:
         """Wait for every prompt's :class:`Output`, in order."""
@@ -106,6 +143,8 @@ class AsyncLLM:
             raise ConfigError("AsyncLLM drives one engine: data_parallel_size must be 1, got "
                               f"{llm.parallelism.data_parallel_size}")
         self.llm = llm
+        self._wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = (
+            weakref.WeakKeyDictionary())
 
     def submit(self, prompt_ids: Seq[Seq[int]], sampling: SamplingParams,
                prompts: Seq[str | None] | None = None) -> AsyncRequest:
@@ -115,7 +154,11 @@ class AsyncLLM:
         (:meth:`~hwplug.model_zoo.engine.llm_engine.LLMEngine.check_request`) and none
         runs."""
         texts = [None] * len(prompt_ids) if prompts is None else list(prompts)
-        return AsyncRequest(self.llm, prompt_ids, sampling, texts)
+        event_loop = asyncio.get_running_loop()
+        waker = self._wakers.get(event_loop)
+        if waker is None:
+            waker = self._wakers[event_loop] = _Waker(event_loop)
+        return AsyncRequest(self.llm, prompt_ids, sampling, texts, waker)
 
     def stats(self) -> EngineStats:
         """The engine's load now (see :meth:`LLMEngine.stats`)."""

@@ -120,3 +120,33 @@ def test_stats_count_prefix_cache_hits(llm):
     assert after.prefix_queried_tokens - before.prefix_queried_tokens == 3 * 64
     assert after.prefix_hit_tokens > before.prefix_hit_tokens  # the last call's
     assert after.kv_blocks_total == 256
+
+
+def test_the_event_loop_is_woken_once_per_engine_step_not_per_request(llm):
+    """The engine thread wakes the event loop (``call_soon_threadsafe``) at most once per
+    step, however many of the loop's requests the step advanced."""
+    prompts = random_prompts(9, 8)
+
+    async def run():
+        event_loop = asyncio.get_running_loop()
+        wakes = 0
+        original = event_loop.call_soon_threadsafe
+
+        def counted(*args, **kwargs):
+            nonlocal wakes
+            wakes += 1
+            return original(*args, **kwargs)
+
+        event_loop.call_soon_threadsafe = counted
+        front = AsyncLLM(llm)
+        before = llm.engine.stats().num_steps
+        requests = [front.submit(prompts[i:i + 2], GREEDY) for i in range(0, 8, 2)]
+        outputs = await asyncio.gather(*(request.result() for request in requests))
+        return wakes, llm.engine.stats().num_steps - before, outputs
+
+    wakes, steps, outputs = asyncio.run(run())
+    got = [output.token_ids for pair in outputs for output in pair]
+    assert got == [output.token_ids for output in llm.generate(prompts, GREEDY)]
+    # 8 prompts of 8 tokens: 64 updates in all, in a handful of shared steps
+    assert steps < 16 and 1 <= wakes <= steps
+    assert idle(llm)

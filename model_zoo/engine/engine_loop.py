@@ -43,9 +43,11 @@ class RequestHandle:
     """One submitted request's results, filled in by the loop's thread.
 
     The loop puts each step's :class:`RequestUpdate` for the request (and, at the end, the
-    error that ended it, if one did) in the handle's queue, then calls ``listener`` (on
-    the loop's thread; it must not block), so an asyncio caller can be woken to
-    :meth:`take` them.
+    error that ended it, if one did) in the handle's queue. After a step (or an abort)
+    has delivered to every handle concerned, it calls each distinct ``listener`` of those
+    handles once (on the loop's thread; it must not block): handles sharing one listener
+    (an event loop's requests) cost one call per step, however many they are, and the
+    listener finds which have news by :attr:`has_updates`, to :meth:`take` them.
     """
 
     def __init__(self, request_id: str, listener: Callable[[], None] | None = None,
@@ -68,12 +70,15 @@ class RequestHandle:
         """Whether the final output or an error has been delivered (maybe not yet read)."""
         return self._closed
 
+    @property
+    def has_updates(self) -> bool:
+        """Whether updates wait to be taken (any thread may ask)."""
+        return not self._events.empty()
+
     def _put(self, update: RequestUpdate | BaseException) -> None:
         if isinstance(update, BaseException) or update.output is not None:
             self._closed = True
         self._events.put(update)
-        if self._listener is not None:
-            self._listener()
 
     def take(self) -> list[RequestUpdate | BaseException]:
         """The updates (or the final error) delivered since the last call, without
@@ -207,14 +212,14 @@ class EngineLoop:
             self.engine.abort(payload)
             handle = handles.pop(payload, None)
             if handle is not None:
-                handle._put(RequestAbortedError(f"request {payload} was aborted"))
+                _deliver([(handle, RequestAbortedError(f"request {payload} was aborted"))])
             return
         handle, prompt_ids, sampling, prompt = payload
         try:
             self.engine.add_request(handle.request_id, prompt_ids, sampling, prompt)
         except Exception as exc:  # delivered to the one caller it concerns
             self.engine.abort(handle.request_id)
-            handle._put(exc)
+            _deliver([(handle, exc)])
             return
         handles[handle.request_id] = handle
 
@@ -225,24 +230,33 @@ class EngineLoop:
             logger.debug("engine step failed; ending %d requests", len(handles), exc_info=True)
             self._fail_all(handles, exc)
             return
+        delivered: list[tuple[RequestHandle, RequestUpdate | BaseException]] = []
         for update in updates:
             handle = handles.get(update.request_id)
             if handle is None:
                 continue
-            if update.error is not None:
-                handle._put(update.error)
+            delivered.append((handle, update if update.error is None else update.error))
+            if update.error is not None or update.output is not None:
                 del handles[update.request_id]
-                continue
-            handle._put(update)
-            if update.output is not None:
-                del handles[update.request_id]
+        _deliver(delivered)
 
     def _fail_all(self, handles: dict[str, RequestHandle], error: BaseException) -> None:
         if self.engine is not None:
             self.engine.abort_all()
-        for handle in handles.values():
-            handle._put(error)
+        _deliver([(handle, error) for handle in handles.values()])
         handles.clear()
+
+
+def _deliver(items: Seq[tuple[RequestHandle, RequestUpdate | BaseException]]) -> None:
+    """Put each update in its handle, then call each distinct listener of those handles
+    once (see :class:`RequestHandle`)."""
+    listeners: dict[int, Callable[[], None]] = {}
+    for handle, update in items:
+        handle._put(update)
+        if handle._listener is not None:
+            listeners.setdefault(id(handle._listener), handle._listener)
+    for listener in listeners.values():
+        listener()
 
 
 class TextStream:
