@@ -42,7 +42,7 @@ class _Waker:
     while one is pending), which sets the event of each request with updates to take."""
 
     def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
-        self._event_loop = event_loop
+        self._event_loop = weakref.ref(event_loop)  # AsyncLLM's dict of wakers keys on it
         self._requests: weakref.WeakSet[AsyncRequest] = weakref.WeakSet()  # unread: dropped
         self._scheduled = False
 
@@ -56,10 +56,14 @@ class _Waker:
         if self._scheduled:  # the pending wake will see this step's updates too
             return
         self._scheduled = True
+        event_loop = self._event_loop()
         try:
-            self._event_loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # the event loop has closed: nobody is reading
-            logger.debug("an update for requests whose event loop has closed")
+            if event_loop is not None:
+                event_loop.call_soon_threadsafe(self._wake)
+                return
+        except RuntimeError:  # the event loop has closed
+            pass
+        logger.debug("an update for requests whose event loop has closed: nobody reads it")
 
     def _wake(self) -> None:  # on the event loop
         self._scheduled = False  # before looking: a later step schedules a new wake
