@@ -19,7 +19,7 @@ dequantized tiles from there on), ``GB/s`` (the weight bytes ``ggml`` read per s
 tiles past it; n/a where it does not serve the type) and ``base GB/s``, ``avx2`` (this
 AVX2 build's op on a CPU with VNNI too), ``int16`` and ``int8`` (the integer kernel with
 each activation type) and ``tiles`` (each path alone), ``repacked`` (the VNNI build's
-integer kernel on the weight repacked once into 16-row groups, Q4_K and Q6_K: n/a for the
+integer kernel on the weight repacked once into 16-row groups, Q4_K, Q5_K, Q6_K and IQ4_XS: n/a for the
 others and on CPUs without VNNI), ``portable`` (the build for CPUs
 without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as dispatched here)
 and plain ``F.linear``, and the op's ``reference`` (dequantize, then ``F.linear``).

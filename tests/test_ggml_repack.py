@@ -1,4 +1,4 @@
-"""The VNNI build's repacked Q4_K / Q6_K weights (kgroup.h's ``kpack_rows``): the layout
+"""The VNNI build's repacked Q4_K / Q5_K / Q6_K / IQ4_XS weights (kgroup.h's ``kpack_rows``): the layout
 against the ``ggml_repack`` op's torch reference (and back), the outputs bitwise those of
 the rows (batch invariance holds across layouts and row counts), and the calls it
 declines."""
@@ -80,12 +80,12 @@ def test_the_repacked_kernel_writes_a_column_slice_of_a_wider_output():
 
 def test_types_and_builds_that_do_not_repack_are_declined_with_the_choices():
     build = built("ggml_vnni")
-    qweight, cols = weight_for(int(Q.Q5_K), 16, seed=2)
-    with pytest.raises(UnsupportedError, match="Q5_K is not repacked.*Q4_K, Q6_K"):
-        build.repack(qweight, int(Q.Q5_K))
+    qweight, cols = weight_for(int(Q.Q3_K), 16, seed=2)
+    with pytest.raises(UnsupportedError, match="Q3_K is not repacked.*Q4_K, Q5_K, Q6_K, IQ4_XS"):
+        build.repack(qweight, int(Q.Q3_K))
     q4k, cols = weight_for(int(Q.Q4_K), 16, seed=2)
     with pytest.raises(UnsupportedError, match="not repacked"):
-        build.linear_repacked(torch.randn(2, cols), q4k, int(Q.Q5_K))
+        build.linear_repacked(torch.randn(2, cols), q4k, int(Q.Q3_K))
     other = built("ggml_avx2")
     with pytest.raises(UnsupportedError, match="avx2 build does not repack.*vnni"):
         other.repack(q4k, int(Q.Q4_K))

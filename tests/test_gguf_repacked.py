@@ -1,7 +1,8 @@
-"""GGUF models on the repacked Q4_K / Q6_K kernel (``ggml_linear_repacked``): where the
-plan binds the VNNI build for it, the quant method repacks those runs once at load, the
-logits are bitwise those of the rows' kernel, the rows read back unchanged, the mapped
-file's pages the repack read are released, and the plan reports the variant that ran."""
+"""GGUF models on the repacked Q4_K / Q5_K / Q6_K / IQ4_XS kernel (``ggml_linear_repacked``):
+where the plan binds the VNNI build for it, the quant method repacks those runs once at
+load, the logits are bitwise those of the rows' kernel, the rows read back unchanged, the
+mapped file's pages the repack read are released, and the plan reports the variant that
+ran."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from hwplug.model_zoo.weights_report import weight_storage
 ROWS_ONLY = "ggml_linear_repacked/ggml_vnni"
 
 
-@pytest.fixture(scope="module", params=[Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.fixture(scope="module", params=[Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS],
+                ids=lambda t: t.name)
 def k_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model's first two layers with ``ffn_down`` (1536 inputs: six
     super-blocks, 576 rows: 36 groups of 16) in a K-quant (SmolLM2-135M Q4_K_M keeps its

@@ -68,7 +68,7 @@ def ggml(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
 
 @st.composite
 def ggml_repacked(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
-    """Random Q4_K / Q6_K rows: ``ggml_repack``'s (``dtype`` uint8, ``tokens`` rows), or,
+    """Random Q4_K / Q5_K / Q6_K / IQ4_XS rows: ``ggml_repack``'s (``dtype`` uint8, ``tokens`` rows), or,
     repacked (groups of 16 and the rows after them), ``ggml_linear_repacked``'s with x of a
     float ``dtype``."""
     rng, kind = seeded(draw), draw(st.sampled_from(sorted(REPACKED_TYPES)))

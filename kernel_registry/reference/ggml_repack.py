@@ -1,4 +1,4 @@
-"""The repacked layout of Q4_K and Q6_K rows (the ``ggml_repack`` and
+"""The repacked layout of Q4_K, Q5_K, Q6_K and IQ4_XS rows (the ``ggml_repack`` and
 ``ggml_linear_repacked`` ops), in pure torch.
 
 A weight ``uint8 [N, row_bytes]`` of GGUF rows is repacked group by group: each group of
@@ -22,7 +22,8 @@ from hwplug.kernel_registry.reference.ggml import ggml_linear, type_name
 #: Rows per repacked group.
 GROUP_ROWS = 16
 #: The GGUF types the layout is defined for.
-REPACKED_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in ("Q4_K", "Q6_K"))
+REPACKED_TYPES = frozenset(int(GGMLQuantizationType[name])
+                           for name in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 
 
 def _groups(qweight: torch.Tensor, ggml_type: int) -> tuple[int, int, int]:

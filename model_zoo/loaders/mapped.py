@@ -9,8 +9,8 @@ process that maps the file, and the kernel drops them under memory pressure inst
 swapping them. All views of a file share one storage, so views of adjacent tensors can be
 joined into one without a copy (see :mod:`hwplug.model_zoo.quant_methods.gguf`).
 
-Where a consumer copies a view instead (the GGUF quant method repacking Q4_K / Q6_K rows
-for its kernel), it calls :func:`release_pages` on the view afterwards, so the pages the
+Where a consumer copies a view instead (the GGUF quant method repacking Q4_K / Q5_K /
+Q6_K / IQ4_XS rows for its kernel), it calls :func:`release_pages` on the view afterwards, so the pages the
 copy read are not kept resident beside the copy.
 """
 

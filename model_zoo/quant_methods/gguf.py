@@ -23,9 +23,9 @@ layer's buffers ``gguf_run0``, ``gguf_run1``... (not saved in a state dict), and
 loading parameters ``qweight`` / ``qweight_type`` are removed.
 
 Where the model's kernel plan binds a variant other than the reference for
-``ggml_linear_repacked`` (the cpu platform's VNNI build), each Q4_K / Q6_K run of a layer
-that is not an embedding table is repacked once after loading (the ``ggml_repack`` op:
-groups of 16 rows with their 32-bit words interleaved, the same size; see
+``ggml_linear_repacked`` (the cpu platform's VNNI build), each Q4_K / Q5_K / Q6_K / IQ4_XS
+run of a layer that is not an embedding table is repacked once after loading (the
+``ggml_repack`` op: groups of 16 rows with their 32-bit words interleaved, the same size; see
 :mod:`hwplug.kernel_registry.reference.ggml_repack`) into one new buffer, multiplied by
 ``ggml_linear_repacked`` (bitwise ``ggml_linear``'s outputs on the rows), and the mapped
 file's pages it read are released (:func:`~hwplug.model_zoo.loaders.mapped.release_pages`),
@@ -117,7 +117,7 @@ class GgufMethod(QuantMethod):
         """Check the loaded parts cover every output row with whole rows of
         ``input_size`` values, then keep them as runs: each part itself, or one view of
         parts of one type adjacent in memory, never a copy (a row-parallel layer's share is
-        first cut from the whole rows); then repack the Q4_K / Q6_K runs where the plan
+        first cut from the whole rows); then repack the Q4_K / Q5_K / Q6_K / IQ4_XS runs where the plan
         has a native ``ggml_linear_repacked`` (see the module docstring)."""
         layer.gguf_split_by = None
         if layer.gguf_columns is not None:
@@ -193,7 +193,7 @@ def gguf_rows(layer: nn.Module) -> list[tuple[int, torch.Tensor]]:
 
 def _repack_runs(layer: nn.Module, runs: list[tuple[int, torch.Tensor]]
                  ) -> list[Callable[..., Any]]:
-    """Repack ``runs``' Q4_K / Q6_K runs in place where ``layer.gguf_repacking`` is set and
+    """Repack ``runs``' Q4_K / Q5_K / Q6_K / IQ4_XS runs in place where ``layer.gguf_repacking`` is set and
     the layer is no embedding table, releasing the mapped pages each one read (sets
     ``layer.gguf_repacked``); the kernel of each run. Where the reference served a repack
     (the native library failed to build), nothing more is repacked: its repacked linear

@@ -16,8 +16,9 @@
  *     KG_MIN_ROWS activation rows the VNNI build takes them 16 weight rows at a time
  *     instead, one row per 32-bit lane of AVX-512 vectors (kgroup.h), with the same fp32
  *     arithmetic per pair, so each output is the same whichever kernel computes it.
- *   hwplug_ggml_repack repacks Q4_K and Q6_K weights once for those groups (same bytes,
- *   held instead of the rows), hwplug_ggml_linear_repacked multiplies them: bitwise the same.
+ *   hwplug_ggml_repack repacks Q4_K, Q5_K, Q6_K and IQ4_XS weights once for those groups
+ *   (same bytes, held instead of the rows), hwplug_ggml_linear_repacked multiplies them:
+ *   bitwise the same.
  *   Output rows are split over OpenMP threads; each output is one thread's, computed in
  *   the same order whatever the thread count and whatever the other activation rows of the
  *   call (batch-invariant: a token's row is the same in a decode step of one, of many, or
@@ -524,7 +525,11 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
  * count: against the rows' kernels, one thread, CPU time, weights from memory, a loaded
  * machine, 1536 x 1536, 8960 x 1536, 1536 x 8960 and 4096 x 14336: Q4_K 1.07-1.20x at 1
  * row, 1.5-1.8x at 3-4, 1.5-1.8x at 8, 1.3-1.4x at 16-17, 1.2-1.3x at 32, 1.06-1.11x at
- * 70-128; Q6_K 1.01-1.12x, 1.4-1.5x, 1.5-2.3x, 1.4-1.7x, 1.2-1.5x, 1.1-1.16x. */
+ * 70-128; Q6_K 1.01-1.12x, 1.4-1.5x, 1.5-2.3x, 1.4-1.7x, 1.2-1.5x, 1.1-1.16x. The same
+ * measure, Qwen2.5-1.5B IQ4_XS's 1536 x 1536, 8960 x 1536 and 1536 x 8960 (weights from
+ * the file): IQ4_XS 1.5-1.85x at 1 row, 2.1-2.4x at 4, 2.1-2.5x at 8, 1.6-1.7x at 32,
+ * 1.35-1.5x at 128; Q5_K (its 1536 x 8960 and 256 x 1536) 1.13-1.19x, 1.4-1.5x,
+ * 1.5-1.8x, 1.18-1.22x, 1.04-1.06x. */
 enum { KG_MIN_ROWS = 8 };
 #endif
 /* the super-block types (Q8_K activations) */
@@ -677,7 +682,7 @@ int hwplug_ggml_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
 /* out <- w [N, row_bytes] with each group of 16 rows (the first N / 16 * 16 rows) repacked
  * for the 16-row groups (kpack_rows in kgroup.h), the rest copied: the same bytes, held
  * instead of the rows. 0, or -1 for a type (or a build) it does not serve: the VNNI build
- * repacks Q4_K and Q6_K. kpack_rows' wide loads and in-register transposes took 0.05 ms
+ * repacks Q4_K, Q5_K, Q6_K and IQ4_XS. kpack_rows' wide loads and in-register transposes took 0.05 ms
  * against the word-by-word copies' 0.10 for a 1536 x 1536 Q4_K in cache, 1.05-1.5 against
  * 1.3-1.45 ms for 8960 x 1536 and 1.3-1.7 against 1.7 for a 1536 x 8960 Q6_K from memory
  * (one thread, CPU time, median of 21, a loaded 2-vCPU Zen 5): memory-bound from there. */

@@ -13,9 +13,10 @@
  * unsigned quants whole (no int16 pair saturation), so IQ4_XS's values come as values + 128,
  * and 128 times the scaled activation sums are taken back from the integer dot.
  *
- * Q4_K and Q6_K weights may also come repacked once (kpack_rows): each super-block of a
- * group's 16 rows stored as its rows' 32-bit words interleaved, word w of row r at 64 w + 4 r
- * (Q6_K's trailing fp16 d: the 16 rows' d after the words), the same bytes as the rows. A
+ * Q4_K, Q5_K, Q6_K and IQ4_XS weights may also come repacked once (kpack_rows): each
+ * super-block of a group's 16 rows stored as its rows' 32-bit words interleaved, word w of
+ * row r at 64 w + 4 r (Q6_K's trailing fp16 d: the 16 rows' d after the words), the same
+ * bytes as the rows. A
  * chunk's quants then load straight into lanes (kpack_chunk: no transposes, decoded again for
  * each pass of four activation rows, in registers), and the headers decode as vectors over
  * the rows (kpack_head), so the groups serve every row count from this layout, one included.
@@ -144,7 +145,9 @@ INLINE void kgroup_load(int type, const uint8_t *blk, int64_t ld, kgroup_t *g) {
 }
 
 /* the types kpack_rows repacks */
-INLINE int kpack_type(int type) { return type == T_Q4_K || type == T_Q6_K; }
+INLINE int kpack_type(int type) {
+    return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_IQ4_XS;
+}
 /* word w of a repacked super-block: lane r = word w of row r */
 #define KPACK_WORD(p, w) _mm512_loadu_si512((const void *)((p) + 64 * (w)))
 
@@ -198,11 +201,27 @@ INLINE void kpack_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t n0
 }
 
 /* the headers of a repacked super-block at p as kgroup_t's vectors (q left alone): Q4_K's
- * word 0 (d, dmin) and words 1 .. 3 (k_scales, lane by lane); Q6_K's words 48 .. 51 (int8
- * scales) and its 16 d after the 52 words */
+ * and Q5_K's word 0 (d, dmin) and words 1 .. 3 (k_scales, lane by lane); Q6_K's words
+ * 48 .. 51 (int8 scales) and its 16 d after the 52 words; IQ4_XS's word 0 (d, the scales'
+ * high bits) and word 1 (their low nibbles), as k_header decodes them */
 INLINE void kpack_head(int type, const uint8_t *p, kgroup_t *g) {
     const __m512i low8 = _mm512_set1_epi32(0xFF);
-    if (type == T_Q4_K) {
+    if (type == T_IQ4_XS) {
+        const __m512i w0 = KPACK_WORD(p, 0), w1 = KPACK_WORD(p, 1);
+        g->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
+        g->dmin = _mm512_setzero_ps();
+        for (int k = 0; k < 8; ++k) /* (low nibble k | 2 high bits k << 4) - 32 */
+            g->sc[k] = _mm512_sub_epi32(
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32(w1, 4 * k), _mm512_set1_epi32(15)),
+                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 16 + 2 * k),
+                                                       _mm512_set1_epi32(3)), 4)),
+                _mm512_set1_epi32(32));
+        for (int q = 0; q < 4; ++q)
+            g->scp[q] = _mm512_or_si512(
+                _mm512_and_si512(g->sc[2 * q], _mm512_set1_epi32(0xFFFF)),
+                _mm512_slli_epi32(g->sc[2 * q + 1], 16));
+    } else if (type == T_Q4_K || type == T_Q5_K) {
         const __m512i w0 = KPACK_WORD(p, 0), a = KPACK_WORD(p, 1), b = KPACK_WORD(p, 2),
                       c = KPACK_WORD(p, 3);
         const __m512i low6 = _mm512_set1_epi8(0x3F), low4 = _mm512_set1_epi8(0x0F),
@@ -239,13 +258,25 @@ INLINE void kpack_head(int type, const uint8_t *p, kgroup_t *g) {
 }
 
 /* q[i] lane r = quants 32 j + 4 i .. + 3 of row r of the repacked super-block at p (as
- * k_chunk decodes them: Q4_K's qs at word 4, Q6_K's ql at word 0 and qh at word 32) */
+ * k_chunk decodes them: Q4_K's qs at word 4; Q5_K's qh at word 4 and qs at word 12; Q6_K's
+ * ql at word 0 and qh at word 32; IQ4_XS's qs at word 2, looked up in IQ4_VALUES) */
 INLINE void kpack_chunk(int type, const uint8_t *p, int j, __m512i q[8]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    if (type == T_Q4_K) {
+    if (type == T_Q4_K || type == T_Q5_K) {
+        const int qs = type == T_Q5_K ? 12 : 4;
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
-            const __m512i v = KPACK_WORD(p, 4 + 8 * (j >> 1) + i);
+            const __m512i v = KPACK_WORD(p, qs + 8 * (j >> 1) + i);
             q[i] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, low4);
+            if (type == T_Q5_K) /* bit j of qh[l], as bit 4 */
+                q[i] = _mm512_or_si512(q[i], _mm512_slli_epi16(_mm512_and_si512(
+                    _mm512_srli_epi16(KPACK_WORD(p, 4 + i), j), _mm512_set1_epi8(1)), 4));
+        }
+    } else if (type == T_IQ4_XS) { /* 16 bytes of nibbles: the low 16 values, then the high */
+        const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+            const __m512i v = KPACK_WORD(p, 2 + 4 * j + i);
+            q[i] = _mm512_shuffle_epi8(values, _mm512_and_si512(v, low4));
+            q[4 + i] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
         }
     } else { /* Q6_K */
         const int h = j >> 2, s = j & 3;
@@ -381,7 +412,7 @@ static void kgroup(int type, const uint8_t *w, int64_t ld, const act_t *a, float
 #define KG(T) case T: kgroup_rows(T, w, ld, a, out, ldo, bias, 0); break;
 #define KP(T) case T: { if (packed) kgroup_rows(T, w, ld, a, out, ldo, bias, 1); \
                         else kgroup_rows(T, w, ld, a, out, ldo, bias, 0); } break;
-    KG(T_Q2_K) KG(T_Q3_K) KP(T_Q4_K) KG(T_Q5_K) KP(T_Q6_K) KG(T_IQ4_XS)
+    KG(T_Q2_K) KG(T_Q3_K) KP(T_Q4_K) KP(T_Q5_K) KP(T_Q6_K) KP(T_IQ4_XS)
 #undef KG
 #undef KP
     }
