@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from test_ggml_kernels import assert_within_tolerance, built, weight_for
+from test_ggml_kernels import assert_within_tolerance, built, runnable, weight_for
 
+from hwplug.conformance import check_variant
 from hwplug.errors import UnsupportedError
 from hwplug.kernel_registry import ops_ggml
 from hwplug.kernel_registry.reference.ggml_repack import repack, unpack
@@ -89,3 +90,12 @@ def test_types_and_builds_that_do_not_repack_are_declined_with_the_choices():
     other = built("ggml_avx2")
     with pytest.raises(UnsupportedError, match="avx2 build does not repack.*vnni"):
         other.repack(q4k, int(Q.Q4_K))
+
+
+@pytest.mark.parametrize("op", ["ggml_repack", "ggml_linear_repacked"])
+def test_the_conformance_kit_checks_the_repacking_variant(fresh_discovery, op):
+    """The kit's random weights of every repacked type against the torch reference."""
+    runnable("ggml_vnni")
+    fresh_discovery.current_platform()
+    result = check_variant(f"{op}/ggml_vnni", examples=30)
+    assert result.status == "passed", result.detail
