@@ -21,7 +21,15 @@
  * each pass of four activation rows, in registers), and the headers decode as vectors over
  * the rows (kpack_head), so the groups serve every row count from this layout, one included.
  * Measured (2-vCPU Zen 5, loaded, one thread, CPU time, Qwen2.5 / Llama-3.1-8B shapes,
- * weights from memory) against the row layout's kernels: see kernels.c at KG_MIN_ROWS. */
+ * weights from memory) against the row layout's kernels: see kernels.c at KG_MIN_ROWS.
+ * Tried and not kept (same machine and measure, Qwen2.5-1.5B's weights): decoding a
+ * repacked super-block's quants once into the kgroup_t for all the passes of four rows
+ * (as the row layout does) instead of in registers per pass was 5-15% slower at 4-128
+ * rows (Q4_K 8960 x 1536: 0.54 against 0.47 ms at 4, 2.84 against 2.65 at 32; Q6_K
+ * 151936 x 1536: 60 against 52 ms at 32); repacking row-layout weights on the fly, per
+ * group or per super-block into a thread's scratch (a tied Q6_K LM head), cost more than
+ * the transposes it replaces (151936 x 1536 Q6_K: 21 against 15 ms at 4 rows, 27 against
+ * 27 at 8, 64 against 60 at 32). */
 #ifndef HWPLUG_GGML_KGROUP_H
 #define HWPLUG_GGML_KGROUP_H
 
