@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from hwplug.kernel_registry.registry import kernels
 
-__all__ = ["ggml_embedding", "ggml_linear", "ggml_linear_repacked", "ggml_repack"]
+__all__ = ["ggml_embedding", "ggml_embedding_repacked", "ggml_linear", "ggml_linear_repacked",
+           "ggml_repack"]
 
 _REF = "hwplug.kernel_registry.reference.ggml:"
 _REPACK = "hwplug.kernel_registry.reference.ggml_repack:"
@@ -84,4 +85,14 @@ ggml_linear_repacked(x [..., K] float, packed uint8 [N, row_bytes], ggml_type: i
     The same contract and tolerances as ggml_linear on weights ggml_repack wrote. The
     reference un-interleaves them first (slow: for checking); a model holds repacked
     weights only where a variant other than the reference serves this op.
+""")
+
+ggml_embedding_repacked = kernels.define_op(
+    "ggml_embedding_repacked", _REPACK + "ggml_embedding_repacked",
+    tolerances={"int64": (0.0, 0.0), "int32": (0.0, 0.0)}, doc="""
+ggml_embedding_repacked(ids [T] int64 | int32, packed uint8 [V, row_bytes], ggml_type: int)
+    -> ggml_embedding(ids, rows, ggml_type), packed = ggml_repack(rows, ggml_type)
+    Row ids[t] read from the repacked layout (its lane of its group of 16, or as a row past
+    the last whole group): a tied table held once, repacked for the LM head, serves the
+    lookup too. Bitwise ggml_embedding's values. An id outside [0, V) is an UnsupportedError.
 """)

@@ -92,10 +92,47 @@ def test_types_and_builds_that_do_not_repack_are_declined_with_the_choices():
         other.repack(q4k, int(Q.Q4_K))
 
 
-@pytest.mark.parametrize("op", ["ggml_repack", "ggml_linear_repacked"])
+@pytest.mark.parametrize("op", ["ggml_repack", "ggml_linear_repacked", "ggml_embedding_repacked"])
 def test_the_conformance_kit_checks_the_repacking_variant(fresh_discovery, op):
     """The kit's random weights of every repacked type against the torch reference."""
     runnable("ggml_vnni")
     fresh_discovery.current_platform()
     result = check_variant(f"{op}/ggml_vnni", examples=30)
     assert result.status == "passed", result.detail
+
+
+@pytest.mark.parametrize("kind", REPACKED, ids=lambda t: Q(t).name)
+def test_rows_read_from_the_repacked_layout_are_the_rows_values(kind):
+    """Every row of 2 groups of 16 and the 11 after them (the tail), in any order and
+    repeated, bitwise the dequantized original rows (C and the torch reference); and
+    whatever the thread count."""
+    build = built("ggml_vnni")
+    qweight, _ = weight_for(kind, 43, seed=kind, blocks=3)
+    packed = build.repack(qweight, kind)
+    ids = torch.cat((torch.arange(43).flip(0), torch.tensor([42, 0, 17, 17, 32])))
+    want = build.embedding(ids, qweight, kind)
+    assert torch.equal(want, ops_ggml.ggml_embedding.reference(ids, qweight, kind))
+    for index in (ids, ids.to(torch.int32), ids[:1], ids[:0]):
+        got = build.embedding_repacked(index, packed, kind)
+        assert torch.equal(got, want[:index.shape[0]]), index.tolist()
+    assert torch.equal(ops_ggml.ggml_embedding_repacked.reference(ids, packed, kind), want)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        many = torch.arange(43).repeat(80)  # enough values for the OpenMP loop
+        in_order = want[:43].flip(0)  # ids began with 42 .. 0
+        assert torch.equal(build.embedding_repacked(many, packed, kind), in_order.repeat(80, 1))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_repacked_lookup_declines_bad_ids_and_types_with_the_choices():
+    build = built("ggml_vnni")
+    kind = int(Q.Q6_K)
+    packed = build.repack(weight_for(kind, 20, seed=4)[0], kind)
+    with pytest.raises(UnsupportedError, match=r"token ids must lie in \[0, 20\)"):
+        build.embedding_repacked(torch.tensor([3, 20]), packed, kind)
+    with pytest.raises(UnsupportedError, match="Q3_K is not repacked.*Q4_K, Q5_K, Q6_K, IQ4_XS"):
+        build.embedding_repacked(torch.tensor([0]), packed, int(Q.Q3_K))
+    with pytest.raises(UnsupportedError, match="1-D int64 or int32"):
+        build.embedding_repacked(torch.tensor([[0]]), packed, kind)

@@ -231,6 +231,7 @@ GENERATORS: dict[str, Generator] = {
     "ggml_embedding": ggml,
     "ggml_repack": ggml_repacked,
     "ggml_linear_repacked": ggml_repacked,
+    "ggml_embedding_repacked": ggml_repacked,
     "int4_linear": int4_linear,
     "moe_topk": moe_topk,
     "moe_experts": moe_experts,

@@ -1,5 +1,5 @@
 """Input generators of the quantized ops: ``scaled_mm``, ``ggml_linear``/``ggml_embedding``,
-``ggml_repack``/``ggml_linear_repacked`` and ``int4_linear`` (see :mod:`hwplug.conformance.inputs` for the generator contract)."""
+``ggml_repack``/``ggml_linear_repacked``/``ggml_embedding_repacked`` and ``int4_linear`` (see :mod:`hwplug.conformance.inputs` for the generator contract)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def ggml(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
 def ggml_repacked(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -> Case:
     """Random Q4_K / Q5_K / Q6_K / IQ4_XS rows: ``ggml_repack``'s (``dtype`` uint8, ``tokens`` rows), or,
     repacked (groups of 16 and the rows after them), ``ggml_linear_repacked``'s with x of a
-    float ``dtype``."""
+    float ``dtype`` or ``ggml_embedding_repacked``'s with ids (int64, int32)."""
     rng, kind = seeded(draw), draw(st.sampled_from(sorted(REPACKED_TYPES)))
     k = draw(st.sampled_from((256, 512)))
     if dtype == "uint8":
@@ -79,6 +79,10 @@ def ggml_repacked(draw: st.DrawFn, dtype: str, tokens: st.SearchStrategy[int]) -
                     f"{n} rows of {k} of GGUF type {kind}")
     n = draw(st.integers(1, 40))
     packed = repack(ggml_weight(rng, kind, n, k), kind)
+    if dtype.startswith("int"):
+        ids = torch.randint(0, n, (draw(tokens),), generator=rng).to(getattr(torch, dtype))
+        return Case((ids, packed, kind), {}, (dtype,),
+                    f"{dtype} ids {ids.tolist()} into {n} repacked rows of {k} of type {kind}")
     x, bias = randn(rng, (*leading_shape(draw, tokens), k), dtype), randn(rng, (n,), dtype)
     bias = bias if draw(st.booleans()) else None
     return Case((x, packed, kind), {"bias": bias}, (dtype,),

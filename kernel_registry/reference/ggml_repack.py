@@ -1,5 +1,5 @@
 """The repacked layout of Q4_K, Q5_K, Q6_K and IQ4_XS rows (the ``ggml_repack`` and
-``ggml_linear_repacked`` ops), in pure torch.
+``ggml_linear_repacked`` and ``ggml_embedding_repacked`` ops), in pure torch.
 
 A weight ``uint8 [N, row_bytes]`` of GGUF rows is repacked group by group: each group of
 :data:`GROUP_ROWS` consecutive rows (the first ``N // 16 * 16`` rows; the rest stay as they
@@ -17,7 +17,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from hwplug.errors import UnsupportedError
-from hwplug.kernel_registry.reference.ggml import ggml_linear, type_name
+from hwplug.kernel_registry.reference.ggml import ggml_embedding, ggml_linear, type_name
 
 #: Rows per repacked group.
 GROUP_ROWS = 16
@@ -76,3 +76,10 @@ def ggml_linear_repacked(x: torch.Tensor, packed: torch.Tensor, ggml_type: int,
                          ) -> torch.Tensor:
     """The ``ggml_linear_repacked`` op: :func:`unpack`, then the ``ggml_linear`` reference."""
     return ggml_linear(x, unpack(packed, ggml_type), ggml_type, bias, out)
+
+
+def ggml_embedding_repacked(ids: torch.Tensor, packed: torch.Tensor, ggml_type: int
+                            ) -> torch.Tensor:
+    """The ``ggml_embedding_repacked`` op: rows ``ids`` of the rows :func:`unpack` gives
+    back, dequantized (the ``ggml_embedding`` reference on them)."""
+    return ggml_embedding(ids, unpack(packed, ggml_type), ggml_type)

@@ -192,6 +192,11 @@ CPU_VARIANTS: list[dict[str, Any]] = [
          activation_quantization=GGML_ACTIVATIONS,
          description="C (vnni): integer dots on 16 repacked rows at a time, at every row "
                      "count (bitwise ggml_vnni's ggml_linear on the rows)"),
+    # the lookup of a tied table repacked for its LM head (one copy held)
+    dict(op="ggml_embedding_repacked", name="ggml_vnni",
+         impl=_GGML + "VNNI.embedding_repacked.unchecked", features=_GGML_BUILDS["ggml_vnni"][1],
+         supports=_GGML + "embedding_repacked_supported", native=_GGML + "VNNI", priority=15,
+         description="C (vnni): each row read from its lane of its repacked group"),
     *(dict(op="ggml_embedding", name=name, impl=f"{_GGML}{build}.embedding.unchecked", features=features,
            supports=_GGML + "embedding_supported", native=_GGML + build, priority=priority,
            description=f"C ({build.lower()}): dequantizes the rows it reads")

@@ -23,7 +23,9 @@
  *   the same order whatever the thread count and whatever the other activation rows of the
  *   call (batch-invariant: a token's row is the same in a decode step of one, of many, or
  *   in a prefill).
- * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile).
+ * hwplug_ggml_dequantize: the fp32 values of selected rows (an embedding lookup, a tile);
+ *   hwplug_ggml_dequantize_repacked the same from weights hwplug_ggml_repack wrote (a tied
+ *   table that is also the LM head held once, repacked).
  *
  * Types (gguf.GGMLQuantizationType values): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (blocks of
  * 32); Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256). Block layouts are those of
@@ -757,6 +759,38 @@ static void dequantize_row(int type, const uint8_t *w, int64_t K, float *o) {
             }
         }
     }
+}
+
+/* hwplug_ggml_dequantize on weights hwplug_ggml_repack wrote (Q4_K, Q5_K, Q6_K, IQ4_XS; in
+ * every build): row n of the first w_rows / 16 * 16 gathered super-block by super-block
+ * from lane n % 16 of group n / 16 (its 32-bit words 64 bytes apart, then Q6_K's d 2 bytes
+ * apart), the rest read as rows; the values bitwise those of the rows. 0, -1 for another
+ * type, -3 for a row index outside [0, w_rows) (nothing written). */
+int hwplug_ggml_dequantize_repacked(int type, const uint8_t *w, int64_t w_rows,
+                                    int64_t row_bytes, const int64_t *rows, int64_t nrows,
+                                    int64_t K, float *out, int nthreads) {
+    if (type != T_Q4_K && type != T_Q5_K && type != T_Q6_K && type != T_IQ4_XS) return -1;
+    for (int64_t r = 0; rows && r < nrows; ++r)
+        if (rows[r] < 0 || rows[r] >= w_rows) return -3;
+    const int bytes = k_bytes(type), words = bytes / 4, tail = bytes - 4 * words;
+    const int64_t grouped = w_rows / 16 * 16, blocks = K / QK_K;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nrows * K >= 65536)
+    for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t n = rows ? rows[r] : r;
+        if (n >= grouped) {
+            dequantize_row(type, w + n * row_bytes, K, out + r * K);
+            continue;
+        }
+        const int lane = (int)(n % 16);
+        uint8_t block[256];  /* one super-block of the row (at most Q6_K's 210 bytes) */
+        for (int64_t s = 0; s < blocks; ++s) {
+            const uint8_t *p = w + (n / 16 * blocks + s) * 16 * bytes;
+            for (int i = 0; i < words; ++i) memcpy(block + 4 * i, p + 64 * i + 4 * lane, 4);
+            memcpy(block + 4 * words, p + 64 * words + tail * lane, (size_t)tail);
+            dequantize_row(type, block, QK_K, out + r * K + s * QK_K);
+        }
+    }
+    return 0;
 }
 
 /* rows[r] (or r when rows is NULL) of w [w_rows, row_bytes] dequantized to out[r, K]; 0 on
