@@ -109,3 +109,55 @@ def test_without_a_native_repack_the_runs_stay_rows(k_gguf: Path,
     assert "stay as rows: ggml_repack fell back" in caplog.text
     prefill_logits(model, ctx, [7, 8])
     assert "ggml_linear_repacked" not in ctx.kernels.used()
+
+
+#: Keeps a tied table as rows: its repacked lookup is not chosen.
+TABLE_AS_ROWS = "ggml_embedding_repacked/ggml_vnni"
+
+
+#: A random-weight Qwen2.5-1.5B Q4_K_M (benchmarks/make_gguf.py): tied embeddings in Q6_K
+#: (the default model's 576 columns fit no super-block type).
+TIED_Q6K = Path("/work/models/qwen2.5-1.5b-random-Q4_K_M.gguf")
+
+
+@pytest.fixture(scope="module")
+def tied_q6k_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:data:`TIED_Q6K` cut to one layer and 1530 tokens (95 groups of 16 and 10 rows
+    after them)."""
+    runnable("ggml_vnni")
+    if not TIED_Q6K.is_file():
+        pytest.skip(f"no {TIED_Q6K} (benchmarks/make_gguf.py qwen2.5-1.5b Q4_K_M writes one)")
+    return shrink_gguf(TIED_Q6K, tmp_path_factory.mktemp("tied") / "tied.gguf",
+                       layers=1, vocab=1530)
+
+
+def test_a_tied_table_is_held_once_repacked_for_head_and_lookup(
+        tied_q6k_gguf: Path, monkeypatch: pytest.MonkeyPatch):
+    """The tied Q6_K table repacked once: the head multiplies it repacked and the embedding
+    looks its rows up there (every id, the 10 after the last group too, bitwise the stored
+    rows' values); the logits bitwise those with the table as rows; the file's pages the
+    repack read released (resident: less than the table)."""
+    logits = {}
+    for repacked in (False, True):
+        gc.collect()
+        checkpoint, model, ctx = _build(tied_q6k_gguf, monkeypatch, repacked,
+                                        disabled=TABLE_AS_ROWS)
+        table = model.model.embed_tokens
+        assert table.serves_head
+        assert table.gguf_repacked == (frozenset({0}) if repacked else frozenset())
+        if repacked:
+            resident = _resident(tied_q6k_gguf)
+            stored = _stored(GGUFReader(tied_q6k_gguf), "token_embd.weight")
+            assert resident < stored.numel(), resident
+            (kind, packed), = table.gguf_runs
+            assert kind == Q.Q6_K and not torch.equal(packed, stored)
+            ids = torch.arange(1530).flip(0)
+            assert torch.equal(table(ids), dequantize(stored, kind)[ids])
+        logits[repacked] = [prefill_logits(model, ctx, ids)
+                            for ids in (list(range(1500, 1530)), [1525])]
+        used = ctx.kernels.used()
+        assert (used.get("ggml_embedding_repacked") == {"ggml_vnni"}) == repacked
+        assert "ggml_embedding" not in used if repacked else used["ggml_embedding"]
+        del checkpoint, model
+    for got, want in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(got, want)

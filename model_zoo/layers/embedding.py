@@ -62,6 +62,9 @@ class VocabEmbedding(_VocabTable):
                  quant_method: QuantMethod | None = None) -> None:
         super().__init__(num_embeddings, embedding_dim, ctx, parallel, quant_method)
         self.embed_kernel = self.kernels.bind(self.quant_method.embed_op, "int64")
+        #: Set by an :class:`LMHead` tied to this table, before loading: the quant method
+        #: may then hold the table in its head's layout (and look rows up there).
+        self.serves_head = False
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -90,6 +93,7 @@ class LMHead(_VocabTable):
             nn.Module.__init__(self)
             self.tp = tied_to.tp
             self._table = (tied_to,)  # a tuple: not registered twice as a submodule
+            tied_to.serves_head = True
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         table = self._table[0]

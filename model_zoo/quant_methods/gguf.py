@@ -24,7 +24,9 @@ loading parameters ``qweight`` / ``qweight_type`` are removed.
 
 Where the model's kernel plan binds a variant other than the reference for
 ``ggml_linear_repacked`` (the cpu platform's VNNI build), each Q4_K / Q5_K / Q6_K / IQ4_XS
-run of a layer that is not an embedding table is repacked once after loading (the
+run of a layer that is not an embedding table (or is one that the tied LM head multiplies
+by, ``serves_head``, where a native ``ggml_embedding_repacked`` then looks its rows up in the
+repacked layout: one copy, the head's) is repacked once after loading (the
 ``ggml_repack`` op: groups of 16 rows with their 32-bit words interleaved, the same size; see
 :mod:`hwplug.kernel_registry.reference.ggml_repack`) into one new buffer, multiplied by
 ``ggml_linear_repacked`` (bitwise ``ggml_linear``'s outputs on the rows), and the mapped
@@ -34,7 +36,8 @@ the repacked runs are cached on disk and later loads map them from there, neithe
 repacking nor reading those runs of the file (:mod:`~hwplug.model_zoo.loaders.repacked_cache`).
 ``layer.gguf_repacked`` are the indices of those runs (``gguf_runs`` then holds the
 repacked bytes); other types stay as rows.
-``HWPLUG_DISABLED_KERNELS=ggml_linear_repacked/ggml_vnni`` keeps every run as rows.
+``HWPLUG_DISABLED_KERNELS=ggml_linear_repacked/ggml_vnni`` keeps every run as rows,
+``ggml_embedding_repacked/ggml_vnni`` the tied table.
 
 Under tensor parallelism the blocks stay as stored (a rank's cut is repacked the same way). A column-parallel layer (and a
 vocabulary table) holds its share of the output rows. A row-parallel layer holds its share
@@ -194,14 +197,16 @@ def gguf_rows(layer: nn.Module) -> list[tuple[int, torch.Tensor]]:
 def _repack_runs(layer: nn.Module, runs: list[tuple[int, torch.Tensor]]
                  ) -> list[Callable[..., Any]]:
     """Repack ``runs``' Q4_K / Q5_K / Q6_K / IQ4_XS runs in place where ``layer.gguf_repacking`` is set and
-    the layer is no embedding table, releasing the mapped pages each one read (sets
-    ``layer.gguf_repacked``); the kernel of each run. Where the reference served a repack
+    the layer is no embedding table, or one that is also the LM head with a native
+    :func:`_repacked_lookup` (which then becomes its ``embed_kernel``), releasing the mapped
+    pages each one read (sets ``layer.gguf_repacked``); the kernel of each run. Where the reference served a repack
     (the native library failed to build), nothing more is repacked: its repacked linear
     would be the reference too, slower than the rows' kernel."""
     calls = [layer.gemm_kernel] * len(runs)
     repacking, layer.gguf_repacked = layer.gguf_repacking, frozenset()
     del layer.gguf_repacking
-    if repacking is None or hasattr(layer, "embed_kernel"):
+    lookup = _repacked_lookup(layer) if hasattr(layer, "embed_kernel") else None
+    if repacking is None or (hasattr(layer, "embed_kernel") and lookup is None):
         return calls
     repack, kernel = repacking
     done = set()
@@ -217,7 +222,21 @@ def _repack_runs(layer: nn.Module, runs: list[tuple[int, torch.Tensor]]
         done.add(index)
         release_pages(rows)
     layer.gguf_repacked = frozenset(done)
+    if done and lookup is not None:
+        layer.embed_kernel = lookup  # the table's one run, repacked: looked up there
     return calls
+
+
+def _repacked_lookup(layer: nn.Module) -> Callable[..., Any] | None:
+    """``ggml_embedding_repacked`` bound from ``layer``'s plan where ``layer`` is an
+    embedding table that also serves as the LM head (``serves_head``, a tied model) and a
+    variant other than the reference serves it (the reference un-interleaves the whole
+    table at every lookup); else None: such a table stays as rows."""
+    if not getattr(layer, "serves_head", False):
+        return None
+    lookup = kernels_of(layer).bind("ggml_embedding_repacked", "int64")
+    chosen = getattr(lookup, "chosen", None)
+    return None if chosen is None or kernels.REFERENCE in chosen() else lookup
 
 
 def _repacking(plan: KernelBinder, dtype: str) -> tuple[Callable[..., Any], ...] | None:
