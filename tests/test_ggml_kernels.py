@@ -240,7 +240,9 @@ def test_an_x86_cpu_gets_the_best_build_it_runs(tmp_path, monkeypatch, fresh_dis
     platform = discovered(monkeypatch, tmp_path, "cpu")
     for op in ("ggml_linear", "ggml_embedding"):
         why = kernels.explain(op, platform, "cpu", "float32" if op == "ggml_linear" else "int64")
-        assert [v.name for v in why.chain] == chain
+        names = [v.name for v in why.chain]
+        # ggml_linear's F32 rows (a router) go to the fp32 C linear after the GGUF builds
+        assert [n for n in names if not n.startswith("f32_rows")] == chain, names
 
 
 @pytest.mark.parametrize("cpu", ["x86 without avx2", "arm"])
