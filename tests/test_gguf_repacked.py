@@ -20,6 +20,7 @@ from tiny_checkpoints import shrink_gguf
 from hwplug.kernel_registry.reference.ggml import dequantize
 from hwplug.model_zoo.context import build_model
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
+from hwplug.model_zoo.loaders.repacked_cache import discard_for
 from hwplug.model_zoo.weights_report import weight_storage
 
 #: Keeps every GGUF run as rows: the repacked kernel is not chosen.
@@ -78,6 +79,7 @@ def test_repacked_runs_read_back_as_the_files_rows(k_gguf: Path,
     ``dequantize`` un-repacks them to the stored rows' values; the pages of the file the
     repack read are released (resident: less than one of the two layers' tensors)."""
     gc.collect()  # other tests' mappings of the file
+    discard_for(k_gguf)  # this load repacks (not mapping the cache an earlier one wrote)
     checkpoint, model, _ = _build(k_gguf, monkeypatch, True)
     resident = _resident(k_gguf)  # before the reader below maps the file again
     reader, ranges = GGUFReader(k_gguf), _mappings(k_gguf)
