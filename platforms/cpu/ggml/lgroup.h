@@ -96,7 +96,7 @@ static void lg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
 /* ---- one weight row per lane ("lw"): a verify step's 2 to LW_MAX_ROWS activation rows ----
  * The transpose of the chunks above: a group of LW_ROWS weight rows, each row's block decoded
  * (legacy_values) and its 16 int16 pairs turned so that vector i holds pair i of every row
- * of the group (lw_transpose); pair i of an activation row, broadcast, meets vector i in one
+ * of the group (transpose16_epi32); pair i of an activation row, broadcast, meets vector i in one
  * vpdpwssd, so per activation row a block costs 16 vpdpwssd for the 16 weight rows and no
  * horizontal sums, then one fp32 FMA for the 16 pairs (Q4_1, Q5_1: one more for the
  * minimum), lane by lane the arithmetic of legacy_tile_of. The weight's decoding and
@@ -112,32 +112,6 @@ enum { LW_ROWS = 16, LW_MAX_ROWS = LG_MIN_ROWS - 1, LW_ONE_ROW_BLOCKS = 24 };
  * once, the tiles' eight) */
 INLINE int lw_one_row(int type, int64_t nb) {
     return nb <= LW_ONE_ROW_BLOCKS && type != T_Q5_0 && type != T_Q5_1;
-}
-
-/* z[r] lane i (pair i of weight row r) -> z[i] lane r: unpacks of 32 and 64 bits within the
- * 128-bit lanes, then two rounds of 128-bit lane shuffles */
-INLINE void lw_transpose(__m512i z[16]) {
-    __m512i a[16], b[16];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 16; k += 2) {
-        a[k] = _mm512_unpacklo_epi32(z[k], z[k + 1]);
-        a[k + 1] = _mm512_unpackhi_epi32(z[k], z[k + 1]);
-    }
-    _Pragma("GCC unroll 4") for (int g = 0; g < 4; ++g) { /* b[4 g + c]: element c of rows 4g.. */
-        b[4 * g] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-    }
-    _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) { /* z[4 j + c]: 128-bit lane j of b */
-        const __m512i y0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44),
-                      y1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE),
-                      y2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44),
-                      y3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-        z[c] = _mm512_shuffle_i32x4(y0, y2, 0x88);
-        z[4 + c] = _mm512_shuffle_i32x4(y0, y2, 0xDD);
-        z[8 + c] = _mm512_shuffle_i32x4(y1, y3, 0x88);
-        z[12 + c] = _mm512_shuffle_i32x4(y1, y3, 0xDD);
-    }
 }
 
 /* out[m * ldo + n] (+ bias[n]) for the MT activation rows and the LW_ROWS weight rows at w
@@ -160,7 +134,7 @@ INLINE void lw_group(int type, const uint8_t *w, int64_t ld, const act_t *a, int
             legacy_values(type, blk + r * ld, 1, &u, &uw);
             z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(uw.lo), uw.hi, 1);
         }
-        lw_transpose(z);
+        transpose16_epi32(z); /* kgroup.h: z[r] lane i -> z[i] lane r */
         /* lane r: the block's scale and (Q4_1, Q5_1) minimum of weight row r, as fp16 */
         const __m512i words = _mm512_i32gather_epi32(rows, (const void *)blk, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
