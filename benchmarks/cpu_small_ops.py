@@ -108,8 +108,9 @@ def main() -> None:
     lib, tiny = fused.AVX2.library, torch.randn(1, 8)
     weight, empty = torch.ones(8), torch.empty(0, 8)
     wrapper = best_us({
-        "ctypes call": lambda: lib.hwplug_rms_norm(empty.data_ptr(), None, empty.data_ptr(), None,
-                                                   weight.data_ptr(), 0, 8, 1e-5, 1),
+        "ctypes call": lambda: lib.hwplug_rms_norm(empty.data_ptr(), 1, 8, None,
+                                                   empty.data_ptr(), None, weight.data_ptr(),
+                                                   0, 8, 1e-5, 1),
         "rms_norm [1, 8]": lambda: fused.AVX2.rms_norm(tiny, weight, 1e-5),
         "ops.rms_norm [1, 8]": lambda: ops.rms_norm(tiny, weight, 1e-5)}, args.repeat)
     print("wrapper overhead (us): " + ", ".join(f"{k} {v:.2f}" for k, v in wrapper.items()))

@@ -54,6 +54,21 @@ def test_rms_norm_with_and_without_the_residual(fresh_discovery, name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+def test_rms_norm_of_heads_whose_tokens_sit_apart(fresh_discovery, name):
+    """q heads of a fused qkv output ([T, heads, D] views, tokens a row of qkv apart, as
+    Qwen3's q/k-norm sees them): bitwise what the kernel gives the contiguous copy, within
+    the op's tolerance of the reference; with a residual such a view is declined."""
+    generator = torch.Generator().manual_seed(7)
+    qkv = torch.randn(5, 4 * 32 + 2 * 2 * 32, generator=generator)
+    q = qkv[:, :4 * 32].view(5, 4, 32)
+    weight = torch.randn(32, generator=generator)
+    check("rms_norm", name, q, weight, 1e-6)
+    norm = variant("rms_norm", name)
+    assert torch.equal(norm.impl(q, weight, 1e-6), norm.impl(q.contiguous(), weight, 1e-6))
+    assert "without a residual" in norm.supports(q, weight, 1e-6, q.contiguous())
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 def test_silu_and_mul_on_every_lane_and_the_tail(fresh_discovery, name):
     generator = torch.Generator().manual_seed(1)
     for shape in ((1, 3072), (4, 26), (2, 3, 6)):  # 13 and 3 values: tails past 8 lanes
@@ -259,9 +274,7 @@ def test_an_avx2_cpu_gets_the_avx2_build_and_others_the_portable(tmp_path, monke
     platform = discovered(monkeypatch, tmp_path, "cpu")
     for op in OPS:
         chain = [v.name for v in kernels.explain(op, platform, "cpu", "float32").chain]
-        builds = [name for name in chain if name in VARIANTS]  # the AVX2 build, then portable
-        assert builds == list(VARIANTS) and chain[0] == VARIANTS[0], chain
-        assert chain[-1] == "reference", chain
+        assert chain[:2] == list(VARIANTS) and chain[-1] == "reference", chain
     arm = tmp_path / "arm"
     arm_cpuinfo(arm)
     platform = discovered(monkeypatch, arm, "cpu")

@@ -24,8 +24,7 @@ from hwplug.platforms.cpu.fused_moe import ops
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 8, 64, 48, 3
 #: The variants this file checks (op/name), as HWPLUG_DISABLED_KERNELS names them.
-C_VARIANTS = ("rms_norm/token_rows_avx2", "rms_norm/token_rows_c",
-              "moe_topk/fused_avx2", "moe_topk/fused_c", "moe_experts/fused_avx2",
+C_VARIANTS = ("moe_topk/fused_avx2", "moe_topk/fused_c", "moe_experts/fused_avx2",
               "moe_experts/fused_c", "ggml_moe_experts/fused_vnni",
               "ggml_moe_experts/fused_avx2", "ggml_moe_experts/fused_c")
 
@@ -188,23 +187,3 @@ def test_gguf_f32_rows_take_the_fp32_c_linear():
     assert "F32" in variant.supports(x, rows, int(Q.Q4_K))
     assert "out=" in variant.supports(x, rows, int(Q.F32), out=torch.empty(3, EXPERTS))
     assert "F32 rows" in variant.supports(x, rows[:, :8], int(Q.F32))
-
-
-@pytest.mark.parametrize("name", ["token_rows_avx2", "token_rows_c"])
-def test_rms_norm_of_token_rows_apart_is_the_fused_kernel_on_a_copy(name):
-    """q heads of a fused qkv output ([T, heads, D] views, tokens a row of qkv apart): each
-    token's rows bitwise what the fused rms_norm gives the contiguous copy, within 1e-5 of
-    the reference; contiguous inputs and residuals are left to the fused variant."""
-    fused = _variant(f"rms_norm/{name.replace('token_rows', 'fused')}")  # loads the build
-    variant = _variant(f"rms_norm/{name}")  # calls
-    generator = torch.Generator().manual_seed(7)
-    qkv = torch.randn(5, 4 * 32 + 2 * 2 * 32, generator=generator)
-    q = qkv[:, :4 * 32].view(5, 4, 32)
-    weight = torch.randn(32, generator=generator)
-    assert variant.supports(q, weight, 1e-6) is None
-    got = variant.impl(q, weight, 1e-6)
-    assert torch.equal(got, fused.impl(q.contiguous(), weight, 1e-6))
-    torch.testing.assert_close(got, torch.nn.functional.rms_norm(q, (32,), weight, 1e-6),
-                               rtol=1e-5, atol=1e-5)
-    assert "non-contiguous" in variant.supports(q.contiguous(), weight, 1e-6)
-    assert "residual" in variant.supports(q, weight, 1e-6, q.contiguous())

@@ -124,16 +124,6 @@ CPU_VARIANTS: list[dict[str, Any]] = [
                        "expert in C, ggml_linear per active expert (gate and up, then down), "
                        "slots summed per token")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
-    # Qwen3's q/k-norm on views of the qkv output (tokens apart) at several tokens: the
-    # fused rms_norm per token from C, so such decode steps replay as step graphs
-    *(dict(op="rms_norm", name=name.replace("fused", "token_rows"),
-           impl=f"{_FUSED_MOE}TOKEN_ROWS_{build}.rms_norm.unchecked",
-           supports=f"{_FUSED_MOE}TOKEN_ROWS_{build}.supports", native=_FUSED_MOE + build,
-           dtypes=("float32",), features=features,
-           priority=priority - 5,
-           description=f"C ({build.lower()}): [T, rows, D] whose tokens sit apart, each "
-                       "token's rows through the fused rms_norm (bitwise its numbers)")
-      for name, (build, features, priority) in _FUSED_BUILDS.items()),
     # GGUF F32 rows (MoE routers): the fp32 C GEMV, so a GGUF MoE decode step is all C;
     # after the GGUF builds, which take every quantized call first (one supports each)
     dict(op="ggml_linear", name="f32_rows_avx2", impl=_FUSED_MOE + "f32_rows_linear",

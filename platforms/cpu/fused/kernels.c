@@ -1,7 +1,8 @@
 /* The small ops of a CPU decode step, fused into one pass each, fp32 (see ops.py):
  *
  * hwplug_rms_norm: out = s * rsqrt(mean(s^2) + eps) * w per row, s = x (+ residual, also
- *   written to sum) in the same pass.
+ *   written to sum) in the same pass; x's rows may come in groups apart (a [T, rows, H]
+ *   view, e.g. Qwen3's q/k-norm on the heads of a fused qkv output).
  * hwplug_silu_and_mul: out = silu(x[:d]) * x[d:] per row.
  * hwplug_rotary: the neox or GPT-J rotation of each head's first rot_dim dims by its
  *   token's cos/sin row, the rest copied.
@@ -95,13 +96,17 @@ INLINE void rms_norm_row(const float *x, const float *res, float *out, float *su
     for (; i < H; ++i) out[i] = s[i] * inv * w[i];
 }
 
-/* rows of H values: out = rms_norm(x (+ res)), sum = x + res when res is given */
-int hwplug_rms_norm(const float *x, const float *res, float *out, float *sum, const float *w,
-                    int64_t rows, int64_t H, float eps, int nthreads) {
+/* rows of H values: out = rms_norm(x (+ res)), sum = x + res when res is given; x's rows
+ * come in groups of `group` contiguous rows, the groups ldx floats apart (a [T, group, H]
+ * view whose tokens sit apart, e.g. heads of a fused qkv output; ldx = group * H when x is
+ * contiguous); res, out and sum are contiguous */
+int hwplug_rms_norm(const float *x, int64_t group, int64_t ldx, const float *res, float *out,
+                    float *sum, const float *w, int64_t rows, int64_t H, float eps,
+                    int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * H >= (1 << 16))
     for (int64_t r = 0; r < rows; ++r)
-        rms_norm_row(x + r * H, res ? res + r * H : 0, out + r * H, sum ? sum + r * H : 0, w, H,
-                     eps);
+        rms_norm_row(x + r / group * ldx + r % group * H, res ? res + r * H : 0, out + r * H,
+                     sum ? sum + r * H : 0, w, H, eps);
     return 0;
 }
 

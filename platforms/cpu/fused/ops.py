@@ -38,7 +38,7 @@ SOURCE = Path(__file__).with_name("kernels.c")
 MAX_GROUP, MAX_HEAD = 16, 256
 _i64, _ptr, _int, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
-    "hwplug_rms_norm": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int],
+    "hwplug_rms_norm": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int],
     "hwplug_silu_and_mul": [_ptr, _ptr, _i64, _i64, _int],
     "hwplug_rotary": [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
                       _i64, _i64, _int],
@@ -60,11 +60,13 @@ class FusedKernels(build.Library):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None
                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The ``rms_norm`` op on calls :func:`rms_norm_supported` accepts."""
-        out = torch.empty_like(x)
+        """The ``rms_norm`` op on calls :func:`rms_norm_supported` accepts (contiguous
+        outputs)."""
+        out = torch.empty(x.shape, dtype=x.dtype)
         summed = None if residual is None else torch.empty_like(x)
         hidden = x.shape[-1]
-        native_call(self.library.hwplug_rms_norm, x.data_ptr(),
+        group, ldx = _row_groups(x)  # type: ignore[misc]
+        native_call(self.library.hwplug_rms_norm, x.data_ptr(), group, ldx,
                     None if residual is None else residual.data_ptr(), out.data_ptr(),
                     None if summed is None else summed.data_ptr(), weight.data_ptr(),
                     x.numel() // max(hidden, 1), hidden, eps, torch.get_num_threads())
@@ -165,13 +167,34 @@ def _fp32_rows(name: str, tensor: torch.Tensor) -> str | None:
     return None if tensor.is_contiguous() else f"{name}: needs a contiguous tensor"
 
 
+def _row_groups(x: torch.Tensor) -> tuple[int, int] | None:
+    """``(rows per group, floats between groups)`` of ``x``'s rows as the C ``rms_norm``
+    reads them: all in one group when ``x`` is contiguous; a ``[T, rows, D]`` view whose
+    tokens sit apart (each token's rows contiguous, as Qwen3's q/k-norm sees the heads of a
+    fused qkv output) in one group per token; else None."""
+    hidden = x.shape[-1] if x.dim() else 0
+    if x.is_contiguous():
+        rows = max(x.numel() // max(hidden, 1), 1)
+        return rows, rows * hidden
+    if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == hidden and \
+            x.stride(0) >= x.shape[1] * hidden:
+        return x.shape[1], x.stride(0)
+    return None
+
+
 def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor, eps: float,
                        residual: torch.Tensor | None = None) -> str | None:
-    """Why the C ``rms_norm`` declines a call, or None."""
-    tensors = {"x": x, "weight": weight, **({} if residual is None else {"residual": residual})}
+    """Why the C ``rms_norm`` declines a call, or None: fp32, ``x`` contiguous or (without
+    a residual) a ``[T, rows, D]`` view whose tokens sit apart (see :func:`_row_groups`)."""
+    tensors = {"weight": weight, **({} if residual is None else {"residual": residual})}
     for name, tensor in tensors.items():
         if problem := _fp32_rows(name, tensor):
             return problem
+    if x.dtype != torch.float32:
+        return f"x: float32 only, got {x.dtype}"
+    if not x.is_contiguous() and (residual is not None or _row_groups(x) is None):
+        return ("x: needs a contiguous tensor, or (without a residual) [T, rows, D] whose "
+                f"tokens sit apart with each token's rows contiguous, got strides {x.stride()}")
     if weight.shape != x.shape[-1:] or (residual is not None and residual.shape != x.shape):
         return (f"needs weight [{x.shape[-1]}] and residual of x's shape, got weight "
                 f"{list(weight.shape)}"

@@ -14,9 +14,6 @@
  * hwplug_moe_experts_ggml: the same over GGUF block stacks, the rows of each active expert
  *   gathered into one run and multiplied by the ggml library's hwplug_ggml_linear (passed
  *   as a function pointer): one call for gate and up, one for down.
- * hwplug_rms_norm_tokens: the fused library's rms_norm on [T, rows, D] whose tokens sit
- *   apart (the q/k-norm of Qwen3 and Qwen3-MoE on views of the qkv output), so a decode step
- *   of several sequences stays native.
  * Status: 0, or -1 for an expert id outside [0, E), -2 when out of memory, -3 when
  * hwplug_ggml_linear refused a call (a type or activation width it does not serve).
  */
@@ -211,22 +208,4 @@ int hwplug_moe_experts_ggml(void *linear_fn, const float *x, int64_t T, int64_t 
     }
     groups_free(&g);
     return status;
-}
-
-/* ---- rms_norm over the heads of tokens whose rows sit apart (Qwen3's q/k-norm on views of
- * the fused qkv output) ---- */
-typedef int (*rms_norm_t)(const float *x, const float *res, float *out, float *sum,
-                          const float *w, int64_t rows, int64_t H, float eps, int nthreads);
-
-/* out [T, rows, D] = the fused library's hwplug_rms_norm (passed as rms_norm_fn) of each
- * token's rows x[t * token_stride ..] (rows contiguous within a token): the same numbers
- * as that kernel on a contiguous copy */
-int hwplug_rms_norm_tokens(void *rms_norm_fn, const float *x, int64_t token_stride,
-                           int64_t T, int64_t rows, int64_t D, const float *w, float eps,
-                           float *out, int nthreads) {
-    rms_norm_t rms_norm = (rms_norm_t)rms_norm_fn;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * rows * D >= (1 << 16))
-    for (int64_t t = 0; t < T; ++t)
-        rms_norm(x + t * token_stride, NULL, out + t * rows * D, NULL, w, rows, D, eps, 1);
-    return 0;
 }

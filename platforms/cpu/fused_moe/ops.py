@@ -1,8 +1,7 @@
 """The mixture-of-experts ops in one C call each (``kernels.c`` beside this file), fp32:
 ``moe_topk`` (softmax scoring), ``moe_experts`` and ``ggml_moe_experts``; and what else a
 MoE decode step needs to stay native: ``ggml_linear`` on GGUF F32 rows (the router,
-:func:`f32_rows_linear`) and ``rms_norm`` on tokens whose rows sit apart (Qwen3's q/k-norm,
-:class:`TokenRowsNorm`).
+:func:`f32_rows_linear`).
 
 The routing stays in C memory: no expert id is read back into Python, and a call is the
 output and scratch allocations plus one :func:`~hwplug.platforms.cpu.step_graph.
@@ -11,10 +10,8 @@ native_call`, so a decode step of a MoE model can be a step graph. :data:`AVX2` 
 :mod:`hwplug.platforms.cpu.ggml.build` when the registry binds a variant or by ``hwplug
 build``); :data:`GGUF_VNNI`, :data:`GGUF_AVX2` and :data:`GGUF_PORTABLE` pair one with a
 build of the GGUF kernel, whose ``hwplug_ggml_linear`` the C code calls through a
-function pointer, and :data:`TOKEN_ROWS_AVX2` / :data:`TOKEN_ROWS_PORTABLE` with a build of
-the fused small-op kernels (its ``hwplug_rms_norm``); their variants' native library is
-the ``kernels.c`` build, and they decline calls until the other library is loaded
-(:class:`PairedKernels`). Each op checks its call first (the ``*_supported`` functions; the
+function pointer; their variants' native library is the ``kernels.c`` build, and they
+decline calls until the GGUF library is loaded (:class:`GgufMoeKernels`). Each op checks its call first (the ``*_supported`` functions; the
 registry's variants name the ``unchecked`` forms, having asked ``supports``).
 
 Contracts beyond the ops': ``moe_topk`` picks the lower expert index on equal scores;
@@ -42,8 +39,7 @@ from hwplug.platforms.cpu.ggml import ops as ggml
 from hwplug.platforms.cpu.step_graph import native_call
 
 __all__ = ["AVX2", "GGUF_AVX2", "GGUF_PORTABLE", "GGUF_VNNI", "MAX_GGUF_TOKENS", "PORTABLE",
-           "TOKEN_ROWS_AVX2", "TOKEN_ROWS_PORTABLE", "GgufMoeKernels", "MoeKernels",
-           "PairedKernels", "TokenRowsNorm", "f32_rows_linear", "f32_rows_supported"]
+           "GgufMoeKernels", "MoeKernels", "f32_rows_linear", "f32_rows_supported"]
 
 SOURCE = Path(__file__).with_name("kernels.c")
 #: The most tokens a ``ggml_moe_experts`` call serves (decode batches and verify steps).
@@ -57,7 +53,6 @@ _SIGNATURES = {
     "hwplug_moe_topk_softmax": [_ptr, _i64, _i64, _i64, _i64, _int, _f32, _ptr, _ptr, _int],
     "hwplug_moe_experts_f32": [_ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64,
                                _int, _ptr, _ptr, _ptr, _ptr, _int],
-    "hwplug_rms_norm_tokens": [_ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _f32, _ptr, _int],
     "hwplug_moe_experts_ggml": [_ptr, _ptr, _i64, _i64, _ptr, _int, _i64, _int, _ptr, _int,
                                 _i64, _int, _i64, _i64, _ptr, _ptr, _i64, _int, _ptr, _ptr,
                                 _ptr, _ptr, _ptr, _int],
@@ -113,66 +108,28 @@ class MoeKernels(build.Library):
         return out
 
 
-class PairedKernels:
-    """A build of ``kernels.c`` (``moe``, the variants' native library, which the registry
-    builds) whose C code calls a function of another native library (``other``), found
-    loaded: the variants over ``other`` itself (earlier in the same chain for ``rms_norm``;
-    every GGUF layer's ``ggml_linear`` for ``ggml_moe_experts``) build and load it.
+class GgufMoeKernels:
+    """``ggml_moe_experts`` through a build of ``kernels.c`` (``moe``, the variants' native
+    library, which the registry builds) calling a build of the GGUF kernel (``other``),
+    found loaded: every GGUF layer's ``ggml_linear`` variant builds and loads it.
     :meth:`supports` declines calls until then, naming it."""
-
-    #: The ``*_supported`` function of the calls the op takes.
-    checks: str = ""
 
     def __init__(self, moe: MoeKernels, other: build.Library) -> None:
         self.moe, self.other = moe, other
         self.name = f"{moe.name}+{other.source.parent.name} {other.name}"
 
     def supports(self, *args: object, **kwargs: object) -> str | None:
-        """Why the op declines a call, or None: ``other`` not loaded, or the call's own
-        check (:attr:`checks`)."""
+        """Why the op declines a call, or None: ``other`` not loaded, or
+        :func:`gguf_experts_supported`."""
         if "library" not in vars(self.other):  # functools.cached_property: loaded once
             return (f"the {self.other.source.parent.name} ({self.other.name}) kernels it calls "
                     f"are not loaded yet (their own variants build them)")
-        return globals()[self.checks](*args, **kwargs)
-
-    def address(self, function: str) -> int:
-        """The address of the other library's C ``function``."""
-        return ctypes.cast(getattr(self.other.library, function), ctypes.c_void_p).value
-
-
-class TokenRowsNorm(PairedKernels):
-    """``rms_norm`` over ``[T, rows, D]`` whose tokens sit apart, through a build of the
-    fused small-op kernels' ``hwplug_rms_norm`` (``other``)."""
-
-    checks = "token_rows_supported"
-
-    @checked("token_rows_supported")
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The ``rms_norm`` op on calls :func:`token_rows_supported` accepts: each token's
-        rows as the fused ``rms_norm`` computes them contiguous (bitwise)."""
-        tokens, rows, size = x.shape
-        out = torch.empty((tokens, rows, size), dtype=torch.float32)
-        native_call(self.moe.library.hwplug_rms_norm_tokens, self._rms_norm, x.data_ptr(),
-                    x.stride(0), tokens, rows, size, weight.data_ptr(), eps, out.data_ptr(),
-                    torch.get_num_threads())
-        return out
-
-    @functools.cached_property
-    def _rms_norm(self) -> int:
-        return self.address("hwplug_rms_norm")
-
-
-class GgufMoeKernels(PairedKernels):
-    """``ggml_moe_experts`` through a build of ``kernels.c`` calling a build of the GGUF
-    kernel (``other``)."""
-
-    checks = "gguf_experts_supported"
+        return gguf_experts_supported(*args, **kwargs)
 
     @functools.cached_property
     def _linear(self) -> int:
         """The address of the GGUF build's ``hwplug_ggml_linear``."""
-        return self.address("hwplug_ggml_linear")
+        return ctypes.cast(self.other.library.hwplug_ggml_linear, ctypes.c_void_p).value
 
     @checked("gguf_experts_supported")
     def experts(self, x: torch.Tensor, w13: torch.Tensor, w13_type: int, w2: torch.Tensor,
@@ -295,25 +252,6 @@ def f32_rows_supported(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int,
     return fused.linear_supported(x, qweight.view(torch.float32), bias)
 
 
-def token_rows_supported(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                         residual: torch.Tensor | None = None) -> str | None:
-    """Why :meth:`TokenRowsNorm.rms_norm` declines a call, or None: fp32 ``x [T, rows, D]``
-    that is not contiguous (the fused ``rms_norm`` serves those) but whose rows are
-    contiguous within each token (strides ``(>= rows * D, D, 1)``), no residual, fp32
-    ``weight [D]``."""
-    if residual is not None:
-        return "no residual (the fused rms_norm adds one to contiguous rows)"
-    if x.dtype != torch.float32 or x.dim() != 3 or x.is_contiguous():
-        return (f"a non-contiguous float32 [T, rows, D] (contiguous ones: the fused rms_norm), "
-                f"got {x.dtype} {list(x.shape)}")
-    tokens, rows, size = x.shape
-    if x.stride(2) != 1 or x.stride(1) != size or x.stride(0) < rows * size:
-        return f"needs each token's rows contiguous, got strides {x.stride()}"
-    if weight.dtype != torch.float32 or not weight.is_contiguous() or weight.shape != (size,):
-        return f"needs a contiguous float32 weight [{size}], got {list(weight.shape)}"
-    return None
-
-
 #: The builds of ``kernels.c``.
 AVX2 = MoeKernels("avx2")
 PORTABLE = MoeKernels("portable")
@@ -321,6 +259,3 @@ PORTABLE = MoeKernels("portable")
 GGUF_VNNI = GgufMoeKernels(AVX2, ggml.VNNI)
 GGUF_AVX2 = GgufMoeKernels(AVX2, ggml.AVX2)
 GGUF_PORTABLE = GgufMoeKernels(PORTABLE, ggml.PORTABLE)
-#: ``rms_norm`` of tokens whose rows sit apart, over each build of the fused kernels.
-TOKEN_ROWS_AVX2 = TokenRowsNorm(AVX2, fused.AVX2)
-TOKEN_ROWS_PORTABLE = TokenRowsNorm(PORTABLE, fused.PORTABLE)
