@@ -3,8 +3,8 @@
 Loads the model with every ``LLM`` option as a flag (:mod:`hwplug.cli.llm_flags`), binds
 ``--host``:``--port`` (a port in use is a one-line error), records every decode batch
 bucket's step graph (``LLM.warm_up``: no first request pays for one), prints where it
-listens on stderr, and serves until SIGTERM or Ctrl-C, then finishes the requests in flight within
-``--shutdown-timeout`` seconds and exits with status 0. Needs the ``serve`` extra; the
+listens on stderr, and serves until SIGTERM or Ctrl-C, then finishes the requests in
+flight within ``--shutdown-timeout`` seconds and exits with status 0. Needs the ``serve`` extra; the
 endpoints are described in docs/serving.md.
 """
 

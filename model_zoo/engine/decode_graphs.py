@@ -14,7 +14,8 @@ A bucket is recorded at its :data:`RECORD_AT`-th decode step; the steps before r
 so a generation of one token (a cold start's ``--max-tokens 1``), or a batch size met
 once, never pays for the recordings: two forward passes, the second over the longest
 context. :meth:`DecodeGraphs.record_all` records every bucket ahead instead (a server's
-warm-up), so no step pays for a recording or runs eagerly before it. A bucket is recorded twice, over the shortest context (one token) and the longest
+warm-up), so no step pays for a recording or runs eagerly before it. A bucket is recorded
+twice, over the shortest context (one token) and the longest
 (``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
 ``StepRecorder.check_same``): a kernel chosen in Python from a

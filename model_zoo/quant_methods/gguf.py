@@ -201,10 +201,11 @@ def gguf_rows(layer: nn.Module) -> list[tuple[int, torch.Tensor]]:
 
 def _repack_runs(layer: nn.Module, runs: list[tuple[int, torch.Tensor]]
                  ) -> list[Callable[..., Any]]:
-    """Repack ``runs``' Q4_K / Q5_K / Q6_K / IQ4_XS runs in place where ``layer.gguf_repacking`` is set and
-    the layer is no embedding table, or one that is also the LM head with a native
-    :func:`_repacked_lookup` (which then becomes its ``embed_kernel``), releasing the mapped
-    pages each one read (sets ``layer.gguf_repacked``); the kernel of each run. Where the reference served a repack
+    """Repack ``runs``' Q4_K / Q5_K / Q6_K / IQ4_XS runs in place where
+    ``layer.gguf_repacking`` is set and the layer is no embedding table, or one that is
+    also the LM head with a native :func:`_repacked_lookup` (which then becomes its
+    ``embed_kernel``), releasing the mapped pages each one read (sets
+    ``layer.gguf_repacked``); the kernel of each run. Where the reference served a repack
     (the native library failed to build), nothing more is repacked: its repacked linear
     would be the reference too, slower than the rows' kernel."""
     calls = [layer.gemm_kernel] * len(runs)

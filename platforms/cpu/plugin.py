@@ -170,8 +170,9 @@ CPU_VARIANTS: list[dict[str, Any]] = [
                        "per 32 for the rest, as tuned); past a tuned row count, fp32 tiles of "
                        "the weight through torch's GEMM")
       for name, (build, features, priority) in _GGML_BUILDS.items()),
-    # the VNNI build's 16-row groups on Q4_K / Q5_K / Q6_K / IQ4_XS weights repacked once at load (fp32
-    # only: the model's activations); the GGUF quant method repacks where these are bound
+    # the VNNI build's 16-row groups on Q4_K / Q5_K / Q6_K / IQ4_XS weights repacked once at
+    # load (fp32 only: the model's activations); the GGUF quant method repacks where these
+    # are bound
     dict(op="ggml_repack", name="ggml_vnni", impl=_GGML + "VNNI.repack.unchecked",
          features=_GGML_BUILDS["ggml_vnni"][1], supports=_GGML + "repack_supported",
          native=_GGML + "VNNI", dtypes=("uint8",), priority=15,
