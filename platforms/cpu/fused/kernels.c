@@ -175,10 +175,37 @@ int hwplug_rotary(const int64_t *pos, const float *cache, int64_t max_pos, int64
 /* ---- paged_attention, decode ---- */
 enum { CHUNK = 16, MAX_GROUP = 16, MAX_HEAD = 256 };
 
-INLINE float dot(const float *a, const float *b, int64_t D) {
-    f32x8 acc = {0};
-    for (int64_t i = 0; i < D; i += 8) acc += load8(a + i) * load8(b + i);
-    return hsum(acc);
+/* the lane sums of a[0..7], in lanes 0..7: pairs of lanes, then pairs of pairs, then the
+ * two halves, each step adding two shuffles of two vectors (no horizontal sum per key) */
+INLINE f32x8 hsum8(const f32x8 a[8]) {
+    const i32x8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const i32x8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const i32x8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    f32x8 p[4], t[2];
+    for (int i = 0; i < 4; ++i)
+        p[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
+               __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+    for (int i = 0; i < 2; ++i)
+        t[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], lo2) +
+               __builtin_shuffle(p[2 * i], p[2 * i + 1], hi2);
+    return __builtin_shuffle(t[0], t[1], lo4) + __builtin_shuffle(t[0], t[1], hi4);
+}
+
+/* q . k[j] in lane j for the n (<= 8) keys k[j] = k + j * stride, D long; lanes past n 0 */
+INLINE f32x8 scores8(const float *q, const float *k, int64_t stride, int64_t n, int64_t D) {
+    f32x8 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = splat(0.0f);
+    if (n == 8) {
+        for (int64_t i = 0; i < D; i += 8) {
+            const f32x8 x = load8(q + i);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
+                acc[j] += x * load8(k + j * stride + i);
+        }
+    } else {
+        for (int64_t j = 0; j < n; ++j)
+            for (int64_t i = 0; i < D; i += 8) acc[j] += load8(q + i) * load8(k + j * stride + i);
+    }
+    return hsum8(acc);
 }
 
 typedef struct {
@@ -205,9 +232,11 @@ static int decode_heads(const float *q, int G, const kv_t *c, const int32_t *tab
         n = len - k0 < n ? len - k0 : n;
         const int64_t first = block * c->block_stride + slot * c->token_stride;
         const float *kp = c->k + first, *vp = c->v + first;
-        for (int64_t j = 0; j < n; ++j)
+        for (int64_t j = 0; j < n; j += 8)
             for (int g = 0; g < G; ++g)
-                s[g * CHUNK + j] = dot(q + g * D, kp + j * c->token_stride, D) * c->scale;
+                store8(s + g * CHUNK + j, scores8(q + g * D, kp + j * c->token_stride,
+                                                  c->token_stride, n - j < 8 ? n - j : 8, D)
+                                              * c->scale);
         for (int g = 0; g < G; ++g) {
             float *sg = s + g * CHUNK, *ag = acc + g * D, top = m[g];
             for (int h = 0; h < CHUNK; h += 8) {
