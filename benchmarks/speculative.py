@@ -6,7 +6,9 @@ function in a given snippet and print the whole snippet; ``quote-summary``: summ
 text quoting its key sentences) and ``open-chat`` (open questions, where n-gram lookup
 finds little). For each set and engine, the decode speed is ``(new tokens - 1) / (time
 from the first streamed token to the last)``, summed over the set's prompts (prefill
-left out), after one untimed warm-up generation.
+left out), after untimed warm-up generations (a set's first prompt each); hwplug's rows
+run ``--repeat`` times, interleaved (each row in turn, a fresh engine each time), and keep
+each set's median run.
 
 hwplug rows (``--dequantize``: with float32 weights, where a decode step is bound by
 reading them): no speculation (the baseline), ``ngram`` (prompt lookup, ``--k`` tokens,
@@ -82,20 +84,29 @@ def hwplug_rows(args: argparse.Namespace, sets: dict[str, list[str]]) -> tuple[d
     if args.draft_layers:
         rows["hwplug draft_model"] = {"method": "draft_model", "num_speculative_tokens": args.k,
                                       "num_layers": args.draft_layers}
-    results, token_ids = {}, {}
     sampling = hwplug.SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
-    for name, speculative in rows.items():
-        llm = hwplug.LLM(args.model, max_num_seqs=1, max_model_len=args.max_model_len,
-                         dequantize=args.dequantize, speculative_config=speculative)
-        try:
-            token_ids = {key: [llm.apply_chat_template([{"role": "user", "content": p}])
-                               for p in prompts] for key, prompts in sets.items()}
-            llm.generate(sets["open-chat"][0], sampling)  # warm-up (step graphs recorded)
-            results[name] = {key: _hwplug_set(llm, ids, sampling)
-                             for key, ids in token_ids.items()}
-        finally:
-            llm.close()
-    return results, token_ids
+    runs = {name: {key: [] for key in sets} for name in rows}
+    token_ids = {}
+    for _ in range(args.repeat):  # rows interleaved: a slow spell of the machine hits all
+        for name, speculative in rows.items():  # one engine at a time (each its own threads)
+            llm = hwplug.LLM(args.model, max_num_seqs=1, max_model_len=args.max_model_len,
+                             dequantize=args.dequantize, speculative_config=speculative)
+            try:
+                token_ids = {key: [llm.apply_chat_template([{"role": "user", "content": p}])
+                                   for p in prompts] for key, prompts in sets.items()}
+                # warm-up: every step graph recorded (verify steps' too)
+                llm.generate([ids[0] for ids in token_ids.values()], sampling)
+                for key, ids in token_ids.items():
+                    runs[name][key].append(_hwplug_set(llm, ids, sampling))
+            finally:
+                llm.close()
+    return {name: {key: _median_run(found) for key, found in per_set.items()}
+            for name, per_set in runs.items()}, token_ids
+
+
+def _median_run(found: list[dict]) -> dict:
+    """The run of median speed among one row's repeats of one set."""
+    return sorted(found, key=lambda run: run["tok_s"])[len(found) // 2]
 
 
 def _hwplug_set(llm, prompts: list[list[int]], sampling) -> dict:
@@ -198,6 +209,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="tokens proposed per step")
     parser.add_argument("--draft-layers", type=int, default=0,
                         help="also a draft_model row: the model cut to N layers (0: none)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each hwplug row and set, interleaved; the median is kept")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--dequantize", action="store_true",
@@ -213,7 +226,7 @@ def main() -> None:
     sets = PROMPTS
     if args.quick:
         sets = {key: prompts[:1] for key, prompts in PROMPTS.items()}
-        args.new_tokens = 16
+        args.new_tokens, args.repeat = 16, 1
     from hwplug.model_zoo.loaders import resolve_model
 
     model = str(resolve_model(args.model))
