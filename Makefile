@@ -21,8 +21,10 @@ demo: setup
 	$(BIN)/hwplug info
 	$(BIN)/hwplug generate "What is the capital of France? Answer in one sentence." --chat --max-tokens 48
 
+# Two workers, whole files each (their module fixtures load a model once): the suite is
+# mostly single-threaded Python and compilers, so the two cores overlap them.
 test: setup
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q --durations=20 -n 2 --dist loadfile
 
 # The optional IPEX environment (plugins/xpu/README.md; CI's .ci/run-ipex, not .ci/run): torch
 # 2.8.0 and intel-extension-for-pytorch 2.8.0's CPU build in a venv of its own, hwplug,
