@@ -58,8 +58,12 @@ class _Link:
             if self._stopping:
                 raise EngineStoppedError(f"data-parallel replica {self.index} was stopped")
             call_id = next(self._ids)
+            try:
+                self._conn.send((call_id, method, args))
+            except OSError:  # the replica went before its reader thread saw its pipe close
+                self._failure = self._gone()
+                raise self._failure from None
             self._pending[call_id] = future
-            self._conn.send((call_id, method, args))
         return future
 
     def stop(self) -> None:
@@ -70,6 +74,12 @@ class _Link:
                     self._conn.send(None)
                 except OSError:  # already gone
                     pass
+
+    def _gone(self) -> BaseException:
+        """The error for calls once the replica's connection closed unasked: how its process
+        ended, or that the connection closed."""
+        return self._processes.failure() or WorkerError(
+            f"data-parallel replica {self.index} closed its connection", rank=self.index)
 
     def _read(self) -> None:
         try:
@@ -87,9 +97,7 @@ class _Link:
             error: BaseException = EngineStoppedError(
                 f"data-parallel replica {self.index} was stopped")
             if not self._stopping:
-                error = self._processes.failure() or WorkerError(
-                    f"data-parallel replica {self.index} closed its connection",
-                    rank=self.index)
+                error = self._gone()
             with self._lock:
                 self._stopping = True
                 self._failure = error
