@@ -61,7 +61,8 @@ def test_a_placed_tensor_is_forgotten_with_it():
     weight = torch.randn(4, 4)
     bridge.place(weight, bridge.device())
     key = id(weight)
-    assert key in bridge._entries
+    entry = bridge._entries[key]
     del weight
     gc.collect()
-    assert key not in bridge._entries
+    # this entry went (another thread may have placed a tensor at the freed address since)
+    assert bridge._entries.get(key) is not entry
