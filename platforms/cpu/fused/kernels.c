@@ -175,20 +175,29 @@ int hwplug_rotary(const int64_t *pos, const float *cache, int64_t max_pos, int64
 /* ---- paged_attention, decode ---- */
 enum { CHUNK = 16, MAX_GROUP = 16, MAX_HEAD = 256 };
 
+/* lanes of two 8-lane vectors by index (0-7: a's, 8-15: b's): clang's and GCC 12's
+ * __builtin_shufflevector, older GCC's __builtin_shuffle */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define SHUFFLE8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#endif
+#endif
+#ifndef SHUFFLE8
+#define SHUFFLE8(a, b, ...) __builtin_shuffle(a, b, (i32x8){__VA_ARGS__})
+#endif
+
 /* the lane sums of a[0..7], in lanes 0..7: pairs of lanes, then pairs of pairs, then the
  * two halves, each step adding two shuffles of two vectors (no horizontal sum per key) */
 INLINE f32x8 hsum8(const f32x8 a[8]) {
-    const i32x8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
-    const i32x8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    const i32x8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
     f32x8 p[4], t[2];
     for (int i = 0; i < 4; ++i)
-        p[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
-               __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+        p[i] = SHUFFLE8(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               SHUFFLE8(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
     for (int i = 0; i < 2; ++i)
-        t[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], lo2) +
-               __builtin_shuffle(p[2 * i], p[2 * i + 1], hi2);
-    return __builtin_shuffle(t[0], t[1], lo4) + __builtin_shuffle(t[0], t[1], hi4);
+        t[i] = SHUFFLE8(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUFFLE8(p[2 * i], p[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUFFLE8(t[0], t[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           SHUFFLE8(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 /* q . k[j] in lane j for the n (<= 8) keys k[j] = k + j * stride, D long; lanes past n 0 */
