@@ -204,15 +204,10 @@ INLINE f32x8 hsum8(const f32x8 a[8]) {
 INLINE f32x8 scores8(const float *q, const float *k, int64_t stride, int64_t n, int64_t D) {
     f32x8 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = splat(0.0f);
-    if (n == 8) {
-        for (int64_t i = 0; i < D; i += 8) {
-            const f32x8 x = load8(q + i);
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
-                acc[j] += x * load8(k + j * stride + i);
-        }
-    } else {
-        for (int64_t j = 0; j < n; ++j)
-            for (int64_t i = 0; i < D; i += 8) acc[j] += load8(q + i) * load8(k + j * stride + i);
+    for (int64_t i = 0; i < D; i += 8) {
+        const f32x8 x = load8(q + i);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
+            if (j < n) acc[j] += x * load8(k + j * stride + i);
     }
     return hsum8(acc);
 }
