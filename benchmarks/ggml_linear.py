@@ -20,11 +20,13 @@ tiles past it; n/a where it does not serve the type) and ``base GB/s``, ``avx2``
 AVX2 build's op on a CPU with VNNI too), ``int16`` and ``int8`` (the integer kernel with
 each activation type) and ``tiles`` (each path alone), ``repacked`` (the VNNI build's
 integer kernel on the weight repacked once into 16-row groups, Q4_K, Q5_K, Q6_K and IQ4_XS: n/a for the
-others and on CPUs without VNNI), ``portable`` (the build for CPUs
+others and on CPUs without VNNI), ``rep GB/s``, ``base rep`` (the baseline's repacking and
+its kernel on it: n/a where the baseline does not repack), ``portable`` (the build for CPUs
 without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as dispatched here)
 and plain ``F.linear``, and the op's ``reference`` (dequantize, then ``F.linear``).
 Ratios: the baseline's time over ``ggml``'s (above 1: ggml is faster), then fp32's,
-the reference's and the repacked kernel's (below 1: the repacked weight is faster). The CPU is named as the probe reads it (lscpu's ``Model name``).
+the reference's and the repacked kernel's (below 1: the repacked weight is faster), and
+the baseline's repacked kernel's over this one's (``brep/rep``, above 1: this one is faster). The CPU is named as the probe reads it (lscpu's ``Model name``).
 
     python benchmarks/ggml_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,32]
                                      [--shapes 1536x1536,8960x1536] [--layers 30]
@@ -68,12 +70,12 @@ from hwplug.platforms.cpu.ggml import ops as c_kernels  # noqa: E402
 SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 #: Its tied LM head: one copy, as the GGUF stores it.
 HEAD = ("lm_head", 576, 49152)
-COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "repacked", "tiles",
-           "portable", "fp32", "F.linear", "reference")
+COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "repacked",
+           "rep GB/s", "base rep", "tiles", "portable", "fp32", "F.linear", "reference")
 #: The build of each ``ggml_linear`` variant (the baseline is built the same way).
 BUILD_OF = {"ggml_vnni": "vnni", "ggml_avx2": "avx2", "ggml_c": "portable"}
 #: The columns computed from another's time rather than timed.
-RATES = {"GB/s": "ggml", "base GB/s": "base"}
+RATES = {"GB/s": "ggml", "base GB/s": "base", "rep GB/s": "repacked"}
 #: Seconds of calls each timing aims at (at least one call).
 BUDGET_S = 0.05
 
@@ -126,6 +128,13 @@ class Baseline:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self.function.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr,
                                   ctypes.c_int, ctypes.c_int]
+        #: that revision's repacking and its kernel on the repacked weight (None before it)
+        self.repack_function = getattr(library.library, "hwplug_ggml_repack", None)
+        self.repacked_function = getattr(library.library, "hwplug_ggml_linear_repacked", None)
+        if self.repacked_function is not None:
+            self.repack_function.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
+            self.repacked_function.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr,
+                                               i64, ptr, ctypes.c_int]
         table = json.loads((folder / "tuning.json").read_text())["default"]["1"]
         self.rows = {int(GGMLQuantizationType[n]): v for n, v in table.items()
                      if n != "activations"}
@@ -135,6 +144,26 @@ class Baseline:
 
     def serves(self, kind: int) -> bool:
         return kind in self.rows
+
+    def repack(self, qweight: torch.Tensor, kind: int) -> torch.Tensor | None:
+        """``qweight`` repacked by that revision (None where it does not repack ``kind``)."""
+        if self.repacked_function is None:
+            return None
+        packed = torch.empty_like(qweight)
+        if self.repack_function(kind, qweight.data_ptr(), qweight.shape[0], qweight.shape[1],
+                                packed.data_ptr(), torch.get_num_threads()):
+            return None
+        return packed
+
+    def linear_repacked(self, x: torch.Tensor, packed: torch.Tensor, kind: int
+                        ) -> torch.Tensor:
+        """``x @ W.T`` by that revision's kernel on the weight it repacked."""
+        (m, k), (n, row_bytes) = x.shape, packed.shape
+        out = torch.empty(m, n)
+        if self.repacked_function(kind, packed.data_ptr(), row_bytes, n, k, x.data_ptr(), m,
+                                  out.data_ptr(), n, None, torch.get_num_threads()):
+            raise RuntimeError("the baseline's repacked kernel failed")
+        return out
 
     def linear(self, x: torch.Tensor, qweight: torch.Tensor, kind: int) -> torch.Tensor:
         """``x @ W.T`` as that revision's op computed it (fp32, 2-D ``x``)."""
@@ -173,6 +202,8 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
     repackable = best is c_kernels.VNNI and int(kind) in c_kernels.REPACKED_TYPES
     packed = [best.repack(q, kind) for q in qweights] if repackable and "repacked" in timed \
         else []
+    base_packed = [baseline.repack(q, kind) for q in qweights] \
+        if baseline is not None and "base rep" in timed else []
     columns: dict[str, Callable[[], object]] = {  # the order of COLUMNS
         "ggml": lambda: [ggml_linear(x, q, kind) for q in qweights],
         "base": lambda: [baseline.linear(x, q, kind) for q in qweights],
@@ -180,6 +211,7 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
         "int16": lambda: [best.linear_blocks(x, q, kind, None, "int16") for q in qweights],
         "int8": lambda: [best.linear_blocks(x, q, kind, None, "int8") for q in qweights],
         "repacked": lambda: [best.linear_repacked(x, q, kind) for q in packed],
+        "base rep": lambda: [baseline.linear_repacked(x, q, kind) for q in base_packed],
         "tiles": lambda: [best.linear_tiled(x, q, kind) for q in qweights],
         "portable": lambda: [c_kernels.PORTABLE.linear(x, q, kind) for q in qweights],
         "fp32": lambda: [ops.linear(x, w) for w in dense],
@@ -188,7 +220,8 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
     }
     served = {c for c in timed if c not in RATES
               and (c != "base" or (baseline is not None and baseline.serves(kind)))
-              and (c != "int16" or wide) and (c != "repacked" or repackable)}
+              and (c != "int16" or wide) and (c != "repacked" or repackable)
+              and (c != "base rep" or (bool(base_packed) and None not in base_packed))}
     times = interleaved_us({c: columns[c] for c in COLUMNS if c in served},
                            {c: 2 if c == "reference" else len(dense) if c in ("fp32", "F.linear")
                             else copies for c in served}, repeat, timer)
@@ -199,6 +232,8 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
                     else f"{'n/a':>10}" for c in timed)
     ratios = "".join(f"{times[c] / times['ggml']:>9.2f}x" if c in times and "ggml" in times
                      else f"{'n/a':>10}" for c in ("base", "fp32", "reference", "repacked"))
+    if "base rep" in times and "repacked" in times:
+        ratios += f"{times['base rep'] / times['repacked']:>11.2f}x"
     return f"{label}{cells}{ratios}"
 
 
@@ -233,7 +268,8 @@ def main() -> None:
         c_kernels.VNNI.ensure_built()
     timed = tuple(c for c in COLUMNS if c in args.columns.split(","))
     chosen = kernels.explain("ggml_linear", platform, "cpu", "float32").chosen.name
-    baseline = Baseline(args.baseline, BUILD_OF[chosen]) if "base" in timed else None
+    baseline = (Baseline(args.baseline, BUILD_OF[chosen]) if {"base", "base rep"} & set(timed)
+                else None)
     print(f"CPU: {platform.facts.device_name} ({host.machine()}, features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; at least {args.layers} copies of each weight "
@@ -258,7 +294,8 @@ def main() -> None:
         print(f"base: the C kernel of {args.baseline}")
     for kind, table_shapes, copies in tables:
         print(f"\n{kind.name}, microseconds per call{'' if copies > 1 else ' (LM head)'}:")
-        print(f"{header}{'base/ggml':>10}{'fp32/ggml':>10}{'ref/ggml':>10}{'rep/ggml':>10}")
+        print(f"{header}{'base/ggml':>10}{'fp32/ggml':>10}{'ref/ggml':>10}{'rep/ggml':>10}"
+              f"{'brep/rep' if 'base rep' in timed else '':>11}")
         for shape in table_shapes:
             for count in tokens:
                 print(row(kind, shape, count, copies, args.cycle_mb, args.repeat, timed,
