@@ -52,10 +52,15 @@ enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q
 enum { QK = 32, QK_K = 256, MT_MAX = 4 };
 
 #define INLINE static inline __attribute__((always_inline))
+/* Every weight prefetch: for reading, into L2 and L1 (prefetcht1), not non-temporal: on a
+ * 2-vCPU Zen 4, a repacked Q6_K decode row (1024 x 4096, 40 copies from memory, two
+ * threads) read 15.8 GB/s with the non-temporal hint and 34 with this one (Q4_K: 33.5
+ * either way). */
+#define PREFETCH(p) __builtin_prefetch((p), 0, 2)
 /* Ask for the same block of the weight rows two groups ahead (2 * MT_MAX rows further):
  * a tile's rows are short streams that the hardware prefetchers do not ramp up on in time,
  * and in a decode step the weights come from memory, not cache. */
-#define PREFETCH_NEXT_GROUP(blk, ld) __builtin_prefetch((blk) + 2 * MT_MAX * (ld), 0, 0)
+#define PREFETCH_NEXT_GROUP(blk, ld) PREFETCH((blk) + 2 * MT_MAX * (ld))
 /* the same for every cache line of a super-block of `bytes` bytes */
 #define PREFETCH_NEXT_GROUP_BLOCK(blk, ld, bytes)                     \
     for (int pf = 0; pf < (bytes); pf += 64) PREFETCH_NEXT_GROUP((blk) + pf, ld)

@@ -137,7 +137,7 @@ INLINE void kgroup_load(int type, const uint8_t *blk, int64_t ld, kgroup_t *g) {
      * hardware prefetchers do not ramp up on, and in a decode step it comes from memory */
     for (int r = 0; r < KG_ROWS; ++r)
         for (int line = 0; line < bytes; line += 64)
-            __builtin_prefetch(blk + (KG_ROWS + r) * ld + line, 0, 0);
+            PREFETCH(blk + (KG_ROWS + r) * ld + line);
     khalf_t a, b;
     khalf_load(type, blk, ld, &a);
     khalf_load(type, blk + 8 * ld, ld, &b);
@@ -395,7 +395,7 @@ INLINE __m512 kpack_row_of(int type, const uint8_t *w, const act_t *a, int64_t m
     for (int64_t sb = 0; sb < a->nb; ++sb) {
         const uint8_t *pk = w + sb * KG_ROWS * bytes;
         for (int line = 0; line < KG_ROWS * bytes; line += 64) /* as in kgroup_rows */
-            __builtin_prefetch(pk + 2 * KG_ROWS * bytes + line, 0, 0);
+            PREFETCH(pk + 2 * KG_ROWS * bytes + line);
         kpack_head(type, pk, &g);
         const q8k_t *x = K8(a, sb * a->rows + m);
         kgroup_rows_r(type, &g, &x, 1, &acc, &off, pk);
@@ -436,7 +436,7 @@ INLINE void kgroup_rows(int type, const uint8_t *w, int64_t ld, const act_t *a, 
             const uint8_t *pk = packed ? w + sb * KG_ROWS * bytes : NULL;
             if (packed) { /* the next super-blocks: two ahead, one stream per group */
                 for (int line = 0; line < KG_ROWS * bytes; line += 64)
-                    __builtin_prefetch(pk + 2 * KG_ROWS * bytes + line, 0, 0);
+                    PREFETCH(pk + 2 * KG_ROWS * bytes + line);
                 kpack_head(type, pk, &g);
             } else {
                 kgroup_load(type, w + sb * bytes, ld, &g);

@@ -130,7 +130,7 @@ INLINE void lw_group(int type, const uint8_t *w, int64_t ld, const act_t *a, int
         _Pragma("GCC unroll 16") for (int r = 0; r < LW_ROWS; ++r) {
             u8x32 u;
             wide_t uw;
-            __builtin_prefetch(blk + (r + LW_ROWS) * ld, 0, 0); /* the next group's block */
+            PREFETCH(blk + (r + LW_ROWS) * ld); /* the next group's block */
             legacy_values(type, blk + r * ld, 1, &u, &uw);
             z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(uw.lo), uw.hi, 1);
         }
