@@ -154,17 +154,10 @@ INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int
     for (int64_t b = 0; b < a->nb; ++b, x += QK) {
         const int64_t i = b * a->rows + m;
         const float amax = block_amax(x), id = amax > 0.0f ? qmax / amax : 0.0f;
-        int sum = 0;
-        for (int l = 0; l < QK; ++l) { /* + 1.5 * 2^23 rounds half to even */
-            const int v = (int)((x[l] * id + 0x1.8p23f) - 0x1.8p23f);
-            if (wide)
-                ((int16_t *)a->q)[QK * i + l] = (int16_t)v;
-            else
-                ((int8_t *)a->q)[QK * i + l] = (int8_t)v;
-            sum += v;
-        }
+        int sums[2];
+        quantize32(x, id, (char *)a->q + (size_t)(QK * i) * (wide ? 2 : 1), wide, sums);
         a->d[i] = amax / qmax;
-        a->sd[i] = a->d[i] * (float)sum;
+        a->sd[i] = a->d[i] * (float)(sums[0] + sums[1]);
     }
 }
 
@@ -178,14 +171,11 @@ INLINE void quantize_row_k(const float *restrict x, const act_t *a, int64_t m) {
             amax = v > amax ? v : amax;
         }
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int g = 0; g < QK_K / 16; ++g) {
-            int sum = 0;
-            for (int l = 16 * g; l < 16 * g + 16; ++l) { /* + 1.5 * 2^23 rounds half to even */
-                const int v = (int)((x[l] * id + 0x1.8p23f) - 0x1.8p23f);
-                y->q[l] = (int8_t)v;
-                sum += v;
-            }
-            y->bsums[g] = (int16_t)sum;
+        for (int b = 0; b < QK_K / QK; ++b) {
+            int sums[2];
+            quantize32(x + QK * b, id, y->q + QK * b, 0, sums);
+            y->bsums[2 * b] = (int16_t)sums[0];
+            y->bsums[2 * b + 1] = (int16_t)sums[1];
         }
         y->d = amax / 127.0f;
     }

@@ -218,6 +218,31 @@ INLINE float block_amax(const float *x) {
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
+/* q[l] = x[l] * id rounded to nearest even, l < 32 (cvtps under the default rounding mode:
+ * the scalar layer's product plus and minus 1.5 * 2^23), as int8 (wide: int16); sums[h]:
+ * the sum of q[16 h .. 16 h + 15]. |x id| stays within the target type. */
+INLINE void quantize32(const float *x, float id, void *q, int wide, int sums[2]) {
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k)
+        v[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid));
+    /* lanes 0, 1: the sums of values 0 .. 15 and of 16 .. 31, each split over two halves */
+    __m256i t = _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+    t = _mm256_hadd_epi32(t, t);
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    sums[0] = _mm_cvtsi128_si32(h);
+    sums[1] = _mm_extract_epi32(h, 1);
+    /* packs interleaves the 128-bit halves; a permutation restores the order */
+    const __m256i ab = _mm256_packs_epi32(v[0], v[1]), cd = _mm256_packs_epi32(v[2], v[3]);
+    if (wide) {
+        _mm256_storeu_si256((__m256i *)q, _mm256_permute4x64_epi64(ab, 0xD8));
+        _mm256_storeu_si256((__m256i *)q + 1, _mm256_permute4x64_epi64(cd, 0xD8));
+    } else {
+        _mm256_storeu_si256((__m256i *)q,
+                            _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd),
+                                                        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+}
 #else /* GNU C vector extensions (GCC >= 9, clang): the same 8 lanes as the AVX2 layer */
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
@@ -342,6 +367,19 @@ INLINE float block_amax(const float *x) {
     float amax = 0.0f;
     for (int l = 0; l < 32; ++l) amax = fabsf(x[l]) > amax ? fabsf(x[l]) : amax;
     return amax;
+}
+INLINE void quantize32(const float *x, float id, void *q, int wide, int sums[2]) {
+    for (int h = 0; h < 2; ++h) {
+        sums[h] = 0;
+        for (int l = 16 * h; l < 16 * h + 16; ++l) { /* + 1.5 * 2^23 rounds half to even */
+            const int v = (int)((x[l] * id + 0x1.8p23f) - 0x1.8p23f);
+            if (wide)
+                ((int16_t *)q)[l] = (int16_t)v;
+            else
+                ((int8_t *)q)[l] = (int8_t)v;
+            sums[h] += v;
+        }
+    }
 }
 INLINE void store_f32(u8x32 u, float d0, float d1, int offset, float add0, float add1,
                       float *o) {
