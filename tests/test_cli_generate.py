@@ -126,7 +126,7 @@ def test_speculative_decoding_reports_its_acceptance_and_refuses_a_bad_config():
                "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
     plain = run("generate", prompt, "--max-tokens", "16", "--max-model-len", "256")
     assert spec.returncode == 0 and spec.stdout == plain.stdout, spec.stderr
-    found = re.search(r"speculative decoding \(ngram, k=4, prompt_lookup_min=2, "
+    found = re.search(r"speculative decoding \(ngram, k=4, prompt_lookup_min=3, "
                       r"prompt_lookup_max=4\): (\d+) of (\d+) proposed tokens accepted "
                       r"\(\d+%\), ([\d.]+) tokens per verify step", spec.stderr)
     assert found and 0 < int(found[1]) <= int(found[2]), spec.stderr
