@@ -388,15 +388,22 @@ INLINE void kgroup_rows_r(int type, const kgroup_t *g, const q8k_t *const x[], i
  * thread, a 2-vCPU Zen 4, per call with ~5 us of quantizing the row: Q4_K 19.1 -> 13.5 us,
  * Q5_K 23.7 -> 17.9, Q6_K 25.5 -> 20.8, IQ4_XS 23.8 -> 13.7; the same integer dots and fp32
  * arithmetic per pair). */
+/* the headers of the repacked super-block at pk into g, after asking for the super-block
+ * two ahead (one stream per group: the hardware prefetchers do not ramp up on it in time) */
+INLINE void kpack_next(int type, const uint8_t *pk, kgroup_t *g) {
+    const int bytes = k_bytes(type);
+    for (int line = 0; line < KG_ROWS * bytes; line += 64)
+        PREFETCH(pk + 2 * KG_ROWS * bytes + line);
+    kpack_head(type, pk, g);
+}
+
 INLINE __m512 kpack_row_of(int type, const uint8_t *w, const act_t *a, int64_t m) {
     const int bytes = k_bytes(type);
     __m512 acc = _mm512_setzero_ps(), off = _mm512_setzero_ps();
     kgroup_t g;
     for (int64_t sb = 0; sb < a->nb; ++sb) {
         const uint8_t *pk = w + sb * KG_ROWS * bytes;
-        for (int line = 0; line < KG_ROWS * bytes; line += 64) /* as in kgroup_rows */
-            PREFETCH(pk + 2 * KG_ROWS * bytes + line);
-        kpack_head(type, pk, &g);
+        kpack_next(type, pk, &g);
         const q8k_t *x = K8(a, sb * a->rows + m);
         kgroup_rows_r(type, &g, &x, 1, &acc, &off, pk);
     }
@@ -434,10 +441,8 @@ INLINE void kgroup_rows(int type, const uint8_t *w, int64_t ld, const act_t *a, 
         for (int m = full; m < mc; ++m) acc[m] = kpack_row(type, w, a, m0 + m);
         for (int64_t sb = 0; full && sb < a->nb; ++sb) {
             const uint8_t *pk = packed ? w + sb * KG_ROWS * bytes : NULL;
-            if (packed) { /* the next super-blocks: two ahead, one stream per group */
-                for (int line = 0; line < KG_ROWS * bytes; line += 64)
-                    PREFETCH(pk + 2 * KG_ROWS * bytes + line);
-                kpack_head(type, pk, &g);
+            if (packed) {
+                kpack_next(type, pk, &g);
             } else {
                 kgroup_load(type, w + sb * bytes, ld, &g);
             }
