@@ -10,7 +10,10 @@ cut from random words of a fixed list with the model's tokenizer; a new set
 for every call, so no engine reuses a cached prefix), decodes greedily with EOS ignored
 (``--new-tokens`` per prompt) on ``--threads`` threads. A row's number is end-to-end
 generated tokens per second: ``batch * new tokens / wall time of one generate call``,
-prefill included, the median of ``--repeats`` calls after one warm-up call per batch size.
+prefill included, the median of ``--repeats`` calls after one warm-up call per batch size
+(with ``--rounds N``, every row runs N times, the rows in turn, and the median is of all
+N rounds' calls: a machine whose speed drifts, e.g. a VM sharing memory bandwidth, then
+slows every engine alike instead of the one that happened to run at the time).
 
 Rows (``--rows`` picks some): hwplug with the GGUF's blocks kept (quant method ``gguf``;
 also with every step eager, ``step_graphs=False``: what the step graphs gain), dequantised
@@ -133,6 +136,10 @@ def parse_args() -> argparse.Namespace:
                         help="prompt lengths for time to first token; the first is also "
                              "the tokens/s calls' prompt length")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per batch size")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the rows this many times, one after the other in turn, "
+                             "and pool every round's timed calls (machine drift then "
+                             "falls on every engine alike)")
     parser.add_argument("--ttft-repeats", type=int, default=3,
                         help="timed calls per time-to-first-token prompt length")
     parser.add_argument("--bandwidth-gib", type=float, default=1.0,
@@ -149,6 +156,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write every number to this file")
     parser.add_argument("--verbose", action="store_true", help="show the engines' logs")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be at least 1")
     if args.threads > (os.cpu_count() or 1):
         parser.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPUs")
     if args.model is not None:
@@ -250,7 +259,8 @@ def kv_tokens(args: argparse.Namespace) -> int:
 
 
 def run_row(row: Row, request: dict[str, Any], verbose: bool) -> None:
-    """Run ``row``'s runner on ``request``; set ``row.result`` or ``row.error``."""
+    """Run ``row``'s runner on ``request``; set ``row.result`` (a later round's timed calls
+    pooled with the earlier rounds', see :func:`pool`) or ``row.error``."""
     command = [row.python, str(PEERS / f"{row.runner}_runner.py")]
     process = subprocess.run(command, input=json.dumps({**request, "options": row.options}),
                              env={**os.environ, **row.env}, cwd=PEERS, text=True,
@@ -264,10 +274,23 @@ def run_row(row: Row, request: dict[str, Any], verbose: bool) -> None:
         tail = "\n".join((process.stderr or process.stdout).splitlines()[-15:])
         row.error = f"exit status {process.returncode}:\n{tail}"
         return
-    row.result = json.loads(lines[-1][len(MARKER):])
+    result = json.loads(lines[-1][len(MARKER):])
+    row.result = result if row.result is None else pool(row.result, result)
     row.result["tokens_per_s"] = {
         batch: statistics.median(int(batch) * request["new_tokens"] / s for s in run["seconds"])
         for batch, run in row.result["batches"].items()}
+
+
+def pool(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """``earlier`` (a row's result) with ``later`` round's timed calls appended to its
+    own, per batch size and prompt length; memory is the larger peak of the two."""
+    for key in ("batches", "ttft"):
+        for size, run in later.get(key, {}).items():
+            earlier[key][size]["seconds"] += run["seconds"]
+    earlier["peak_rss_bytes"] = max(earlier.get("peak_rss_bytes") or 0,
+                                    later.get("peak_rss_bytes") or 0) or None
+    earlier["rounds"] = earlier.get("rounds", 1) + 1
+    return earlier
 
 
 def cold_starts(args: argparse.Namespace, gguf: Path) -> dict[str, list[float | str]]:
@@ -315,6 +338,8 @@ def main() -> int:
     for row in rows:
         if row.skip:
             print(f"{row.label}: skipped: {row.skip}", flush=True)
+    for row in [row for _ in range(args.rounds) for row in rows if not row.skip]:
+        if row.error:
             continue
         waited = wait_until_quiet(args.quiet_wait)
         started, other = time.perf_counter(), OtherLoad()
