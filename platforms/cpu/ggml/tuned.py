@@ -25,11 +25,11 @@ from hwplug.platforms.device_names import canonical_device_name
 #: eight-row tiles (Q4_0, Q4_1, Q8_0) the integer kernel took 79 ms of a batch-32 step,
 #: 158 against the tiles' 178 at 64 rows and 268 against 282 at 128, and the tiles never
 #: serve them (null), so a row's outputs do not depend on the rows of its step (batch
-#: invariance, docs/generation.md "Numerics"); since the VNNI build's 16-row chunks
+#: invariance, docs/generation.md "Numerics"); since the VNNI build's 16-row groups
 #: (lgroup.h) the integer kernel beats the tiles at 32-512 rows (SmolLM2 Q4_1's shapes,
 #: one thread, CPU time: 1.2-1.5x; the AVX2 build, without them, took 1.2-1.4x the tiles'
 #: time before its tiles of eight pairs, not measured since). Q5_0 and Q5_1 never take the
-#: tiles either (null) since the VNNI build's 16-row chunks (lgroup.h): their int16 kernel
+#: tiles either (null) since the VNNI build's 16-row groups (lgroup.h): their int16 kernel
 #: took 0.35-0.98x the tiles' time at 32-512 rows (that Zen 5, one thread, CPU time, loaded;
 #: 576x576 and 1536x8960). The activations of the 32-value types are int16 (max|x| /
 #: 32767 steps: errors ~1e-4 of the outputs' rms, and SmolLM2 Q4_1's greedy tokens those of
