@@ -46,7 +46,12 @@ class BuildStatus:
 
 @runtime_checkable
 class NativeLibrary(Protocol):
-    """What :attr:`Variant.native` names (a lazy ``"module:attribute"`` of such an object)."""
+    """What :attr:`Variant.native` names (a lazy ``"module:attribute"`` of such an object).
+
+    A variant whose code calls into several libraries names one object standing for all of
+    them (building and loading each), which lists them in a ``parts`` attribute: ``hwplug
+    build`` and :meth:`~hwplug.kernel_registry.registry.KernelRegistry.native_libraries`
+    then report each part once, not the whole."""
 
     def status(self) -> BuildStatus:
         """Where the build stands, without side effects: no compiler runs, no file is

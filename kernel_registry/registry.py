@@ -178,8 +178,10 @@ class KernelRegistry(Registry[Variant]):
     def native_libraries(self, platform: Platform) -> list[tuple[NativeLibrary, list[str]]]:
         """The native libraries that the variants serving ``platform``'s device need
         (platform, device features, capability and version gates met; dtypes aside), each
-        once, with the keys of the variants needing it, by op and preference. Imports the
-        libraries' modules (raising what that raises); builds nothing."""
+        once, with the keys of the variants needing it, by op and preference; a library made
+        of several (its ``parts``, see :class:`~hwplug.kernel_registry.native.NativeLibrary`)
+        counts as those. Imports the libraries' modules (raising what that raises); builds
+        nothing."""
         from hwplug.registry import import_object
 
         found: dict[int, tuple[NativeLibrary, list[str]]] = {}
@@ -188,7 +190,8 @@ class KernelRegistry(Registry[Variant]):
                 continue
             native = variant.native
             library = import_object(native) if isinstance(native, str) else native
-            found.setdefault(id(library), (library, []))[1].append(variant.key)
+            for part in getattr(library, "parts", None) or (library,):
+                found.setdefault(id(part), (part, []))[1].append(variant.key)
         return list(found.values())
 
     def default_plan(self) -> KernelPlan:

@@ -10,9 +10,9 @@ native_call`, so a decode step of a MoE model can be a step graph. :data:`AVX2` 
 :mod:`hwplug.platforms.cpu.ggml.build` when the registry binds a variant or by ``hwplug
 build``); :data:`GGUF_VNNI`, :data:`GGUF_AVX2` and :data:`GGUF_PORTABLE` pair one with a
 build of the GGUF kernel, whose ``hwplug_ggml_linear`` the C code calls through a
-function pointer; their variants' native library is the ``kernels.c`` build, and they
-decline calls until the GGUF library is loaded (:class:`GgufMoeKernels`). Each op checks its call first (the ``*_supported`` functions; the
-registry's variants name the ``unchecked`` forms, having asked ``supports``).
+function pointer; their variants' native library is the pair (:class:`GgufMoeKernels`).
+Each op checks its call first (the ``*_supported`` functions; the registry's variants name
+the ``unchecked`` forms, having asked ``supports``).
 
 Contracts beyond the ops': ``moe_topk`` picks the lower expert index on equal scores;
 ``moe_experts`` and ``ggml_moe_experts`` sum each token's slots in slot order, so a token's
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from hwplug.errors import UnsupportedError
+from hwplug.kernel_registry.native import BuildStatus
 from hwplug.kernel_registry.reference.ggml import QUANTIZED_TYPES, type_name
 from hwplug.platforms.cpu import ggml_moe
 from hwplug.platforms.cpu.checked_op import checked
@@ -109,21 +110,32 @@ class MoeKernels(build.Library):
 
 
 class GgufMoeKernels:
-    """``ggml_moe_experts`` through a build of ``kernels.c`` (``moe``, the variants' native
-    library, which the registry builds) calling a build of the GGUF kernel (``other``),
-    found loaded: every GGUF layer's ``ggml_linear`` variant builds and loads it.
-    :meth:`supports` declines calls until then, naming it."""
+    """``ggml_moe_experts`` through a build of ``kernels.c`` (``moe``) calling a build of the
+    GGUF kernel (``other``); the native library of its variants (the
+    :class:`~hwplug.kernel_registry.native.NativeLibrary` protocol) is the two builds
+    together (``parts``), so binding a variant builds and loads both."""
 
     def __init__(self, moe: MoeKernels, other: build.Library) -> None:
         self.moe, self.other = moe, other
+        self.parts = (other, moe)
         self.name = f"{moe.name}+{other.source.parent.name} {other.name}"
 
+    def status(self) -> BuildStatus:
+        """The GGUF build's status unless it is built, else the MoE build's."""
+        other = self.other.status()
+        return other if other.state != "built" else self.moe.status()
+
+    def ensure_built(self) -> BuildStatus:
+        """Build and load the GGUF build, then the MoE build (whose status is returned)."""
+        self.other.ensure_built()
+        return self.moe.ensure_built()
+
+    def forget_failure(self) -> bool:
+        """Forget either build's remembered failure; whether there was one."""
+        return self.other.forget_failure() | self.moe.forget_failure()
+
     def supports(self, *args: object, **kwargs: object) -> str | None:
-        """Why the op declines a call, or None: ``other`` not loaded, or
-        :func:`gguf_experts_supported`."""
-        if "library" not in vars(self.other):  # functools.cached_property: loaded once
-            return (f"the {self.other.source.parent.name} ({self.other.name}) kernels it calls "
-                    f"are not loaded yet (their own variants build them)")
+        """Why the op declines a call, or None: :func:`gguf_experts_supported`."""
         return gguf_experts_supported(*args, **kwargs)
 
     @functools.cached_property
