@@ -586,10 +586,10 @@ static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
  * LT_LANES rows, each chunk in tiles of LT_LANES pairs (see legacy_tile_of), so a verify
  * step's or a prefill chunk's rows read each weight block once. The VNNI build takes
  * int16 activations of two rows or more (one where its rows are short) 16 weight rows at a
- * time, one per lane (lgroup.h: lw_linear up to LW_MAX_ROWS rows, lt_linear beyond; the
- * last N % 16 rows through the tiles), each with the same fp32 arithmetic per pair. One
- * thread, CPU time, loaded, Q8_0 and Q4_1, SmolLM2's and Qwen2.5-1.5B's shapes from
- * memory: a 5-row call costs 1.1-1.7x a 1-row call (the tiles: 2.2-3.8x). */
+ * time, one per lane (lgroup.h, lw_linear; the last N % 16 rows through the tiles), each
+ * with the same fp32 arithmetic per pair. One thread, CPU time, loaded, Q8_0 and Q4_1,
+ * SmolLM2's and Qwen2.5-1.5B's shapes from memory: a 5-row call costs 1.1-1.7x a 1-row
+ * call (the tiles: 2.2-3.8x). */
 static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                           const act_t *act, float *out, int64_t ldo, const float *bias,
                           int wide, int nthreads) {
@@ -597,9 +597,7 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
     const size_t block_bytes = (size_t)(QK * (wide ? 2 : 1));
     int64_t n_start = 0; /* the weight rows from which the tiles compute */
 #ifdef HWPLUG_GGML_VNNI
-    if (wide && M > LW_MAX_ROWS)
-        n_start = lt_linear(type, w, row_bytes, N, act, out, ldo, bias, nthreads);
-    else if (wide && (M >= 2 || lw_one_row(type, act->nb)))
+    if (wide && (M >= 2 || lw_one_row(type, act->nb)))
         n_start = lw_linear(type, w, row_bytes, N, act, out, ldo, bias, nthreads);
 #endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)

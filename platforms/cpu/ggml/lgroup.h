@@ -114,19 +114,6 @@ static void lw_group_of(int type, const uint8_t *w, int64_t ld, const act_t *a, 
 }
 #undef LW_TYPES
 
-/* the first N / LW_ROWS * LW_ROWS weight rows, LW_ROWS at a time split over the threads,
- * for int16 activations of 1 to LW_MAX_ROWS rows; the rows they cover */
-static int64_t lw_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
-                         const act_t *a, float *out, int64_t ldo, const float *bias,
-                         int nthreads) {
-    const int64_t groups = N / LW_ROWS, M = a->rows;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * M >= 65536)
-    for (int64_t g = 0; g < groups; ++g)
-        lw_group_of(type, w + g * LW_ROWS * row_bytes, row_bytes, a, out + g * LW_ROWS, ldo,
-                    bias ? bias + g * LW_ROWS : NULL);
-    return groups * LW_ROWS;
-}
-
 /* ---- many activation rows ("lt"): a batch's or a prefill's ----
  * A group against the activation rows LT_TILE at a time, each block decoded and turned once
  * per tile (lw_block) and met by every row of the tile in turn, the rows' accumulators in
@@ -177,15 +164,22 @@ static void lt_group(int type, const uint8_t *w, int64_t ld, const act_t *a, flo
     }
 }
 
-/* lw_linear for int16 activations of any number of rows */
-static int64_t lt_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+/* the first N / LW_ROWS * LW_ROWS weight rows, LW_ROWS at a time split over the threads,
+ * for int16 activations of any number of rows (lw_group up to LW_MAX_ROWS, lt_group
+ * beyond); the rows they cover */
+static int64_t lw_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                          const act_t *a, float *out, int64_t ldo, const float *bias,
                          int nthreads) {
     const int64_t groups = N / LW_ROWS, M = a->rows;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * M >= 65536)
-    for (int64_t g = 0; g < groups; ++g)
-        lt_group(type, w + g * LW_ROWS * row_bytes, row_bytes, a, out + g * LW_ROWS, ldo,
-                 bias ? bias + g * LW_ROWS : NULL);
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *wg = w + g * LW_ROWS * row_bytes;
+        const float *bg = bias ? bias + g * LW_ROWS : NULL;
+        if (M > LW_MAX_ROWS)
+            lt_group(type, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
+        else
+            lw_group_of(type, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
+    }
     return groups * LW_ROWS;
 }
 
