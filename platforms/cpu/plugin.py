@@ -117,7 +117,7 @@ CPU_VARIANTS: list[dict[str, Any]] = [
     # each just above the grouped variant over the same GGUF build
     *(dict(op="ggml_moe_experts", name=name.replace("ggml", "fused"),
            impl=f"{_FUSED_MOE}GGUF_{build}.experts.unchecked",
-           supports=f"{_FUSED_MOE}GGUF_{build}.supports", native=f"{_FUSED_MOE}GGUF_{build}",
+           supports=_FUSED_MOE + "gguf_experts_supported", native=f"{_FUSED_MOE}GGUF_{build}",
            features=features, dtypes=("float32",), priority=priority + 2,
            description=f"C ({build.lower()}): one call for up to 16 tokens; rows grouped by "
                        "expert in C, ggml_linear per active expert (gate and up, then down), "

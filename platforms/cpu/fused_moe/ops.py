@@ -134,10 +134,6 @@ class GgufMoeKernels:
         """Forget either build's remembered failure; whether there was one."""
         return self.other.forget_failure() | self.moe.forget_failure()
 
-    def supports(self, *args: object, **kwargs: object) -> str | None:
-        """Why the op declines a call, or None: :func:`gguf_experts_supported`."""
-        return gguf_experts_supported(*args, **kwargs)
-
     @functools.cached_property
     def _linear(self) -> int:
         """The address of the GGUF build's ``hwplug_ggml_linear``."""
