@@ -80,7 +80,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vllm-compile", action="store_true",
                         help="let vLLM compile (default: --enforce-eager)")
     parser.add_argument("--weights", choices=("f32", "gguf"), default="f32",
-                        help="f32 everywhere, or hwplug and llama.cpp on the GGUF's blocks")
+                        help="float32 for hwplug and llama.cpp, or both on the GGUF's blocks")
     parser.add_argument("--vllm-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="vLLM's weights (auto: vLLM's own choice, as vllm serve makes it)")
     return parser.parse_args()
