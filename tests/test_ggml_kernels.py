@@ -115,8 +115,9 @@ def test_every_build_gives_the_32_value_types_the_same_bits(fresh_discovery, kin
     builds = [built(name) for name in VARIANTS if not NEEDS[name] - current_platform().facts.features]
     generator = torch.Generator().manual_seed(kind)
     # VNNI, int16: one row of 9 blocks and 2-11 rows through lw_linear (lgroup.h), one row
-    # of 25 blocks through the tiles, 13 rows through lt_group
-    for blocks, rows in ((9, 1), (25, 1), *((9, rows) for rows in (2, 3, 5, 8, 11, 13))):
+    # of 25 blocks through the tiles, 13 rows through lt_group; int8: from 2 rows through
+    # lt_group, two blocks per step (9: the last alone; 8: none alone)
+    for blocks, rows in ((9, 1), (25, 1), (8, 3), *((9, rows) for rows in (2, 3, 5, 8, 11, 13))):
         qweight, cols = weight_for(kind, 21, seed=kind + 7, blocks=blocks)
         x = torch.randn(rows, cols, generator=generator)
         for activations in ("int8", "int16") if kind in c_ops.WIDE_TYPES else ("int8",):

@@ -7,7 +7,8 @@
  *   - for the types of 32-value blocks: per block of 32 to int16 (scale max|x| / 32767) or
  *     int8 (max|x| / 127); each weight block is dotted with them in integer arithmetic (exact:
  *     the int32 bounds are stated at legacy_values), then one fp32 FMA per block and pair,
- *     in the AVX2 builds eight pairs at once (legacy_tile_of);
+ *     in the AVX2 builds eight pairs at once (legacy_tile_of), in the VNNI build's groups
+ *     16 (lgroup.h);
  *   - for the super-block types (Q2_K .. Q6_K, IQ4_XS): per super-block of 256 to int8 (one
  *     scale, max|x| / 127) with the sums of each 16 quants (Q8_K, see q8k_t); the weight's
  *     integer sub-block scales multiply the int16 pair sums of the 8-bit products (madd, or
@@ -68,12 +69,13 @@ enum { QK = 32, QK_K = 256, MT_MAX = 4 };
 /* The quantized activations, block-major so that a block's rows lie side by side: for block
  * b of row m, i = b * rows + m indexes
  * - for the 32-value types (int8 or int16, the `wide` flag the kernels pass along): the
- *   quants q[32 i ..], the scale d[i] and d[i] * sum(q) as sd[i];
+ *   quants q[32 i ..], the scale d[i] and d[i] * sum(q) as sd[i] (int8: sum(q) as sum[i]);
  * - for the super-block types: the q8k_t ((q8k_t *)q)[i] (d and sd unused). */
 typedef struct {
     void *q;
     float *d, *sd;
     int64_t nb, rows; /* blocks (of 32, or super-blocks of 256) per row; rows */
+    int32_t *sum;     /* int8 quants of 32-value blocks: sum(q) of block i, else NULL */
 } act_t;
 /* a super-block of activations (Q8_K): the scale, the sums of each 16 quants, the quants */
 typedef struct {
@@ -116,6 +118,29 @@ INLINE int legacy_has_min(int type) { return type == T_Q4_1 || type == T_Q5_1; }
  * bytes) or uw (wide: int16 activations): Q4_0 q - 8 and Q5_0 q - 16 (16 bytes of nibbles
  * after the scale, Q5_0's fifth bits between), Q4_1 and Q5_1 q (the minimum m after the
  * scale: w = d q + m), Q8_0 its int8 q, IQ4_NL its nibbles' IQ4_VALUES (int8 only). */
+/* What legacy_values subtracts from the block's unsigned quants (legacy_unsigned) */
+INLINE int legacy_center(int type) {
+    switch (type) {
+    case T_Q4_0: return 8;
+    case T_Q5_0: return 16;
+    case T_Q4_1: case T_Q5_1: return 0;
+    default: return 128; /* Q8_0, IQ4_NL */
+    }
+}
+/* the block's values plus legacy_center as unsigned bytes: Q8_0's int8 q + 128 (q ^ 0x80),
+ * IQ4_NL's IQ4_VALUES, the others' quants */
+INLINE u8x32 legacy_unsigned(int type, const uint8_t *blk) {
+    if (type == T_Q8_0) return minus128(load_u8(blk + 2));
+    if (type == T_IQ4_NL) return lookup16(nibbles16(blk + 2), IQ4_VALUES);
+    const uint8_t *qs = blk + legacy_bytes(type) - 16;
+    u8x32 v = nibbles16(qs);
+    if (type == T_Q5_0 || type == T_Q5_1) {
+        uint32_t h;
+        memcpy(&h, qs - 4, 4);
+        v = or_bits32(v, h);
+    }
+    return v;
+}
 INLINE void legacy_values(int type, const uint8_t *blk, int wide, u8x32 *u, wide_t *uw) {
     if (type == T_Q8_0) {
         if (wide)
@@ -124,23 +149,13 @@ INLINE void legacy_values(int type, const uint8_t *blk, int wide, u8x32 *u, wide
             *u = load_u8(blk + 2);
         return;
     }
-    if (type == T_IQ4_NL) {
-        *u = minus128(lookup16(nibbles16(blk + 2), IQ4_VALUES));
-        return;
-    }
-    const int five = type == T_Q5_0 || type == T_Q5_1;
-    const int center = legacy_has_min(type) ? 0 : five ? 16 : 8;
-    const uint8_t *qs = blk + legacy_bytes(type) - 16;
-    if (wide && !five) {
-        *uw = wide_sub(nibbles16_wide(qs), center);
-        return;
-    }
-    u8x32 v = nibbles16(qs);
-    if (five) { uint32_t h; memcpy(&h, qs - 4, 4); v = or_bits32(v, h); }
-    if (wide)
-        *uw = wide_sub(widen(v), center);
+    const int center = legacy_center(type);
+    if (wide && (type == T_Q4_0 || type == T_Q4_1))
+        *uw = wide_sub(nibbles16_wide(blk + legacy_bytes(type) - 16), center);
+    else if (wide)
+        *uw = wide_sub(widen(legacy_unsigned(type, blk)), center);
     else
-        *u = sub_u8(v, center);
+        *u = sub_u8(legacy_unsigned(type, blk), center);
 }
 /* the block's values (legacy_values) against the quants of block i of the activations */
 INLINE isum_t legacy_dot(const u8x32 *u, const wide_t *uw, const act_t *a, int64_t i,
@@ -158,6 +173,7 @@ INLINE void quantize_row(const float *restrict x, const act_t *a, int64_t m, int
         quantize32(x, id, (char *)a->q + (size_t)(QK * i) * (wide ? 2 : 1), wide, sums);
         a->d[i] = amax / qmax;
         a->sd[i] = a->d[i] * (float)(sums[0] + sums[1]);
+        if (a->sum) a->sum[i] = sums[0] + sums[1];
     }
 }
 
@@ -585,11 +601,11 @@ static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
  * rows split over the threads; each group against the activations in chunks of up to
  * LT_LANES rows, each chunk in tiles of LT_LANES pairs (see legacy_tile_of), so a verify
  * step's or a prefill chunk's rows read each weight block once. The VNNI build takes
- * int16 activations of two rows or more (one where its rows are short) 16 weight rows at a
- * time, one per lane (lgroup.h, lw_linear; the last N % 16 rows through the tiles), each
- * with the same fp32 arithmetic per pair. One thread, CPU time, loaded, Q8_0 and Q4_1,
- * SmolLM2's and Qwen2.5-1.5B's shapes from memory: a 5-row call costs 1.1-1.7x a 1-row
- * call (the tiles: 2.2-3.8x). */
+ * int16 activations of two rows or more (one where its rows are short), and int8 ones from
+ * LB_MIN_ROWS rows, 16 weight rows at a time, one per lane (lgroup.h, lw_linear; the last
+ * N % 16 rows through the tiles), each with the same fp32 arithmetic per pair. One thread,
+ * CPU time, loaded, Q8_0 and Q4_1 with int16 activations, SmolLM2's and Qwen2.5-1.5B's
+ * shapes from memory: a 5-row call costs 1.1-1.7x a 1-row call (the tiles: 2.2-3.8x). */
 static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
                           const act_t *act, float *out, int64_t ldo, const float *bias,
                           int wide, int nthreads) {
@@ -597,8 +613,8 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
     const size_t block_bytes = (size_t)(QK * (wide ? 2 : 1));
     int64_t n_start = 0; /* the weight rows from which the tiles compute */
 #ifdef HWPLUG_GGML_VNNI
-    if (wide && (M >= 2 || lw_one_row(type, act->nb)))
-        n_start = lw_linear(type, w, row_bytes, N, act, out, ldo, bias, nthreads);
+    if (wide ? M >= 2 || lw_one_row(type, act->nb) : M >= LB_MIN_ROWS)
+        n_start = lw_linear(type, wide, w, row_bytes, N, act, out, ldo, bias, nthreads);
 #endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
     for (int64_t n0 = n_start; n0 < N; n0 += LT_LANES) {
@@ -607,7 +623,7 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
             const int mt = (int)(M - m0 < LT_LANES ? M - m0 : LT_LANES);
             const int mtp = mt == 1 ? 1 : mt == 2 ? 2 : mt <= 4 ? 4 : 8, nr = LT_LANES / mtp;
             const act_t part = {(char *)act->q + block_bytes * (size_t)m0, act->d + m0,
-                                act->sd + m0, act->nb, M};
+                                act->sd + m0, act->nb, M, act->sum ? act->sum + m0 : NULL};
             for (int r0 = 0; r0 < rows; r0 += nr) {
                 const int nrv = rows - r0 < nr ? rows - r0 : nr;
                 float res[LT_LANES];
@@ -631,10 +647,12 @@ static int linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int6
     const int super = super_type(type);
     const int64_t nb = super ? K / QK_K : K / QK, width = act_bits / 8;
     const size_t block_bytes = super ? sizeof(q8k_t) : (size_t)(QK * width);
+    const int sums = !super && width == 1;
     act_t act = {malloc(block_bytes * (size_t)(M * nb)),
                  super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)),
-                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)), nb, M};
-    int status = (act.q && (super || (act.d && act.sd))) ? 0 : -2;
+                 super ? NULL : malloc(sizeof(float) * (size_t)(M * nb)), nb, M,
+                 sums ? malloc(sizeof(int32_t) * (size_t)(M * nb)) : NULL};
+    int status = (act.q && (super || (act.d && act.sd)) && (!sums || act.sum)) ? 0 : -2;
     if (status == 0) {
 #pragma omp parallel for num_threads(nthreads) if (M >= 8)
         for (int64_t m = 0; m < M; ++m) {
@@ -650,7 +668,7 @@ static int linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N, int6
         else
             legacy_linear(type, w, row_bytes, N, &act, out, ldo, bias, width == 2, nthreads);
     }
-    free(act.q); free(act.d); free(act.sd);
+    free(act.q); free(act.d); free(act.sd); free(act.sum);
     return status;
 }
 

@@ -1,18 +1,21 @@
-/* The 32-value block types with int16 activations (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) for
+/* The 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; IQ4_NL with int8 activations) for
  * several activation rows at once, one weight row per 32-bit lane of a 512-bit vector
  * (included by kernels.c in its VNNI build, after legacy_tile_of, whose per-pair fp32
  * arithmetic this reproduces lane by lane: see legacy_values).
  *
- * A group of LW_ROWS weight rows has each row's block decoded (legacy_values) and its 16
- * int16 pairs turned so that vector i holds pair i of every row of the group
- * (transpose16_epi32); pair i of an activation row, broadcast, meets vector i in one
- * vpdpwssd, so per activation row a block costs 16 vpdpwssd for the 16 weight rows and no
+ * A group of LW_ROWS weight rows has each row's block decoded and turned so that vector i
+ * holds word i of every row of the group (transpose16_epi32): with int16 activations the 16
+ * int16 pairs of one block (legacy_values), each met by the activation row's pair i,
+ * broadcast, in one vpdpwssd; with int8 activations the 8 unsigned byte quads of each of
+ * two blocks (legacy_unsigned: the values plus legacy_center), met by the row's quads in
+ * one vpdpbusd each, less legacy_center times the quants' sum (exact). Per activation row a
+ * block then costs 16 (int16) or 8 (int8) dot instructions for the 16 weight rows and no
  * horizontal sums, then one fp32 FMA for the 16 pairs (Q4_1, Q5_1: one more for the
  * minimum). The weight's decoding and transpose are shared by the activation rows (no
- * packing of the activations). Up to LW_MAX_ROWS activation rows (a verify step's) keep
- * their accumulators in registers (lw_group); more (a batch's, a prefill's) in memory, a
- * tile of LT_TILE rows at a time (lt_group). Either way a row's outputs are the same bits,
- * whatever the other rows of the call. */
+ * packing of the activations). With int16, up to LW_MAX_ROWS activation rows (a verify
+ * step's) keep their accumulators in registers (lw_group); more (a batch's, a prefill's),
+ * and int8 rows from LB_MIN_ROWS, in memory, a tile of LT_TILE rows at a time (lt_group).
+ * Either way a row's outputs are the same bits, whatever the other rows of the call. */
 #ifndef HWPLUG_GGML_LGROUP_H
 #define HWPLUG_GGML_LGROUP_H
 
@@ -21,6 +24,11 @@
  * too (lw_one_row). lt_group measured 0.91-1.05x lw_group's speed at 1-11 rows (2-vCPU Zen 4,
  * two threads, Q4_1, Q5_1, Q8_0, 960 x 576 and 576 x 1536 from memory). */
 enum { LW_ROWS = 16, LW_MAX_ROWS = 11, LW_ONE_ROW_BLOCKS = 24 };
+/* the fewest int8 activation rows that take the groups (lt_group) rather than the tiles: at 2
+ * rows 1.05-1.25x faster, at 5 1.8-2.0x, at 32 1.9-3.2x (2-vCPU Zen 4, two threads, Q4_1 and
+ * Q8_0, 576 x 576, 3072 x 576 and 576 x 1536 from memory); one row keeps the tiles, whose
+ * eight pairs' streams run ahead of sixteen */
+enum { LB_MIN_ROWS = 2 };
 
 /* whether one activation row takes the groups: one thread, CPU time, loaded, weights from
  * memory, against the one-row tiles, 576 inputs (18 blocks): Q8_0 1.2-1.4x, Q4_0
@@ -31,36 +39,62 @@ INLINE int lw_one_row(int type, int64_t nb) {
     return nb <= LW_ONE_ROW_BLOCKS && type != T_Q5_0 && type != T_Q5_1;
 }
 
-/* block b of the LW_ROWS weight rows at w (ld bytes apart), decoded and turned: z[i] lane r
- * holds int16 pair i of row r; *dw lane r the block's scale of row r, *mw (Q4_1, Q5_1) its
- * minimum */
-INLINE void lw_block(int type, const uint8_t *w, int64_t ld, int64_t b, __m512i z[16],
-                     __m512 *dw, __m512 *mw) {
-    const uint8_t *blk = w + b * legacy_bytes(type);
+/* blocks per transposed step of lw_block: one as int16 pairs (wide: 16 vectors), two as
+ * unsigned byte quads (int8 activations: 8 vectors each) */
+#define LW_STEP(wide) ((wide) ? 1 : 2)
+
+/* block b of the LW_ROWS weight rows at w (ld bytes apart; nb blocks a row), decoded and
+ * turned: wide, z[i] lane r holds int16 pair i of row r (legacy_values); else z[8 h + i]
+ * lane r quad i of block b + h of row r as unsigned bytes (legacy_unsigned; zero past the
+ * last block). dw[h] lane r: the scale of row r's block b + h, mw[h] its minimum (Q4_1,
+ * Q5_1) */
+INLINE void lw_block(int type, int wide, const uint8_t *w, int64_t ld, int64_t b, int64_t nb,
+                     __m512i z[16], __m512 dw[2], __m512 mw[2]) {
+    const int bytes = legacy_bytes(type), two = !wide && b + 1 < nb;
+    const uint8_t *blk = w + b * bytes;
     _Pragma("GCC unroll 16") for (int r = 0; r < LW_ROWS; ++r) {
-        u8x32 u;
-        wide_t uw;
-        PREFETCH(blk + (r + LW_ROWS) * ld); /* the next group's block */
-        legacy_values(type, blk + r * ld, 1, &u, &uw);
-        z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(uw.lo), uw.hi, 1);
+        PREFETCH(blk + (r + LW_ROWS) * ld); /* the next group's block(s) */
+        if (wide) {
+            u8x32 u;
+            wide_t uw;
+            legacy_values(type, blk + r * ld, 1, &u, &uw);
+            z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(uw.lo), uw.hi, 1);
+        } else {
+            PREFETCH(blk + (r + LW_ROWS) * ld + 2 * bytes - 1);
+            const u8x32 next = two ? legacy_unsigned(type, blk + bytes + r * ld)
+                                   : _mm256_setzero_si256();
+            z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(
+                legacy_unsigned(type, blk + r * ld)), next, 1);
+        }
     }
     transpose16_epi32(z); /* kgroup.h: z[r] lane i -> z[i] lane r */
     const __m512i rows = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)ld));
-    const __m512i words = _mm512_i32gather_epi32(rows, (const void *)blk, 1);
-    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
-    *mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16)));
+    for (int h = 0; h < 1 + two; ++h) {
+        const __m512i words = _mm512_i32gather_epi32(rows, (const void *)(blk + h * bytes), 1);
+        dw[h] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+        mw[h] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16)));
+    }
 }
 
-/* lane r: the int32 dot product of weight row r's block (z, see lw_block) and activation
- * row i's */
-INLINE __m512i lw_dot(const __m512i z[16], const act_t *a, int64_t i) {
-    const int32_t *x = (const int32_t *)Q16(a, i);
-    __m512i part[4]; /* four chains: vpdpwssd's latency, not its throughput, would bound one */
+/* lane r: the int32 dot product of weight row r's block b + h (z from lw_block at b) and
+ * block b + h of activation row m, i = (b + h) * rows + m: int16 pairs by vpdpwssd, or
+ * unsigned byte quads by vpdpbusd less legacy_center times the activations' sum */
+INLINE __m512i lw_dot(int type, int wide, const __m512i z[16], int h, const act_t *a,
+                      int64_t i) {
+    const int32_t *x = wide ? (const int32_t *)Q16(a, i) : (const int32_t *)Q8(a, i);
+    __m512i part[4]; /* four chains: the dot's latency, not its throughput, would bound one */
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; ++j) part[j] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 16") for (int k = 0; k < 16; ++k) part[k & 3] =
-        _mm512_dpwssd_epi32(part[k & 3], z[k], _mm512_set1_epi32(x[k]));
+    if (wide) {
+        _Pragma("GCC unroll 16") for (int k = 0; k < 16; ++k) part[k & 3] =
+            _mm512_dpwssd_epi32(part[k & 3], z[k], _mm512_set1_epi32(x[k]));
+    } else {
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) part[k & 3] =
+            _mm512_dpbusd_epi32(part[k & 3], z[8 * h + k], _mm512_set1_epi32(x[k]));
+        if (legacy_center(type))
+            part[0] = _mm512_sub_epi32(part[0], _mm512_set1_epi32(legacy_center(type) * a->sum[i]));
+    }
     return _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]), _mm512_add_epi32(part[2], part[3]));
 }
 
@@ -72,14 +106,14 @@ INLINE void lw_group(int type, const uint8_t *w, int64_t ld, const act_t *a, int
     _Pragma("GCC unroll 11") for (int m = 0; m < MT; ++m) acc[m] = off[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < a->nb; ++b) {
         __m512i z[16];
-        __m512 dw, mw;
-        lw_block(type, w, ld, b, z, &dw, &mw);
+        __m512 dw[2], mw[2];
+        lw_block(type, 1, w, ld, b, a->nb, z, dw, mw);
         _Pragma("GCC unroll 11") for (int m = 0; m < MT; ++m) {
             const int64_t i = b * a->rows + m;
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lw_dot(z, a, i)),
-                                     _mm512_mul_ps(dw, _mm512_set1_ps(a->d[i])), acc[m]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lw_dot(type, 1, z, 0, a, i)),
+                                     _mm512_mul_ps(dw[0], _mm512_set1_ps(a->d[i])), acc[m]);
             if (legacy_has_min(type))
-                off[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->sd[i]), off[m]);
+                off[m] = _mm512_fmadd_ps(mw[0], _mm512_set1_ps(a->sd[i]), off[m]);
         }
     }
     const __m512 add = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
@@ -125,49 +159,56 @@ static void lw_group_of(int type, const uint8_t *w, int64_t ld, const act_t *a, 
 enum { LT_TILE = 64 };
 
 /* acc/off[m * 16 + r] += activation row m0 + m against weight row r of the group at w */
-INLINE void lt_tile(int type, const uint8_t *w, int64_t ld, const act_t *a, int64_t m0, int mt,
-                    float *acc, float *off) {
-    for (int64_t b = 0; b < a->nb; ++b) {
+INLINE void lt_tile(int type, int wide, const uint8_t *w, int64_t ld, const act_t *a,
+                    int64_t m0, int mt, float *acc, float *off) {
+    for (int64_t b = 0; b < a->nb; b += LW_STEP(wide)) {
         __m512i z[16];
-        __m512 dw, mw;
-        lw_block(type, w, ld, b, z, &dw, &mw);
-        for (int m = 0; m < mt; ++m) {
-            const int64_t i = b * a->rows + m0 + m;
-            _mm512_storeu_ps(acc + 16 * m, _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(lw_dot(z, a, i)), _mm512_mul_ps(dw, _mm512_set1_ps(a->d[i])),
-                _mm512_loadu_ps(acc + 16 * m)));
-            if (legacy_has_min(type))
-                _mm512_storeu_ps(off + 16 * m, _mm512_fmadd_ps(
-                    mw, _mm512_set1_ps(a->sd[i]), _mm512_loadu_ps(off + 16 * m)));
-        }
+        __m512 dw[2], mw[2];
+        lw_block(type, wide, w, ld, b, a->nb, z, dw, mw);
+        for (int h = 0; h < LW_STEP(wide) && b + h < a->nb; ++h)
+            for (int m = 0; m < mt; ++m) {
+                const int64_t i = (b + h) * a->rows + m0 + m;
+                _mm512_storeu_ps(acc + 16 * m, _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(lw_dot(type, wide, z, h, a, i)),
+                    _mm512_mul_ps(dw[h], _mm512_set1_ps(a->d[i])), _mm512_loadu_ps(acc + 16 * m)));
+                if (legacy_has_min(type))
+                    _mm512_storeu_ps(off + 16 * m, _mm512_fmadd_ps(
+                        mw[h], _mm512_set1_ps(a->sd[i]), _mm512_loadu_ps(off + 16 * m)));
+            }
     }
 }
 
-static void lt_group(int type, const uint8_t *w, int64_t ld, const act_t *a, float *out,
-                     int64_t ldo, const float *bias) {
+#define LT_TILE_OF(T, W) lt_tile(T, W, w, ld, a, m0, mt, acc, off)
+#define LT_TYPES(W)                                                                        \
+    switch (type) {                                                                        \
+    case T_Q4_0: LT_TILE_OF(T_Q4_0, W); break;                                             \
+    case T_Q4_1: LT_TILE_OF(T_Q4_1, W); break;                                             \
+    case T_Q5_0: LT_TILE_OF(T_Q5_0, W); break;                                             \
+    case T_Q5_1: LT_TILE_OF(T_Q5_1, W); break;                                             \
+    case T_Q8_0: LT_TILE_OF(T_Q8_0, W); break;                                             \
+    default: if (!(W)) LT_TILE_OF(T_IQ4_NL, 0); break;                                     \
+    }
+static void lt_group(int type, int wide, const uint8_t *w, int64_t ld, const act_t *a,
+                     float *out, int64_t ldo, const float *bias) {
     float acc[LT_TILE * 16], off[LT_TILE * 16];
     const __m512 add = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
     for (int64_t m0 = 0; m0 < a->rows; m0 += LT_TILE) {
         const int mt = (int)(a->rows - m0 < LT_TILE ? a->rows - m0 : LT_TILE);
         memset(acc, 0, sizeof(float) * 16 * (size_t)mt);
         memset(off, 0, sizeof(float) * 16 * (size_t)mt);
-        switch (type) {
-        case T_Q4_0: lt_tile(T_Q4_0, w, ld, a, m0, mt, acc, off); break;
-        case T_Q4_1: lt_tile(T_Q4_1, w, ld, a, m0, mt, acc, off); break;
-        case T_Q5_0: lt_tile(T_Q5_0, w, ld, a, m0, mt, acc, off); break;
-        case T_Q5_1: lt_tile(T_Q5_1, w, ld, a, m0, mt, acc, off); break;
-        default: lt_tile(T_Q8_0, w, ld, a, m0, mt, acc, off); break;
-        }
+        if (wide) { LT_TYPES(1) } else { LT_TYPES(0) }
         for (int m = 0; m < mt; ++m)
             _mm512_storeu_ps(out + (m0 + m) * ldo, _mm512_add_ps(
                 _mm512_add_ps(_mm512_loadu_ps(acc + 16 * m), _mm512_loadu_ps(off + 16 * m)), add));
     }
 }
+#undef LT_TYPES
+#undef LT_TILE_OF
 
 /* the first N / LW_ROWS * LW_ROWS weight rows, LW_ROWS at a time split over the threads,
- * for int16 activations of any number of rows (lw_group up to LW_MAX_ROWS, lt_group
- * beyond); the rows they cover */
-static int64_t lw_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t N,
+ * for activations of any number of rows: int16 (wide) through lw_group up to LW_MAX_ROWS
+ * and lt_group beyond, int8 through lt_group; the rows they cover */
+static int64_t lw_linear(int type, int wide, const uint8_t *w, int64_t row_bytes, int64_t N,
                          const act_t *a, float *out, int64_t ldo, const float *bias,
                          int nthreads) {
     const int64_t groups = N / LW_ROWS, M = a->rows;
@@ -175,8 +216,8 @@ static int64_t lw_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t *wg = w + g * LW_ROWS * row_bytes;
         const float *bg = bias ? bias + g * LW_ROWS : NULL;
-        if (M > LW_MAX_ROWS)
-            lt_group(type, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
+        if (!wide || M > LW_MAX_ROWS)
+            lt_group(type, wide, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
         else
             lw_group_of(type, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
     }

@@ -42,8 +42,10 @@ from hwplug.platforms.device_names import canonical_device_name
 #: (that Zen 5, quiet, two threads, Qwen2.5-1.5B's 1536x1536, 8960x1536 and 1536x8960, Q4_K
 #: and Q6_K: 1.0-24 ms against 2.7-101), and their AVX2 build's tiles were about level with
 #: the fp32 tiles at 128 rows (Q4_K 6299 / 8787 µs, Q6_K 5972 / 7780 and 50687 / 37338, one
-#: thread, a loaded machine), so prefill stays batch-invariant for them too. IQ4_NL's
-#: integer kernel was level with the tiles at 32 rows (2437 / 2445 µs), hence 32.
+#: thread, a loaded machine), so prefill stays batch-invariant for them too. IQ4_NL never
+#: takes the tiles either (null) since the VNNI build's int8 groups (lgroup.h): 2.1-3.1x the
+#: tiles' speed at 32 and 128 rows (2-vCPU Zen 4, two threads, SmolLM2's shapes); before
+#: them its integer kernel was level with the tiles at 32 rows, hence 32 then.
 TUNING = Path(__file__).with_name("tuning.json")
 #: The activations' integer types and their bits, as the C kernel takes them.
 ACTIVATIONS = {"int8": 8, "int16": 16}
