@@ -18,7 +18,9 @@ dequantized tiles from there on), ``GB/s`` (the weight bytes ``ggml`` read per s
 ``kernels.c`` with its flags for the build the op takes here and called with its tuned activations and switch, the
 tiles past it; n/a where it does not serve the type) and ``base GB/s``, ``avx2`` (this
 AVX2 build's op on a CPU with VNNI too), ``int16`` and ``int8`` (the integer kernel with
-each activation type) and ``tiles`` (each path alone), ``repacked`` (the VNNI build's
+each activation type) and ``tiles`` (each path alone), ``base int8`` (the baseline's
+integer kernel with int8 activations at every row count; like ``base``, called straight
+through ctypes without the op's checks, a few µs a call less than ``int8``), ``repacked`` (the VNNI build's
 integer kernel on the weight repacked once into 16-row groups, Q4_K, Q5_K, Q6_K and IQ4_XS: n/a for the
 others and on CPUs without VNNI), ``rep GB/s``, ``base rep`` (the baseline's repacking and
 its kernel on it: n/a where the baseline does not repack), ``portable`` (the build for CPUs
@@ -26,7 +28,8 @@ without AVX2), ``fp32`` (the ``linear`` op on the dequantized weight as dispatch
 and plain ``F.linear``, and the op's ``reference`` (dequantize, then ``F.linear``).
 Ratios: the baseline's time over ``ggml``'s (above 1: ggml is faster), then fp32's,
 the reference's and the repacked kernel's (below 1: the repacked weight is faster), and
-the baseline's repacked kernel's over this one's (``brep/rep``, above 1: this one is faster). The CPU is named as the probe reads it (lscpu's ``Model name``).
+the baseline's repacked kernel's over this one's (``brep/rep``, above 1: this one is faster)
+and the baseline's int8 kernel's over this one's (``b8/int8``). The CPU is named as the probe reads it (lscpu's ``Model name``).
 
     python benchmarks/ggml_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,32]
                                      [--shapes 1536x1536,8960x1536] [--layers 30]
@@ -70,7 +73,7 @@ from hwplug.platforms.cpu.ggml import ops as c_kernels  # noqa: E402
 SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 #: Its tied LM head: one copy, as the GGUF stores it.
 HEAD = ("lm_head", 576, 49152)
-COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "repacked",
+COLUMNS = ("ggml", "GB/s", "base", "base GB/s", "avx2", "int16", "int8", "base int8", "repacked",
            "rep GB/s", "base rep", "tiles", "portable", "fp32", "F.linear", "reference")
 #: The build of each ``ggml_linear`` variant (the baseline is built the same way).
 BUILD_OF = {"ggml_vnni": "vnni", "ggml_avx2": "avx2", "ggml_c": "portable"}
@@ -169,10 +172,15 @@ class Baseline:
         """``x @ W.T`` as that revision's op computed it (fp32, 2-D ``x``)."""
         if self.rows[kind] is not None and x.shape[0] >= self.rows[kind]:
             return c_kernels.AVX2.linear_tiled(x, qweight, kind)
+        return self.integer(x, qweight, kind, self.bits[kind])
+
+    def integer(self, x: torch.Tensor, qweight: torch.Tensor, kind: int, bits: int
+                ) -> torch.Tensor:
+        """``x @ W.T`` by that revision's integer kernel with ``bits``-bit activations."""
         (m, k), (n, row_bytes) = x.shape, qweight.shape
         out = torch.empty(m, n)
         status = self.function(kind, qweight.data_ptr(), row_bytes, n, k, x.data_ptr(), m,
-                               out.data_ptr(), n, None, self.bits[kind], torch.get_num_threads())
+                               out.data_ptr(), n, None, bits, torch.get_num_threads())
         if status:
             raise RuntimeError(f"the baseline kernel returned {status}")
         return out
@@ -210,6 +218,7 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
         "avx2": lambda: [c_kernels.AVX2.linear(x, q, kind) for q in qweights],
         "int16": lambda: [best.linear_blocks(x, q, kind, None, "int16") for q in qweights],
         "int8": lambda: [best.linear_blocks(x, q, kind, None, "int8") for q in qweights],
+        "base int8": lambda: [baseline.integer(x, q, kind, 8) for q in qweights],
         "repacked": lambda: [best.linear_repacked(x, q, kind) for q in packed],
         "base rep": lambda: [baseline.linear_repacked(x, q, kind) for q in base_packed],
         "tiles": lambda: [best.linear_tiled(x, q, kind) for q in qweights],
@@ -219,7 +228,8 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
         "reference": lambda: [ggml_linear.reference(x, q, kind) for q in qweights[:2]],
     }
     served = {c for c in timed if c not in RATES
-              and (c != "base" or (baseline is not None and baseline.serves(kind)))
+              and (c not in ("base", "base int8")
+                   or (baseline is not None and baseline.serves(kind)))
               and (c != "int16" or wide) and (c != "repacked" or repackable)
               and (c != "base rep" or (bool(base_packed) and None not in base_packed))}
     times = interleaved_us({c: columns[c] for c in COLUMNS if c in served},
@@ -232,8 +242,10 @@ def row(kind: GGMLQuantizationType, shape: tuple[str, int, int], tokens: int, co
                     else f"{'n/a':>10}" for c in timed)
     ratios = "".join(f"{times[c] / times['ggml']:>9.2f}x" if c in times and "ggml" in times
                      else f"{'n/a':>10}" for c in ("base", "fp32", "reference", "repacked"))
-    if "base rep" in times and "repacked" in times:
-        ratios += f"{times['base rep'] / times['repacked']:>11.2f}x"
+    for base, this, width in (("base rep", "repacked", 11), ("base int8", "int8", 10)):
+        if base in timed:
+            ratios += (f"{times[base] / times[this]:>{width - 1}.2f}x"
+                       if base in times and this in times else f"{'n/a':>{width}}")
     return f"{label}{cells}{ratios}"
 
 
@@ -268,7 +280,8 @@ def main() -> None:
         c_kernels.VNNI.ensure_built()
     timed = tuple(c for c in COLUMNS if c in args.columns.split(","))
     chosen = kernels.explain("ggml_linear", platform, "cpu", "float32").chosen.name
-    baseline = (Baseline(args.baseline, BUILD_OF[chosen]) if {"base", "base rep"} & set(timed)
+    baseline = (Baseline(args.baseline, BUILD_OF[chosen])
+                if {"base", "base rep", "base int8"} & set(timed)
                 else None)
     print(f"CPU: {platform.facts.device_name} ({host.machine()}, features: "
           f"{' '.join(sorted(platform.facts.features))}); torch {torch.__version__}, "
@@ -295,7 +308,8 @@ def main() -> None:
     for kind, table_shapes, copies in tables:
         print(f"\n{kind.name}, microseconds per call{'' if copies > 1 else ' (LM head)'}:")
         print(f"{header}{'base/ggml':>10}{'fp32/ggml':>10}{'ref/ggml':>10}{'rep/ggml':>10}"
-              f"{'brep/rep' if 'base rep' in timed else '':>11}")
+              + f"{'brep/rep':>11}" * ("base rep" in timed)
+              + f"{'b8/int8':>10}" * ("base int8" in timed))
         for shape in table_shapes:
             for count in tokens:
                 print(row(kind, shape, count, copies, args.cycle_mb, args.repeat, timed,
