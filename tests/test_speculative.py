@@ -20,6 +20,7 @@ import hwplug
 from hwplug.errors import ConfigError
 from hwplug.model_zoo.engine.block_manager import BlockManager
 from hwplug.model_zoo.engine.decode_graphs import RECORD_AT
+from hwplug.model_zoo.engine.proposal_length import ProposalLength
 from hwplug.model_zoo.engine.scheduler import Scheduler
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.llm_config import LLMConfig
@@ -111,9 +112,10 @@ LONG = " ".join(PROMPTS[:4])
 def test_verify_steps_replay_step_graphs_with_the_eager_tokens(caplog):
     params = hwplug.SamplingParams(max_tokens=16, ignore_eos=True)
     tokens = {}
+    # k proposals every step (verify steps of k + 1 rows, one bucket), whatever they cost
+    fixed = {**SPECULATIVE["ngram"], "adaptive_length": False}
     for graphs in (True, False):
-        llm = hwplug.LLM(**CHUNKED, speculative_config=SPECULATIVE["ngram"],
-                         step_graphs=graphs)
+        llm = hwplug.LLM(**CHUNKED, speculative_config=fixed, step_graphs=graphs)
         try:
             caplog.clear()
             with caplog.at_level(logging.DEBUG, "hwplug.model_zoo.engine"):
@@ -186,7 +188,10 @@ def test_proposals_the_token_budget_cannot_take_are_dropped():
     ({"method": "eagle", "num_speculative_tokens": 2}, "must be one of draft_model, ngram"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "an integer in \\[1, 15\\]"),
     ({"method": "ngram", "num_speculative_tokens": 2, "n": 3},
-     "no option n; options: method, num_speculative_tokens, prompt_lookup_min"),
+     "no option n; options: method, num_speculative_tokens, adaptive_length, "
+     "prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "adaptive_length": 1},
+     "adaptive_length'\\] must be True or False, got int 1"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5},
      "prompt_lookup_min \\(5\\) must be <= prompt_lookup_max \\(4\\)"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "num_layers": 0},
@@ -195,3 +200,42 @@ def test_proposals_the_token_budget_cannot_take_are_dropped():
 def test_a_bad_speculative_config_names_the_valid_choices(config, message):
     with pytest.raises(ConfigError, match=message):
         LLMConfig.create(speculative_config=config)
+
+
+def timed_steps(lengths: ProposalLength, fixed: float, per_row: float, rows=(1, 5)) -> None:
+    """Steps of each of ``rows`` query rows, timed as ``fixed + per_row * rows``."""
+    for _ in range(20):
+        for count in rows:
+            lengths.observe_step(count, fixed + per_row * count)
+
+
+def test_proposal_length_is_what_pays_for_the_verify_rows():
+    """p ** j >= r: a row costing a fifth of a one-row step (r = 0.2) takes proposals while
+    the chance that all of them are accepted stays above 0.2."""
+    lengths = ProposalLength()
+    assert lengths.length(1, 4, 1) == 4  # no spread of row counts timed yet: r = 0
+    timed_steps(lengths, fixed=0.008, per_row=0.002)
+    assert lengths.row_cost(1) == pytest.approx(0.2)
+    assert lengths.row_cost(8) == pytest.approx(0.016 / 0.024)  # a step shared by 8
+    assert lengths.length(1, 4, 1) == 2  # the prior 1 in 2: 0.25 >= 0.2 > 0.125
+    for _ in range(10):  # everything accepted: p -> 1
+        lengths.observe_verification(1, 4, 4)
+    assert lengths.length(1, 4, 1) == 4
+    assert lengths.length(1, 2, 1) == 2  # never past the limit
+
+
+def test_a_sequence_whose_proposals_fail_probes_one_token_now_and_then():
+    lengths = ProposalLength()
+    timed_steps(lengths, fixed=0.008, per_row=0.002)
+    for _ in range(10):
+        lengths.observe_verification(7, 1, 0)
+    assert [lengths.length(7, 4, 1) for _ in range(32)] == ([0] * 15 + [1]) * 2
+    # weights bound steps (rows almost free): proposing pays even at low acceptance
+    cheap = ProposalLength()
+    timed_steps(cheap, fixed=0.020, per_row=0.0001)
+    for _ in range(10):
+        cheap.observe_verification(7, 1, 0)
+        cheap.observe_verification(7, 4, 1)
+    assert cheap.length(7, 4, 1) >= 1
+    cheap.keep_only({8})  # 7 finished: back to the prior
+    assert cheap.length(7, 4, 1) == 4

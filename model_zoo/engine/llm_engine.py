@@ -14,6 +14,7 @@ The engine is not thread-safe: one thread drives it (see
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,6 +235,7 @@ class LLMEngine:
             raise ModelError("no waiting request fits the free KV cache and nothing is "
                              "running to free it")
         transfer = self.scheduler.kv_transfer
+        started = time.perf_counter()
         if transfer is None:
             tokens, rewind = self.runner.step(batch), {}
         else:
@@ -246,7 +248,7 @@ class LLMEngine:
             rewind = transfer.end_step()
         self.num_steps += 1
         if self.speculator is not None:
-            self.speculator.record(batch.sampled_seqs, tokens)
+            self.speculator.record(batch, tokens, time.perf_counter() - started)
         advanced = self.scheduler.update(batch, tokens, rewind)
         errors = transfer.pop_errors() if transfer else {}
         updates = {request_id: RequestUpdate(request_id, error=error)

@@ -1,13 +1,17 @@
 """The engine side of speculative decoding: proposals before a step, verification in it.
 
-:class:`Speculator` asks the proposer for up to ``k`` tokens to follow each decoding
+:class:`Speculator` asks the proposer for up to ``k`` tokens (fewer where they would not
+pay for their verify rows, :mod:`~hwplug.model_zoo.engine.proposal_length`, except for a
+seeded request: how many random numbers its verification draws depends on the length,
+which depends on timings, so it keeps ``k`` to stay reproducible) to follow each decoding
 sequence that can take them (one whose sampling the verification reproduces: no
 repetition/frequency/presence penalty, no log-probabilities, no structured output; and
 with room left under ``max_tokens`` and ``max_model_len``) and puts them in its
 ``spec_token_ids``. The scheduler gives the sequence ``k + 1`` tokens in the next step,
 the runner scores them all and :func:`verify` keeps what the ``rejection_sample`` op
 accepts; the scheduler then appends those tokens and gives back the rejected ones' KV
-blocks. The speculator counts proposals and acceptances for the run statistics.
+blocks. The speculator counts proposals and acceptances for the run statistics, and
+times the steps it learns the rows' cost from.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from itertools import accumulate
 import torch
 
 from hwplug import registries
+from hwplug.model_zoo.engine.proposal_length import ProposalLength
+from hwplug.model_zoo.engine.scheduler import ScheduledBatch
 from hwplug.model_zoo.engine.sequence import Sequence
 from hwplug.model_zoo.speculative.config import SpeculativeConfig
 from hwplug.model_zoo.speculative.proposer import Proposer, ProposerTarget
@@ -70,10 +76,12 @@ def can_speculate(seq: Sequence) -> bool:
 
 
 class Speculator:
-    """``proposer`` proposing up to ``k`` tokens per decoding sequence, and the counts."""
+    """``proposer`` proposing up to ``k`` tokens per decoding sequence (``adaptive``: as
+    many as pay, see :class:`ProposalLength`), and the counts."""
 
-    def __init__(self, proposer: Proposer, k: int) -> None:
+    def __init__(self, proposer: Proposer, k: int, adaptive: bool = True) -> None:
         self.proposer, self.k = proposer, k
+        self.lengths = ProposalLength() if adaptive else None
         self._held: dict[int, Sequence] = {}
         #: Tokens proposed and verified, of them accepted, and verifications (a sequence's
         #: verify step) so far.
@@ -85,11 +93,17 @@ class Speculator:
             if seq.is_finished:
                 self.proposer.release(seq)
                 del self._held[seq_id]
+        if self.lengths is not None:
+            self.lengths.keep_only({seq.seq_id for seq in running})
         seqs, limits = [], []
         for seq in running:
             limit = min(self.k, seq.sampling.max_tokens - seq.num_output_tokens - 1,
                         max_model_len - seq.num_tokens - 1)
-            if seq.num_uncomputed_tokens == 1 and limit > 0 and can_speculate(seq):
+            if seq.num_uncomputed_tokens != 1 or limit <= 0 or not can_speculate(seq):
+                continue
+            if self.lengths is not None and seq.generator is None:  # a seed: fixed length
+                limit = self.lengths.length(seq.seq_id, limit, len(running))
+            if limit > 0:
                 seqs.append(seq)
                 limits.append(limit)
         if not seqs:
@@ -99,13 +113,23 @@ class Speculator:
             seq.spec_token_ids = list(tokens[:limit])
             self._held[seq.seq_id] = seq
 
-    def record(self, sampled: Seq[Sequence], tokens: Seq[int | Seq[int]]) -> None:
-        """Count a step's verifications (before the scheduler clears the proposals)."""
-        for seq, kept in zip(sampled, tokens, strict=True):
+    def record(self, batch: ScheduledBatch, tokens: Seq[int | Seq[int]],
+               seconds: float) -> None:
+        """Count a step's verifications (before the scheduler clears the proposals), and
+        time it where it is a pure decode or verify step (no prompt tokens) that took
+        ``seconds``."""
+        for seq, kept in zip(batch.sampled_seqs, tokens, strict=True):
             if seq.spec_token_ids:
                 self.num_proposed += len(seq.spec_token_ids)
                 self.num_accepted += len(kept) - 1
                 self.num_verified += 1
+                if self.lengths is not None:
+                    self.lengths.observe_verification(seq.seq_id, len(seq.spec_token_ids),
+                                                      len(kept) - 1)
+        if self.lengths is not None and all(
+                count == 1 + len(seq.spec_token_ids)
+                for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True)):
+            self.lengths.observe_step(batch.num_tokens, seconds)
 
     def describe(self) -> str:
         return self.proposer.describe()
@@ -119,4 +143,4 @@ def build_speculator(speculative_config: dict | None, target: ProposerTarget
     config = SpeculativeConfig.create("speculative_config", speculative_config)
     proposer = registries.proposers.get(config.method)(config, target)
     logger.info("speculative decoding: %s", proposer.describe())
-    return Speculator(proposer, config.num_speculative_tokens)
+    return Speculator(proposer, config.num_speculative_tokens, config.adaptive_length)

@@ -2,8 +2,10 @@
 
 The mapping names a registered proposer (``method``, see
 :data:`hwplug.registries.proposers`), how many tokens it proposes per step
-(``num_speculative_tokens``), and that proposer's own options, which its class checks
-(:meth:`~hwplug.model_zoo.speculative.proposer.Proposer.check_options`).
+(``num_speculative_tokens``: the most; ``adaptive_length``, default True, lets each
+sequence propose fewer where its recent acceptance does not pay for the verify rows, see
+:mod:`hwplug.model_zoo.engine.proposal_length`), and that proposer's own options, which its
+class checks (:meth:`~hwplug.model_zoo.speculative.proposer.Proposer.check_options`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ MAX_SPECULATIVE_TOKENS = 15
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """A checked ``speculative_config``: the proposer's name, ``k`` and its options (each
-    given or its default)."""
+    """A checked ``speculative_config``: the proposer's name, ``k``, whether the length
+    adapts, and the proposer's options (each given or its default)."""
 
     method: str
     num_speculative_tokens: int
     options: Mapping[str, Any] = field(default_factory=dict)
+    adaptive_length: bool = True
 
     @classmethod
     def create(cls, name: str, value: Mapping[str, Any]) -> SpeculativeConfig:
@@ -41,9 +44,12 @@ class SpeculativeConfig:
                               f"{method!r}")
         k = checks.integer(1, MAX_SPECULATIVE_TOKENS)(
             f"{name}['num_speculative_tokens']", given.pop("num_speculative_tokens", None))
+        adaptive = checks.boolean(f"{name}['adaptive_length']",
+                                  given.pop("adaptive_length", True))
         options = registries.proposers.get(method).check_options(name, given)
-        return cls(method, k, options)
+        return cls(method, k, options, adaptive)
 
     def describe(self) -> str:
         extra = "".join(f", {key}={value}" for key, value in self.options.items())
-        return f"{self.method}, k={self.num_speculative_tokens}{extra}"
+        fixed = "" if self.adaptive_length else ", adaptive_length=False"
+        return f"{self.method}, k={self.num_speculative_tokens}{fixed}{extra}"

@@ -71,7 +71,8 @@ class Proposer(abc.ABC):
         :class:`ConfigError` naming an unknown one and the valid ones."""
         unknown = sorted(set(given) - set(cls.options))
         if unknown:
-            valid = ", ".join(["method", "num_speculative_tokens", *cls.options])
+            valid = ", ".join(["method", "num_speculative_tokens", "adaptive_length",
+                               *cls.options])
             raise ConfigError(f"{name} has no option {', '.join(unknown)}; options: {valid}")
         return {key: check(f"{name}[{key!r}]", given.get(key, default))
                 for key, (default, check) in cls.options.items()}
