@@ -1,6 +1,8 @@
 """Speculative decoding's speed: hwplug with and without it, beside llama.cpp's prompt lookup.
 
-Batch 1, greedy, EOS ignored, on the packaged SmolLM2 (or ``--model``), three prompt sets
+Batch 1, greedy, EOS ignored (``--until-eos``: each answer ends at the model's end of
+turn, at most ``--new-tokens``, as a user sees it; greedy speculation gives the same
+tokens, so every hwplug row still decodes the same count), on the packaged SmolLM2 (or ``--model``), three prompt sets
 given as chat-templated token ids: two where copying helps (``code-edit``: rename a
 function in a given snippet and print the whole snippet; ``quote-summary``: summarise a
 text quoting its key sentences) and ``open-chat`` (open questions, where n-gram lookup
@@ -84,7 +86,7 @@ def hwplug_rows(args: argparse.Namespace, sets: dict[str, list[str]]) -> tuple[d
     if args.draft_layers:
         rows["hwplug draft_model"] = {"method": "draft_model", "num_speculative_tokens": args.k,
                                       "num_layers": args.draft_layers}
-    sampling = hwplug.SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    sampling = hwplug.SamplingParams(max_tokens=args.new_tokens, ignore_eos=not args.until_eos)
     runs = {name: {key: [] for key in sets} for name in rows}
     token_ids = {}
     for _ in range(args.repeat):  # rows interleaved: a slow spell of the machine hits all
@@ -130,6 +132,7 @@ def _hwplug_set(llm, prompts: list[list[int]], sampling) -> dict:
 def llamacpp_rows(args: argparse.Namespace, model: str, token_ids: dict) -> dict | str:
     """llama.cpp's rows from a subprocess of ``--llamacpp-python``, or why they are not."""
     job = {"model": model, "token_ids": token_ids, "new_tokens": args.new_tokens,
+           "until_eos": args.until_eos,
            "k": args.k, "threads": args.threads, "n_ctx": args.max_model_len}
     try:
         proc = subprocess.run([args.llamacpp_python, __file__, "--llamacpp-worker"],
@@ -159,19 +162,21 @@ def llamacpp_worker() -> None:
         llm = Llama(job["model"], n_ctx=job["n_ctx"], n_threads=job["threads"],
                     n_threads_batch=job["threads"], draft_model=draft, verbose=False,
                     logits_all=draft is not None)
-        _llamacpp_set(llm, job["token_ids"]["open-chat"][:1], job["new_tokens"])  # warm-up
-        results[name] = {key: _llamacpp_set(llm, prompts, job["new_tokens"])
+        _llamacpp_set(llm, job["token_ids"]["open-chat"][:1], job["new_tokens"],
+                      job["until_eos"])  # warm-up
+        results[name] = {key: _llamacpp_set(llm, prompts, job["new_tokens"], job["until_eos"])
                          for key, prompts in job["token_ids"].items()}
     print(json.dumps(results))
 
 
-def _llamacpp_set(llm, prompts: list[list[int]], new_tokens: int) -> dict:
+def _llamacpp_set(llm, prompts: list[list[int]], new_tokens: int, until_eos: bool) -> dict:
     tokens, seconds = 0, 0.0
     for ids in prompts:
         llm.reset()  # no prefix reuse between prompts
         first, count = None, 0
         for _ in llm.create_completion(ids, max_tokens=new_tokens, temperature=0.0,
-                                       stream=True, logit_bias={llm.token_eos(): -1e9}):
+                                       stream=True,
+                                       logit_bias=None if until_eos else {llm.token_eos(): -1e9}):
             first = first or time.perf_counter()
             count += 1
         seconds += time.perf_counter() - first
@@ -213,6 +218,8 @@ def main() -> None:
                         help="runs of each hwplug row and set, interleaved; the median is kept")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--until-eos", action="store_true",
+                        help="answers end at the model's end of turn (default: EOS ignored)")
     parser.add_argument("--dequantize", action="store_true",
                         help="hwplug rows hold float32 weights (llama.cpp keeps the GGUF's)")
     parser.add_argument("--llamacpp-python", default=sys.executable)
