@@ -94,6 +94,8 @@ def test_greedy_output_is_the_same_with_speculation(expected, method):
                                                   / stats.spec_verifications)
         assert stats.kv_blocks_used == 0  # every block given back, rejected ones included
         assert stats.replayed_verify_steps > 0  # verify steps replayed step graphs
+        # the engine timed its steps: a verify row costs something (the adaptive length's fit)
+        assert llm.engine.speculator.lengths.row_cost(1) > 0
         # a seeded sampled request goes through the stochastic rule, reproducibly
         sampled = hwplug.SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=3)
         first = llm.generate(PROMPTS[0], sampled)[0].token_ids
