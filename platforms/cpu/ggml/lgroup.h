@@ -34,7 +34,9 @@ enum { LB_MIN_ROWS = 2 };
  * memory, against the one-row tiles, 576 inputs (18 blocks): Q8_0 1.2-1.4x, Q4_0
  * 1.12-1.18x, Q4_1 1.02-1.06x faster, Q5_0 and Q5_1 0.96-0.99x (their fifth bits cost more
  * for 16 rows); 1536 inputs 0.87-0.95x, 0.8-0.86x, 0.92-0.96x (sixteen rows' streams at
- * once, the tiles' eight) */
+ * once, the tiles' eight). Since lw_block_q4, Q4_0's and Q4_1's groups take ~2/3 of that
+ * time at one row; with 1536 and 8960 inputs they were then 0.9-1.2x the tiles (two
+ * threads, 576 x 1536 to 8960 x 1536), so the limit stands. */
 INLINE int lw_one_row(int type, int64_t nb) {
     return nb <= LW_ONE_ROW_BLOCKS && type != T_Q5_0 && type != T_Q5_1;
 }
@@ -43,6 +45,80 @@ INLINE int lw_one_row(int type, int64_t nb) {
  * unsigned byte quads (int8 activations: 8 vectors each) */
 #define LW_STEP(wide) ((wide) ? 1 : 2)
 
+/* Q4_0 and Q4_1 (lw_block_q4): the raw block of each of the 16 rows turned first, then
+ * decoded in lanes, all rows at once: the blocks' first 32 bytes as 8 words (a byte-masked
+ * load, nothing read past the block) in an 8 x 8 transpose in each 256-bit half (rows 0-7,
+ * 8-15), so w[j] lane r = word j of row r's block: Q4_1 w[0] (d, m) and w[1 .. 4] its 16
+ * quant bytes; Q4_0 w[0] (d, bytes 0-1), w[1 .. 3], w[4] (bytes 14-15). Per block about a
+ * third of the instructions of decoding each row and turning the pairs (lw_block's other
+ * types). */
+INLINE void lw_raw_q4(const uint8_t *blk, int64_t ld, int bytes, __m512i w[5]) {
+    const __mmask32 mask = (__mmask32)((1u << bytes) - 1);
+    __m512i x[8], t[8], u[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; ++r) {
+        PREFETCH(blk + (r + LW_ROWS) * ld); /* the next group's block */
+        PREFETCH(blk + (r + 8 + LW_ROWS) * ld);
+        x[r] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(mask, blk + r * ld)),
+            _mm256_maskz_loadu_epi8(mask, blk + (r + 8) * ld), 1);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    _Pragma("GCC unroll 2") for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    /* words j < 4 from the 128-bit lanes 0 and 2 of u[j] and u[j + 4], word 4 from lanes 1
+     * and 3 of u[0] and u[4] */
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13),
+                  second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; ++j)
+        w[j] = _mm512_permutex2var_epi64(u[j], first, u[j + 4]);
+    w[4] = _mm512_permutex2var_epi64(u[0], second, u[4]);
+}
+
+/* lw_block for Q4_0 and Q4_1 (see lw_raw_q4): the same vectors from the raw words. Quant
+ * byte q holds value q (low nibble) and value q + 16 (high nibble); it sits at byte
+ * (q + off) % 4 of word (q + off) / 4, off the quants' offset in the block (2, 4). */
+INLINE void lw_block_q4(int type, int wide, const uint8_t *w, int64_t ld, int64_t b,
+                        int64_t nb, __m512i z[16], __m512 dw[2], __m512 mw[2]) {
+    const int bytes = legacy_bytes(type), off = bytes - 16, two = !wide && b + 1 < nb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* vpshufb indexes bytes of its 128-bit lane: word d of a lane starts at byte 4d */
+    const __m512i lane_word = _mm512_set4_epi32(0xC000C, 0x80008, 0x40004, 0);
+    for (int h = 0; h < 1 + two; ++h) {
+        __m512i raw[5];
+        lw_raw_q4(w + (b + h) * bytes, ld, bytes, raw);
+        dw[h] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw[0]));
+        mw[h] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw[0], 16)));
+        if (wide) { /* pair p: values 2p, 2p + 1 (quant bytes 2p, 2p + 1), pair 8 + p: + 16 */
+            _Pragma("GCC unroll 8") for (int p = 0; p < 8; ++p) {
+                const int q = 2 * p + off, at = q % 4;
+                const __m512i pick = _mm512_add_epi32(
+                    _mm512_set1_epi32(at | 0x8000 | (at + 1) << 16 | (int)0x80000000), lane_word);
+                const __m512i pair = _mm512_shuffle_epi8(raw[q / 4], pick); /* 2 bytes, 0-extended */
+                z[p] = _mm512_and_si512(pair, _mm512_set1_epi16(0x0F));
+                z[8 + p] = _mm512_srli_epi16(pair, 4);
+                if (type == T_Q4_0) {
+                    z[p] = _mm512_sub_epi16(z[p], _mm512_set1_epi16(8));
+                    z[8 + p] = _mm512_sub_epi16(z[8 + p], _mm512_set1_epi16(8));
+                }
+            }
+        } else { /* quad i: values 4i .. 4i + 3 (quant bytes 4i ..), quad 4 + i: + 16 */
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+                const __m512i quad = off == 4 ? raw[1 + i]
+                    : _mm512_or_si512(_mm512_srli_epi32(raw[i], 16), _mm512_slli_epi32(raw[i + 1], 16));
+                z[8 * h + i] = _mm512_and_si512(quad, low4);
+                z[8 * h + 4 + i] = _mm512_and_si512(_mm512_srli_epi32(quad, 4), low4);
+            }
+        }
+    }
+}
+
 /* block b of the LW_ROWS weight rows at w (ld bytes apart; nb blocks a row), decoded and
  * turned: wide, z[i] lane r holds int16 pair i of row r (legacy_values); else z[8 h + i]
  * lane r quad i of block b + h of row r as unsigned bytes (legacy_unsigned; zero past the
@@ -50,6 +126,10 @@ INLINE int lw_one_row(int type, int64_t nb) {
  * Q5_1) */
 INLINE void lw_block(int type, int wide, const uint8_t *w, int64_t ld, int64_t b, int64_t nb,
                      __m512i z[16], __m512 dw[2], __m512 mw[2]) {
+    if (type == T_Q4_0 || type == T_Q4_1) {
+        lw_block_q4(type, wide, w, ld, b, nb, z, dw, mw);
+        return;
+    }
     const int bytes = legacy_bytes(type), two = !wide && b + 1 < nb;
     const uint8_t *blk = w + b * bytes;
     _Pragma("GCC unroll 16") for (int r = 0; r < LW_ROWS; ++r) {
