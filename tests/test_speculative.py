@@ -51,9 +51,12 @@ PROMPTS = [
 ]
 GREEDY = hwplug.SamplingParams(max_tokens=8)
 OPTIONS = {"max_num_seqs": 8, "max_model_len": 256}
-SPECULATIVE = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
+#: Fixed-length proposals (adaptive_length off): which paths a run takes does not depend on
+#: the machine's timings (test_the_adaptive_length_keeps_the_greedy_output has it on).
+SPECULATIVE = {"ngram": {"method": "ngram", "num_speculative_tokens": 4,
+                         "adaptive_length": False},
                "draft_model": {"method": "draft_model", "num_speculative_tokens": 3,
-                               "num_layers": 8}}
+                               "num_layers": 8, "adaptive_length": False}}
 
 
 def generate(llm: hwplug.LLM, batch: int) -> list[list[int]]:
@@ -94,8 +97,6 @@ def test_greedy_output_is_the_same_with_speculation(expected, method):
                                                   / stats.spec_verifications)
         assert stats.kv_blocks_used == 0  # every block given back, rejected ones included
         assert stats.replayed_verify_steps > 0  # verify steps replayed step graphs
-        # the engine timed its steps: a verify row costs something (the adaptive length's fit)
-        assert llm.engine.speculator.lengths.row_cost(1) > 0
         # a seeded sampled request goes through the stochastic rule, reproducibly
         sampled = hwplug.SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=3)
         first = llm.generate(PROMPTS[0], sampled)[0].token_ids
@@ -114,10 +115,9 @@ LONG = " ".join(PROMPTS[:4])
 def test_verify_steps_replay_step_graphs_with_the_eager_tokens(caplog):
     params = hwplug.SamplingParams(max_tokens=16, ignore_eos=True)
     tokens = {}
-    # k proposals every step (verify steps of k + 1 rows, one bucket), whatever they cost
-    fixed = {**SPECULATIVE["ngram"], "adaptive_length": False}
-    for graphs in (True, False):
-        llm = hwplug.LLM(**CHUNKED, speculative_config=fixed, step_graphs=graphs)
+    for graphs in (True, False):  # fixed k: verify steps of k + 1 rows, one bucket
+        llm = hwplug.LLM(**CHUNKED, speculative_config=SPECULATIVE["ngram"],
+                         step_graphs=graphs)
         try:
             caplog.clear()
             with caplog.at_level(logging.DEBUG, "hwplug.model_zoo.engine"):
@@ -202,6 +202,18 @@ def test_proposals_the_token_budget_cannot_take_are_dropped():
 def test_a_bad_speculative_config_names_the_valid_choices(config, message):
     with pytest.raises(ConfigError, match=message):
         LLMConfig.create(speculative_config=config)
+
+
+def test_the_adaptive_length_keeps_the_greedy_output(expected):
+    llm = hwplug.LLM(**OPTIONS, speculative_config={"method": "ngram",
+                                                    "num_speculative_tokens": 4})
+    try:
+        assert generate(llm, 8) == expected[0]
+        assert llm.engine.stats().spec_verifications > 0
+        # the engine timed its replayed decode and verify steps for the length's cost fit
+        assert llm.engine.speculator.lengths.steps_timed > 0
+    finally:
+        llm.close()
 
 
 def timed_steps(lengths: ProposalLength, fixed: float, per_row: float, rows=(1, 5)) -> None:

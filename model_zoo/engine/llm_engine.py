@@ -235,6 +235,8 @@ class LLMEngine:
             raise ModelError("no waiting request fits the free KV cache and nothing is "
                              "running to free it")
         transfer = self.scheduler.kv_transfer
+        graphs = self.runner.graphs
+        before = (graphs.replays, graphs.num_recorded) if graphs is not None else None
         started = time.perf_counter()
         if transfer is None:
             tokens, rewind = self.runner.step(batch), {}
@@ -248,7 +250,12 @@ class LLMEngine:
             rewind = transfer.end_step()
         self.num_steps += 1
         if self.speculator is not None:
-            self.speculator.record(batch, tokens, time.perf_counter() - started)
+            # timed where it ran as its kind of step runs from then on: no graphs, or a replay
+            # of a graph recorded before (not an eager step beside them, nor a recording)
+            steady = before is None or (graphs.replays > before[0]
+                                        and graphs.num_recorded == before[1])
+            self.speculator.record(batch, tokens,
+                                   time.perf_counter() - started if steady else None)
         advanced = self.scheduler.update(batch, tokens, rewind)
         errors = transfer.pop_errors() if transfer else {}
         updates = {request_id: RequestUpdate(request_id, error=error)

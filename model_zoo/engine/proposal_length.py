@@ -12,7 +12,8 @@ an accepted token saves, ``r = b * B / (a + b * B)`` for a step of ``B`` sequenc
 ``a + b * rows``. ``p_s`` is the sequence's recent acceptance per proposed token (accepted
 over tried, decayed by :data:`DECAY` per verification, from a prior of 1 in 2), and ``a``
 and ``b`` a least-squares fit of the engine's pure decode and verify steps (decayed by
-:data:`STEP_DECAY` per step). Until the steps vary in rows (no verify step yet) ``r`` is 0
+:data:`STEP_DECAY` per step; where step graphs run, only replays of graphs recorded before
+are timed: a recording step runs the model three times). Until the steps vary in rows (no verify step yet) ``r`` is 0
 and every sequence proposes its limit. A sequence whose first proposal does not pay still
 proposes one token every :data:`PROBE_EVERY` steps, so that its estimate can recover.
 Greedy and sampled outputs do not depend on the length: verification is exact.
@@ -46,6 +47,8 @@ class ProposalLength:
 
     def __init__(self) -> None:
         self._sequences: dict[int, _Acceptance] = {}
+        #: Steps timed so far (observe_step).
+        self.steps_timed = 0
         # decayed sums of the step fit: weight, rows, seconds, rows^2, rows*seconds
         self._w = self._x = self._y = self._xx = self._xy = 0.0
 
@@ -86,6 +89,7 @@ class ProposalLength:
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A pure decode (or verify) step of ``rows`` query rows took ``seconds``."""
+        self.steps_timed += 1
         self._w = STEP_DECAY * self._w + 1
         self._x = STEP_DECAY * self._x + rows
         self._y = STEP_DECAY * self._y + seconds

@@ -114,10 +114,10 @@ class Speculator:
             self._held[seq.seq_id] = seq
 
     def record(self, batch: ScheduledBatch, tokens: Seq[int | Seq[int]],
-               seconds: float) -> None:
+               seconds: float | None) -> None:
         """Count a step's verifications (before the scheduler clears the proposals), and
         time it where it is a pure decode or verify step (no prompt tokens) that took
-        ``seconds``."""
+        ``seconds`` (None: not to be timed, e.g. a step that recorded a step graph)."""
         for seq, kept in zip(batch.sampled_seqs, tokens, strict=True):
             if seq.spec_token_ids:
                 self.num_proposed += len(seq.spec_token_ids)
@@ -126,7 +126,7 @@ class Speculator:
                 if self.lengths is not None:
                     self.lengths.observe_verification(seq.seq_id, len(seq.spec_token_ids),
                                                       len(kept) - 1)
-        if self.lengths is not None and all(
+        if self.lengths is not None and seconds is not None and all(
                 count == 1 + len(seq.spec_token_ids)
                 for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True)):
             self.lengths.observe_step(batch.num_tokens, seconds)
