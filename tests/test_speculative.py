@@ -227,7 +227,7 @@ def test_proposal_length_is_what_pays_for_the_verify_rows():
     """p ** j >= r: a row costing a fifth of a one-row step (r = 0.2) takes proposals while
     the chance that all of them are accepted stays above 0.2."""
     lengths = ProposalLength()
-    assert lengths.length(1, 4, 1) == 4  # no spread of row counts timed yet: r = 0
+    assert lengths.length(1, 4, 1) == 1  # no spread of row counts timed yet: one token
     timed_steps(lengths, fixed=0.008, per_row=0.002)
     assert lengths.row_cost(1) == pytest.approx(0.2)
     assert lengths.row_cost(8) == pytest.approx(0.016 / 0.024)  # a step shared by 8

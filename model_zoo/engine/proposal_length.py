@@ -13,9 +13,12 @@ an accepted token saves, ``r = b * B / (a + b * B)`` for a step of ``B`` sequenc
 over tried, decayed by :data:`DECAY` per verification, from a prior of 1 in 2), and ``a``
 and ``b`` a least-squares fit of the engine's pure decode and verify steps (decayed by
 :data:`STEP_DECAY` per step; where step graphs run, only replays of graphs recorded before
-are timed: a recording step runs the model three times). Until the steps vary in rows (no verify step yet) ``r`` is 0
-and every sequence proposes its limit. A sequence whose first proposal does not pay still
-proposes one token every :data:`PROBE_EVERY` steps, so that its estimate can recover.
+are timed: a recording step runs the model three times). Until the timed steps vary in
+rows (no verify step timed yet) the cost is unknown and every sequence proposes one token,
+the cheapest try (on SmolLM2 Q4_1, open chat: 0.97-1.05x of decoding without speculation
+against 0.83-0.93x proposing the limit; benchmarks/speculative.py --until-eos, two runs
+each). A sequence whose first proposal does not pay still proposes one token every
+:data:`PROBE_EVERY` steps, so that its estimate can recover.
 Greedy and sampled outputs do not depend on the length: verification is exact.
 """
 
@@ -69,8 +72,8 @@ class ProposalLength:
         ``batch`` sequences (0: none this step)."""
         seq = self._sequences.setdefault(key, _Acceptance())
         cost, p = self.row_cost(batch), seq.accepted / seq.tried
-        if cost <= 0:
-            return limit
+        if cost <= 0:  # rows' cost not known yet: one token, the cheapest try
+            return min(1, limit)
         worth = limit if p >= 1 else (
             0 if p <= 0 else min(limit, math.floor(math.log(cost) / math.log(p) + 1e-9)))
         if worth > 0:
