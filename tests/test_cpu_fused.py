@@ -115,13 +115,40 @@ def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
     check("paged_attention", name, *batch, PagedAttentionParams(128 ** -0.5, causal=False))
 
 
+def assert_rows_alone_give_the_same_bits(name: str, query, kv_cache, metadata, params,
+                                         rows) -> None:
+    """Each query row ``t`` of ``rows``, run alone as a decode step of its row of
+    ``metadata.decode_rows``, gets the bits it got in the whole batch (batch invariance),
+    with 1 thread and with the session's."""
+    impl = variant("paged_attention", name)
+    every = impl.impl(query, kv_cache, metadata, params)
+    decode_rows = metadata.decode_rows(query.shape[0])
+    threads = torch.get_num_threads()
+    for t in rows:
+        alone = AttentionMetadata(
+            decode_rows.slot_mapping[t:t + 1], decode_rows.block_tables[t:t + 1],
+            decode_rows.seq_lens[t:t + 1], torch.tensor([0, 1], dtype=torch.int32), 1,
+            int(decode_rows.seq_lens[t]))
+        try:
+            torch.set_num_threads(1)
+            one_thread = impl.impl(query[t:t + 1], kv_cache, alone, params)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(impl.impl(query[t:t + 1], kv_cache, alone, params), every[t:t + 1])
+        assert torch.equal(one_thread, every[t:t + 1]), (params.sliding_window, t)
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_a_verify_step_runs_as_one_decode_row_per_query(fresh_discovery, name):
     """k + 1 causal queries per sequence (a speculative verify step), next to a sequence
-    without proposals, match the reference; so does a sliding window."""
+    without proposals, match the reference; so does a sliding window. The rows of one
+    sequence, which the kernel runs together, each get the bits their decode row alone
+    gets."""
     batch = decode_batch(3, [37, 5, 64, 21], 16, 3, 3, pad=-1, query_lens=[5, 1, 3, 16])
-    for window in (None, 4):
-        check("paged_attention", name, *batch, PagedAttentionParams(0.125, True, window))
+    for window in (None, 4, 40):
+        params = PagedAttentionParams(0.125, True, window)
+        check("paged_attention", name, *batch, params)
+        assert_rows_alone_give_the_same_bits(name, *batch, params, range(25))
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -129,20 +156,12 @@ def test_a_prefill_runs_as_one_decode_row_per_query(fresh_discovery, name):
     """Prefill chunks longer than a verify step's, beside a decode row, match the reference
     (with and without a sliding window), and each query gets the bits a decode step of its
     row alone gives: a row's output does not depend on its step (batch invariance)."""
-    query, kv_cache, metadata = decode_batch(4, [37, 5, 200, 21], 16, 3, 3, pad=-1,
-                                             query_lens=[37, 1, 150, 4])
-    impl = variant("paged_attention", name)
-    rows = metadata.decode_rows(query.shape[0])
+    batch = decode_batch(4, [37, 5, 200, 21], 16, 3, 3, pad=-1, query_lens=[37, 1, 150, 4])
     for window in (None, 20):
         params = PagedAttentionParams(0.125, True, window)
-        check("paged_attention", name, query, kv_cache, metadata, params)
-        every = impl.impl(query, kv_cache, metadata, params)
-        for t in (0, 36, 37, 38, 100, 187, 191):
-            alone = AttentionMetadata(
-                rows.slot_mapping[t:t + 1], rows.block_tables[t:t + 1], rows.seq_lens[t:t + 1],
-                torch.tensor([0, 1], dtype=torch.int32), 1, int(rows.seq_lens[t]))
-            assert torch.equal(impl.impl(query[t:t + 1], kv_cache, alone, params),
-                               every[t:t + 1]), (window, t)
+        check("paged_attention", name, *batch, params)
+        assert_rows_alone_give_the_same_bits(name, *batch, params,
+                                             (0, 36, 37, 38, 100, 187, 191))
 
 
 @pytest.mark.parametrize("name", VARIANTS)

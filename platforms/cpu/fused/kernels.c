@@ -10,10 +10,10 @@
  * hwplug_linear_f32: activation rows by an fp32 weight through register tiles of dot
  *   products, each output summed in one order whatever the row count; OpenMP over the
  *   weight rows.
- * hwplug_paged_decode: attention of one query per sequence over its paged NHD cache,
+ * hwplug_paged_decode: attention of one query per decode row over its paged NHD cache,
  *   walking its block table (no gather): online softmax over chunks of keys, the query
- *   heads of one KV head together, sliding window and soft cap. OpenMP over
- *   (sequence, KV head).
+ *   heads of one KV head together, sliding window and soft cap; a verify step's rows of
+ *   one sequence read each chunk once. OpenMP over (run of rows, KV head).
  *
  * Built like the ggml kernels (hwplug.platforms.cpu.ggml.build): avx2 and portable builds
  * of the same GNU C vector code (8 fp32 lanes), which each build's flags lower to its SIMD.
@@ -173,7 +173,7 @@ int hwplug_rotary(const int64_t *pos, const float *cache, int64_t max_pos, int64
 }
 
 /* ---- paged_attention, decode ---- */
-enum { CHUNK = 16, MAX_GROUP = 16, MAX_HEAD = 256 };
+enum { CHUNK = 16, MAX_GROUP = 16, MAX_HEAD = 256, MAX_ITEM = 32 };
 
 /* lanes of two 8-lane vectors by index (0-7: a's, 8-15: b's): clang's and GCC 12's
  * __builtin_shufflevector, older GCC's __builtin_shuffle */
@@ -220,61 +220,89 @@ typedef struct {
     float scale, cap;        /* cap 0: no soft cap */
 } kv_t;
 
-/* out [G, D] (heads D apart) = attention of the G query heads q [G, D] over keys
- * [start, len) of the sequence whose blocks `table` lists; -1 for a block out of range */
-static int decode_heads(const float *q, int G, const kv_t *c, const int32_t *table,
-                        int64_t start, int64_t len, float *out) {
+/* Keys [k0, k0 + n) of one chunk (kp, vp: its first key and value) folded into the online
+ * softmax of G query heads q [G, D]: m [G] the running maxima, l [G] the running sums, acc
+ * [G, D] the running weighted values, s a [G, CHUNK] scratch. Every head's scores are
+ * written before any is read back (no store-to-load stall per key). The same arithmetic
+ * per head whichever rows share the call. */
+INLINE void fold_chunk(const float *q, int G, const float *kp, const float *vp, int64_t n,
+                       const kv_t *c, float *m, float *l, float *acc, float *s) {
     const int64_t D = c->D;
-    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP * CHUNK], acc[MAX_GROUP * MAX_HEAD];
-    for (int g = 0; g < G; ++g) { m[g] = -INFINITY; l[g] = 0.0f; }
-    memset(acc, 0, sizeof(float) * (size_t)(G * D));
+    for (int64_t j = 0; j < n; j += 8)
+        for (int g = 0; g < G; ++g)
+            store8(s + g * CHUNK + j, scores8(q + g * D, kp + j * c->token_stride,
+                                              c->token_stride, n - j < 8 ? n - j : 8, D)
+                                          * c->scale);
+    for (int g = 0; g < G; ++g) {
+        float *sg = s + g * CHUNK, *ag = acc + g * D, top = m[g];
+        if (c->cap > 0.0f) /* cap tanh(v / cap) = cap (1 - 2 / (exp(2 v / cap) + 1)) */
+            for (int h = 0; h < CHUNK; h += 8)
+                store8(sg + h, c->cap - 2.0f * c->cap /
+                                   (exp8(load8(sg + h) * (2.0f / c->cap)) + 1.0f));
+        for (int64_t j = 0; j < n; ++j) top = sg[j] > top ? sg[j] : top;
+        const float correction = expf(m[g] - top); /* 0 on the first chunk */
+        for (int h = 0; h < CHUNK; h += 8) store8(sg + h, exp8(load8(sg + h) - top));
+        float total = 0.0f;
+        for (int64_t j = 0; j < n; ++j) total += sg[j];
+        l[g] = l[g] * correction + total;
+        for (int64_t i = 0; i < D; i += 8) {
+            f32x8 a = load8(ag + i) * correction;
+            for (int64_t j = 0; j < n; ++j) a += sg[j] * load8(vp + j * c->token_stride + i);
+            store8(ag + i, a);
+        }
+        m[g] = top;
+    }
+}
+
+/* The query heads of KV head kh in decode rows [r0, r1) (row r: query + r * q_stride, out
+ * + r * Hq * D; context seq_lens[r] keys of the blocks its table row lists) attend to keys
+ * start onward, chunk by chunk: rows of one sequence read each chunk once, from the cache
+ * the first row brought it into. At most MAX_ITEM heads; -1 for a block out of range. */
+static int attend_rows(const float *query, int64_t q_stride, int64_t Hq, int64_t kh, int G,
+                       const kv_t *c, const int32_t *tables, int64_t table_stride,
+                       const int32_t *seq_lens, int64_t r0, int64_t r1, int64_t start,
+                       float *out) {
+    const int64_t D = c->D, bs = c->block_size;
+    const int heads = (int)(r1 - r0) * G;
+    float m[MAX_ITEM], l[MAX_ITEM], s[MAX_GROUP * CHUNK], acc[MAX_ITEM * MAX_HEAD];
+    int64_t longest = 0;
+    for (int64_t r = r0; r < r1; ++r) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+    for (int h = 0; h < heads; ++h) { m[h] = -INFINITY; l[h] = 0.0f; }
+    memset(acc, 0, sizeof(float) * (size_t)(heads * D));
     memset(s, 0, sizeof s);
-    for (int64_t k0 = start; k0 < len;) {
-        const int64_t block = table[k0 / c->block_size], slot = k0 % c->block_size;
-        if (block < 0 || block >= c->num_blocks) return -1;
-        int64_t n = c->block_size - slot < CHUNK ? c->block_size - slot : CHUNK;
-        n = len - k0 < n ? len - k0 : n;
-        const int64_t first = block * c->block_stride + slot * c->token_stride;
-        const float *kp = c->k + first, *vp = c->v + first;
-        for (int64_t j = 0; j < n; j += 8)
-            for (int g = 0; g < G; ++g)
-                store8(s + g * CHUNK + j, scores8(q + g * D, kp + j * c->token_stride,
-                                                  c->token_stride, n - j < 8 ? n - j : 8, D)
-                                              * c->scale);
-        for (int g = 0; g < G; ++g) {
-            float *sg = s + g * CHUNK, *ag = acc + g * D, top = m[g];
-            for (int h = 0; h < CHUNK; h += 8) {
-                f32x8 v = load8(sg + h);
-                if (c->cap > 0.0f) /* cap tanh(v / cap) = cap (1 - 2 / (exp(2 v / cap) + 1)) */
-                    v = c->cap - 2.0f * c->cap / (exp8(v * (2.0f / c->cap)) + 1.0f);
-                store8(sg + h, v);
-            }
-            for (int64_t j = 0; j < n; ++j) top = sg[j] > top ? sg[j] : top;
-            const float correction = expf(m[g] - top); /* 0 on the first chunk */
-            for (int h = 0; h < CHUNK; h += 8) store8(sg + h, exp8(load8(sg + h) - top));
-            float total = 0.0f;
-            for (int64_t j = 0; j < n; ++j) total += sg[j];
-            l[g] = l[g] * correction + total;
-            for (int64_t i = 0; i < D; i += 8) {
-                f32x8 a = load8(ag + i) * correction;
-                for (int64_t j = 0; j < n; ++j) a += sg[j] * load8(vp + j * c->token_stride + i);
-                store8(ag + i, a);
-            }
-            m[g] = top;
+    for (int64_t k0 = start; k0 < longest;) {
+        const int64_t slot = k0 % bs, n = bs - slot < CHUNK ? bs - slot : CHUNK;
+        for (int64_t r = r0; r < r1; ++r) {
+            if (k0 >= seq_lens[r]) continue;
+            const int64_t block = tables[r * table_stride + k0 / bs];
+            if (block < 0 || block >= c->num_blocks) return -1;
+            const int64_t first = block * c->block_stride + slot * c->token_stride;
+            const int64_t rows = seq_lens[r] - k0 < n ? seq_lens[r] - k0 : n;
+            const int h = (int)(r - r0) * G;
+            fold_chunk(query + r * q_stride + kh * G * D, G, c->k + first, c->v + first, rows,
+                       c, m + h, l + h, acc + h * D, s);
         }
         k0 += n;
     }
-    for (int g = 0; g < G; ++g) {
-        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f; /* no keys: zeros */
-        for (int64_t i = 0; i < D; i += 8) store8(out + g * D + i, load8(acc + g * D + i) * inv);
-    }
+    for (int64_t r = r0; r < r1; ++r)
+        for (int g = 0; g < G; ++g) {
+            const int h = (int)(r - r0) * G + g;
+            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f; /* no keys: zeros */
+            float *o = out + (r * Hq + kh * G + g) * D;
+            for (int64_t i = 0; i < D; i += 8) store8(o + i, load8(acc + h * D + i) * inv);
+        }
     return 0;
 }
 
-/* out [B, Hq, D] = decode attention of query [B, Hq, D] (sequences q_stride values apart)
- * over kv_cache [2, num_blocks, block_size, Hkv, D] (fp32, contiguous), block_tables [B,
+/* out [B, Hq, D] = decode attention of query [B, Hq, D] (rows q_stride values apart) over
+ * kv_cache [2, num_blocks, block_size, Hkv, D] (fp32, contiguous), block_tables [B,
  * table_stride] int32, seq_lens [B] int32; window 0: none, cap 0: none. D % 8 == 0,
- * D <= 256, Hq / Hkv <= 16 (the caller checks). -1 for a block index out of range. */
+ * D <= MAX_HEAD, Hq / Hkv <= MAX_GROUP (the caller checks). Consecutive rows whose tables
+ * start with the same block and that see their context from key 0 (a verify step's rows
+ * of one sequence) run together, up to MAX_ITEM heads and a share of the rows that keeps
+ * every thread busy; each row's output is the same bits however rows are grouped. OpenMP
+ * over (run of rows, KV head), taken one at a time (runs differ in size). -1 for a block
+ * index out of range, -3 out of memory. */
 int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_cache,
                         int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D,
                         const int32_t *block_tables, int64_t table_stride,
@@ -287,22 +315,32 @@ int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_ca
         if (seq_lens[b] < 0 || seq_lens[b] > table_width * block_size) return -2;
         work += seq_lens[b];
     }
+    int64_t *runs = malloc(sizeof(int64_t) * (size_t)(B + 1)), num_runs = 0;
+    if (!runs) return -3;
+    const int64_t share = (B + 2 * nthreads - 1) / (2 * nthreads), most = MAX_ITEM / G;
+    const int64_t run_rows = share < 1 ? 1 : share < most ? share : most;
+    for (int64_t b = 0; b < B; ++b) /* row b joins row b - 1's run, or starts one */
+        if (b == 0 || b - runs[num_runs - 1] >= run_rows || table_width == 0 ||
+            (window > 0 && (seq_lens[b] > window || seq_lens[b - 1] > window)) ||
+            block_tables[b * table_stride] != block_tables[(b - 1) * table_stride])
+            runs[num_runs++] = b;
+    runs[num_runs] = B;
     int status = 0;
-#pragma omp parallel for collapse(2) num_threads(nthreads) schedule(static) \
-    if (work * Hq * D >= (1 << 15) && B * Hkv > 1)
-    for (int64_t b = 0; b < B; ++b)
+#pragma omp parallel for collapse(2) num_threads(nthreads) schedule(dynamic, 1) \
+    if (work * Hq * D >= (1 << 15) && num_runs * Hkv > 1)
+    for (int64_t i = 0; i < num_runs; ++i)
         for (int64_t kh = 0; kh < Hkv; ++kh) {
             const kv_t c = {kv_cache + kh * D, kv_cache + half + kh * D, block_size * Hkv * D,
                             Hkv * D, block_size, num_blocks, D, scale, cap};
-            const int64_t len = seq_lens[b];
+            const int64_t first = runs[i], len = seq_lens[first];
             const int64_t start = window > 0 && len > window ? len - window : 0;
-            if (decode_heads(query + b * q_stride + kh * G * D, G, &c,
-                             block_tables + b * table_stride, start, len,
-                             out + (b * Hq + kh * G) * D)) {
+            if (attend_rows(query, q_stride, Hq, kh, G, &c, block_tables, table_stride, seq_lens,
+                            first, runs[i + 1], start, out)) {
 #pragma omp atomic write
                 status = -1;
             }
         }
+    free(runs);
     return status;
 }
 

@@ -114,7 +114,7 @@ class FusedKernels(build.Library):
             block_tables.stride(0), block_tables.shape[1], seq_lens.data_ptr(),
             seq_lens.shape[0], query.shape[1],
             params.scale, params.sliding_window or 0, params.soft_cap or 0.0, out.data_ptr(),
-            torch.get_num_threads(), check=partial(_blocks_outside, num_blocks, block_tables))
+            torch.get_num_threads(), check=partial(_decode_failed, num_blocks, block_tables))
         return out
 
     @checked("cache_write_supported")
@@ -146,7 +146,9 @@ def _positions_outside(positions: torch.Tensor, rows: int, status: int) -> None:
                            f"got {positions.min().item()} .. {positions.max().item()}")
 
 
-def _blocks_outside(num_blocks: int, block_tables: torch.Tensor, status: int) -> None:
+def _decode_failed(num_blocks: int, block_tables: torch.Tensor, status: int) -> None:
+    if status == -3:
+        raise MemoryError("paged_attention: no memory for the kernel's list of row runs")
     if status == -2:
         raise UnsupportedError(f"paged_attention: seq_lens holds a length past the "
                                f"{block_tables.shape[1]} "
