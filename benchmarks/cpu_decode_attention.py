@@ -1,15 +1,22 @@
 """CPU decode attention: the paged reference backend vs SDPA over the same K/V stored contiguously.
 
-Every sequence decodes one token against a ``--context``-token history. The paged side
-is the ``paged_attention`` op as the REFERENCE backend calls it (the registry picks the
-variant; the table names it) over a KV cache whose blocks are shuffled (as an allocator
-leaves them); the contiguous
-side is ``torch.nn.functional.scaled_dot_product_attention`` over ``[B, Hkv, L, D]``
-copies of the same keys and values. The two are timed interleaved, so load from other
-processes hits both alike; the table shows the median ms per call and paged/contiguous.
+Every sequence decodes one token against a ``--context``-token history (``--query-len
+Q``: a speculative verify step, Q causal queries per sequence ending the context). The
+paged side is the ``paged_attention`` op as the REFERENCE backend calls it (the registry
+picks the variant; the table names it) over a KV cache whose blocks are shuffled (as an
+allocator leaves them); the contiguous side is
+``torch.nn.functional.scaled_dot_product_attention`` over ``[B, Hkv, L, D]`` copies of
+the same keys and values. ``--baseline REV`` adds the C decode kernel of git revision REV
+(``platforms/cpu/fused/kernels.c`` there, built the way this revision builds its own) on
+the same float32 inputs, and the ratio of its time to this revision's kernel's (both
+called through this revision's op wrapper, without the registry's dispatch). The sides are timed
+interleaved, so load from other processes hits them alike; the table shows the median ms
+per call and the ratios.
 
     python benchmarks/cpu_decode_attention.py            # batch 8, context 2048, 32/8 heads
     python benchmarks/cpu_decode_attention.py --context 8192 --dtypes float32
+    python benchmarks/cpu_decode_attention.py --dtypes float32 --batch 1 --query-len 5 \
+        --num-heads 9 --num-kv-heads 3 --head-size 64 --baseline HEAD~1
 """
 
 from __future__ import annotations
@@ -17,14 +24,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.kernel_registry import ops
+from hwplug.platforms.cpu.fused import ops as fused
 
 #: The issue's goal: paged decode within this factor of contiguous SDPA.
 GOAL_RATIO = 1.5
@@ -38,6 +50,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-size", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--query-len", type=int, default=1,
+                        help="causal queries per sequence (k + 1 for a verify step)")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also time REV's C decode kernel (float32 only)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                         choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=50, help="timed calls of each side")
@@ -58,15 +74,35 @@ def make_inputs(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, torch
     # [2, B, blocks, block_size, Hkv, D] -> [2, B, Hkv, L, D]
     contiguous = kv_cache[:, block_tables].flatten(2, 3)[:, :, :args.context]
     contiguous = contiguous.transpose(2, 3).contiguous()
+    q = args.query_len  # query i of a sequence sees keys 0 .. context - q + i
+    visible = torch.arange(args.context)[None, :] <= torch.arange(args.context - q,
+                                                                   args.context)[:, None]
     return {
-        "query": torch.randn(args.batch, args.num_heads, args.head_size, dtype=dtype),
+        "query": torch.randn(args.batch * q, args.num_heads, args.head_size, dtype=dtype),
         "kv_cache": kv_cache,
         "block_tables": block_tables.int(),
         "seq_lens": torch.full((args.batch,), args.context, dtype=torch.int32),
-        "query_start_loc": torch.arange(args.batch + 1, dtype=torch.int32),
+        "query_start_loc": torch.arange(0, args.batch * q + 1, q, dtype=torch.int32),
         "keys": contiguous[0],
         "values": contiguous[1],
+        "mask": visible,
     }
+
+
+def baseline_kernels(rev: str, build: str) -> fused.FusedKernels:
+    """Revision ``rev``'s ``platforms/cpu/fused/kernels.c`` as ``build`` of this revision's
+    library class (its op wrappers; the C signature is unchanged)."""
+    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
+                               capture_output=True, text=True).stdout.strip())
+    safe = "".join(c if c.isalnum() else "-" for c in rev)
+    source = Path(tempfile.gettempdir()) / f"hwplug-fused-{safe}" / "kernels.c"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(subprocess.run(["git", "show", f"{rev}:platforms/cpu/fused/kernels.c"],
+                                     cwd=root, check=True, capture_output=True,
+                                     text=True).stdout)
+    kernels = fused.FusedKernels(build)
+    kernels.source = source
+    return kernels
 
 
 def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int,
@@ -85,50 +121,66 @@ def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int,
     return {name: 1e3 * statistics.median(samples) for name, samples in times.items()}
 
 
-def run(args: argparse.Namespace, dtype: torch.dtype) -> tuple[float, float, float, str]:
-    """(paged ms, contiguous ms, max |paged - contiguous|, variant) for one dtype."""
+def run(args: argparse.Namespace, dtype: torch.dtype
+        ) -> tuple[dict[str, float], float, str]:
+    """(median ms per side, max |difference| from the paged side, variant) for one dtype;
+    the sides are paged, contiguous and (with ``--baseline``, float32) kernel and baseline:
+    this revision's and the baseline's C kernel through the same op wrapper."""
     torch.manual_seed(args.seed)
     inputs = make_inputs(args, dtype)
     scale = args.head_size ** -0.5
-    batch, num_heads, head_size = inputs["query"].shape
-    metadata = AttentionMetadata(torch.zeros(batch, dtype=torch.int64), inputs["block_tables"],
-                                 inputs["seq_lens"], inputs["query_start_loc"], 1, args.context)
+    tokens, num_heads, head_size = inputs["query"].shape
+    q = args.query_len
+    metadata = AttentionMetadata(torch.zeros(tokens, dtype=torch.int64), inputs["block_tables"],
+                                 inputs["seq_lens"], inputs["query_start_loc"], q, args.context)
     params = PagedAttentionParams(scale)
 
     def paged() -> torch.Tensor:
         return ops.paged_attention(inputs["query"], inputs["kv_cache"], metadata, params)
 
     def contiguous() -> torch.Tensor:
-        out = F.scaled_dot_product_attention(inputs["query"].unsqueeze(2), inputs["keys"],
-                                             inputs["values"], scale=scale, enable_gqa=True)
-        return out.view(batch, num_heads, head_size)
+        query = inputs["query"].view(args.batch, q, num_heads, head_size).transpose(1, 2)
+        out = F.scaled_dot_product_attention(query, inputs["keys"], inputs["values"],
+                                             attn_mask=inputs["mask"], scale=scale,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).reshape(tokens, num_heads, head_size)
 
     with torch.inference_mode():
         ops.paged_attention.invalidate()  # so variants_used() covers this dtype's calls only
         error = (paged().float() - contiguous().float()).abs().max().item()
-        medians = interleaved_medians({"paged": paged, "contiguous": contiguous},
-                                      args.repeats, args.warmup)
-    variant = "+".join(sorted(ops.paged_attention.variants_used()))
-    return medians["paged"], medians["contiguous"], error, variant
+        variant = "+".join(sorted(ops.paged_attention.variants_used()))
+        sides: dict[str, Callable[[], object]] = {"paged": paged, "contiguous": contiguous}
+        if args.baseline and dtype == torch.float32:  # both through the same wrapper
+            build = "avx2" if variant == "fused_avx2" else "portable"
+            for side, kernels in (("kernel", fused.FusedKernels(build)),
+                                  ("baseline", baseline_kernels(args.baseline, build))):
+                kernels.ensure_built()
+                sides[side] = partial(kernels.paged_attention, inputs["query"],
+                                      inputs["kv_cache"], metadata, params)
+                error = max(error, (sides[side]() - paged()).abs().max().item())
+        medians = interleaved_medians(sides, args.repeats, args.warmup)
+    return medians, error, variant
 
 
 def main() -> None:
     args = parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    print(f"decode: batch {args.batch}, context {args.context}, heads {args.num_heads}/"
-          f"{args.num_kv_heads}, head size {args.head_size}, block size {args.block_size}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"decode: batch {args.batch}, {args.query_len} queries each, context {args.context}, "
+          f"heads {args.num_heads}/{args.num_kv_heads}, head size {args.head_size}, block size "
+          f"{args.block_size}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     # Other processes slow the paged side (many short ops) more than SDPA (one fused op).
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     print(f"{'dtype':<9} {'variant':<12} {'paged ms':>9} {'SDPA ms':>9} {'paged/SDPA':>11} "
-          f"{'max |diff|':>11}")
+          f"{'base ms':>8} {'base/this':>11} {'max |diff|':>11}")
     for name in args.dtypes:
-        paged_ms, contiguous_ms, error, variant = run(args, getattr(torch, name))
-        ratio = paged_ms / contiguous_ms
+        medians, error, variant = run(args, getattr(torch, name))
+        ratio = medians["paged"] / medians["contiguous"]
         verdict = "ok" if ratio <= GOAL_RATIO else f"over the {GOAL_RATIO}x goal"
-        print(f"{name:<9} {variant:<12} {paged_ms:>9.2f} {contiguous_ms:>9.2f} {ratio:>10.2f}x "
-              f"{error:>11.2e}  {verdict}")
+        base = (f"{medians['baseline']:>8.3f} {medians['baseline'] / medians['kernel']:>10.2f}x"
+                if "baseline" in medians else f"{'-':>8} {'-':>11}")
+        print(f"{name:<9} {variant:<12} {medians['paged']:>9.3f} {medians['contiguous']:>9.3f} "
+              f"{ratio:>10.2f}x {base} {error:>11.2e}  {verdict}")
     print(f"load average {os.getloadavg()[0]:.2f} at end")
 
 
