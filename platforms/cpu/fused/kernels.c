@@ -200,14 +200,22 @@ INLINE f32x8 hsum8(const f32x8 a[8]) {
            SHUFFLE8(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
+/* acc[j] += x * k[j] over the D values of q and the keys k[j] = k + j * stride, j < n */
+#define SCORE_KEYS(n)                                                                     \
+    for (int64_t i = 0; i < D; i += 8) {                                                  \
+        const f32x8 x = load8(q + i);                                                     \
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)                               \
+            if (j < (n)) acc[j] += x * load8(k + j * stride + i);                         \
+    }
+
 /* q . k[j] in lane j for the n (<= 8) keys k[j] = k + j * stride, D long; lanes past n 0 */
 INLINE f32x8 scores8(const float *q, const float *k, int64_t stride, int64_t n, int64_t D) {
     f32x8 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = splat(0.0f);
-    for (int64_t i = 0; i < D; i += 8) {
-        const f32x8 x = load8(q + i);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
-            if (j < n) acc[j] += x * load8(k + j * stride + i);
+    if (n == 8) { /* the same sums, without a test per key in the loop */
+        SCORE_KEYS(8)
+    } else {
+        SCORE_KEYS(n)
     }
     return hsum8(acc);
 }
@@ -219,6 +227,39 @@ typedef struct {
     int64_t block_size, num_blocks, D;
     float scale, cap;        /* cap 0: no soft cap */
 } kv_t;
+
+/* a[k] += p[j] * v[j][8 k .. 8 k + 8) for keys j < n (v[j] = v + j * stride), k < w */
+#define WEIGH_KEYS(w)                                                                     \
+    for (int64_t j = 0; j < n; ++j) {                                                     \
+        const f32x8 pj = splat(p[j]);                                                     \
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k)                               \
+            if (k < (w)) a[k] += pj * load8(v + j * stride + 8 * k);                      \
+    }
+
+/* acc[0, 8 w) = acc * correction + sum over keys j < n of p[j] * v[j] (v[j] = v + j * stride),
+ * w <= 8 vectors in registers, each lane summed in key order */
+INLINE void weigh_values(const float *p, int64_t n, const float *v, int64_t stride, int64_t w,
+                         float correction, float *acc) {
+    f32x8 a[8] = {0};
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k)
+        if (k < w) a[k] = load8(acc + 8 * k) * correction;
+    if (w == 8) { /* the same sums, without a test per vector in the loop */
+        WEIGH_KEYS(8)
+    } else {
+        WEIGH_KEYS(w)
+    }
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k)
+        if (k < w) store8(acc + 8 * k, a[k]);
+}
+
+/* the largest lane of v */
+INLINE float hmax8(f32x8 v) {
+    v = select((i32x8)(v > SHUFFLE8(v, v, 4, 5, 6, 7, 0, 1, 2, 3)), v,
+               SHUFFLE8(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
+    v = select((i32x8)(v > SHUFFLE8(v, v, 2, 3, 0, 1, 6, 7, 4, 5)), v,
+               SHUFFLE8(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
+    return v[0] > v[1] ? v[0] : v[1];
+}
 
 /* Keys [k0, k0 + n) of one chunk (kp, vp: its first key and value) folded into the online
  * softmax of G query heads q [G, D]: m [G] the running maxima, l [G] the running sums, acc
@@ -239,17 +280,22 @@ INLINE void fold_chunk(const float *q, int G, const float *kp, const float *vp, 
             for (int h = 0; h < CHUNK; h += 8)
                 store8(sg + h, c->cap - 2.0f * c->cap /
                                    (exp8(load8(sg + h) * (2.0f / c->cap)) + 1.0f));
-        for (int64_t j = 0; j < n; ++j) top = sg[j] > top ? sg[j] : top;
+        _Static_assert(CHUNK == 16, "a chunk's scores are two vectors");
+        const i32x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+        const i32x8 low = lane < (int32_t)n, high = lane + 8 < (int32_t)n; /* keys < n */
+        const f32x8 s0 = load8(sg), s1 = load8(sg + 8), none = splat(-INFINITY);
+        const f32x8 a = select(low, s0, none), b = select(high, s1, none);
+        const float most = hmax8(select((i32x8)(a > b), a, b));
+        top = most > top ? most : top;
         const float correction = expf(m[g] - top); /* 0 on the first chunk */
-        for (int h = 0; h < CHUNK; h += 8) store8(sg + h, exp8(load8(sg + h) - top));
-        float total = 0.0f;
-        for (int64_t j = 0; j < n; ++j) total += sg[j];
-        l[g] = l[g] * correction + total;
-        for (int64_t i = 0; i < D; i += 8) {
-            f32x8 a = load8(ag + i) * correction;
-            for (int64_t j = 0; j < n; ++j) a += sg[j] * load8(vp + j * c->token_stride + i);
-            store8(ag + i, a);
-        }
+        const f32x8 p0 = select(low, exp8(s0 - top), splat(0.0f));
+        const f32x8 p1 = select(high, exp8(s1 - top), splat(0.0f));
+        store8(sg, p0);
+        store8(sg + 8, p1);
+        l[g] = l[g] * correction + hsum(p0 + p1);
+        for (int64_t i = 0; i < D; i += 64) /* 8 independent sums in registers at a time */
+            weigh_values(sg, n, vp + i, c->token_stride, D - i < 64 ? (D - i) / 8 : 8,
+                         correction, ag + i);
         m[g] = top;
     }
 }
