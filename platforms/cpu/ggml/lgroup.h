@@ -103,9 +103,10 @@ INLINE void lw_block_q4(int type, int wide, const uint8_t *w, int64_t ld, int64_
                 const __m512i pair = _mm512_shuffle_epi8(raw[q / 4], pick); /* 2 bytes, 0-extended */
                 z[p] = _mm512_and_si512(pair, _mm512_set1_epi16(0x0F));
                 z[8 + p] = _mm512_srli_epi16(pair, 4);
-                if (type == T_Q4_0) {
-                    z[p] = _mm512_sub_epi16(z[p], _mm512_set1_epi16(8));
-                    z[8 + p] = _mm512_sub_epi16(z[8 + p], _mm512_set1_epi16(8));
+                if (legacy_center(type)) { /* Q4_0's values are the nibbles less 8 */
+                    const __m512i center = _mm512_set1_epi16((short)legacy_center(type));
+                    z[p] = _mm512_sub_epi16(z[p], center);
+                    z[8 + p] = _mm512_sub_epi16(z[8 + p], center);
                 }
             }
         } else { /* quad i: values 4i .. 4i + 3 (quant bytes 4i ..), quad 4 + i: + 16 */
