@@ -187,9 +187,7 @@ class ModelRunner:
         seqs = batch.seqs
         if self.graphs is None:
             return None
-        if not all(batch.sampled) or any(
-                n != 1 + len(seq.spec_token_ids)
-                for seq, n in zip(seqs, batch.num_new_tokens, strict=True)):
+        if not batch.is_decode:
             if any(seq.spec_token_ids for seq in seqs):
                 logger.debug("a verify step runs eagerly: its batch also prefills (a "
                              "sequence computes tokens before its last)")

@@ -62,6 +62,15 @@ class ScheduledBatch:
         return sum(self.num_new_tokens)
 
     @property
+    def is_decode(self) -> bool:
+        """A pure decode or verify step: every sequence samples after computing one new
+        token and its proposals (no prompt tokens). Read it before the proposals are
+        cleared."""
+        return all(self.sampled) and all(
+            n == 1 + len(seq.spec_token_ids)
+            for seq, n in zip(self.seqs, self.num_new_tokens, strict=True))
+
+    @property
     def sampled_seqs(self) -> list[Sequence]:
         return [seq for seq, sampled in zip(self.seqs, self.sampled, strict=True) if sampled]
 

@@ -126,9 +126,7 @@ class Speculator:
                 if self.lengths is not None:
                     self.lengths.observe_verification(seq.seq_id, len(seq.spec_token_ids),
                                                       len(kept) - 1)
-        if self.lengths is not None and seconds is not None and all(
-                count == 1 + len(seq.spec_token_ids)
-                for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True)):
+        if self.lengths is not None and seconds is not None and batch.is_decode:
             self.lengths.observe_step(batch.num_tokens, seconds)
 
     def describe(self) -> str:
