@@ -16,20 +16,22 @@ per call and the ratios.
     python benchmarks/cpu_decode_attention.py            # batch 8, context 2048, 32/8 heads
     python benchmarks/cpu_decode_attention.py --context 8192 --dtypes float32
     python benchmarks/cpu_decode_attention.py --dtypes float32 --batch 1 --query-len 5 \
-        --num-heads 9 --num-kv-heads 3 --head-size 64 --baseline HEAD~1
+        --num-heads 9 --num-kv-heads 3 --head-size 64 --layers 30 --baseline HEAD~1
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +52,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-size", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=1,
+                        help="KV caches taken in turn, one per call whichever side makes it (a "
+                             "model's layers: with enough of them each call reads its K/V "
+                             "from memory, not cache)")
     parser.add_argument("--query-len", type=int, default=1,
                         help="causal queries per sequence (k + 1 for a verify step)")
     parser.add_argument("--baseline", default=None, metavar="REV",
@@ -64,27 +70,28 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def make_inputs(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A shuffled paged cache, its block tables, and contiguous copies of the same K/V."""
+def make_inputs(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
+    """``--layers`` shuffled paged caches, their block tables, and contiguous copies of the
+    same K/V."""
     blocks_per_seq = -(-args.context // args.block_size)
     num_blocks = args.batch * blocks_per_seq
-    kv_cache = torch.randn(2, num_blocks, args.block_size, args.num_kv_heads, args.head_size,
-                           dtype=dtype)
+    kv_caches = [torch.randn(2, num_blocks, args.block_size, args.num_kv_heads,
+                             args.head_size, dtype=dtype) for _ in range(args.layers)]
     block_tables = torch.randperm(num_blocks).view(args.batch, blocks_per_seq)
     # [2, B, blocks, block_size, Hkv, D] -> [2, B, Hkv, L, D]
-    contiguous = kv_cache[:, block_tables].flatten(2, 3)[:, :, :args.context]
-    contiguous = contiguous.transpose(2, 3).contiguous()
+    contiguous = [kv[:, block_tables].flatten(2, 3)[:, :, :args.context].transpose(2, 3)
+                  .contiguous() for kv in kv_caches]
     q = args.query_len  # query i of a sequence sees keys 0 .. context - q + i
     visible = torch.arange(args.context)[None, :] <= torch.arange(args.context - q,
                                                                    args.context)[:, None]
     return {
         "query": torch.randn(args.batch * q, args.num_heads, args.head_size, dtype=dtype),
-        "kv_cache": kv_cache,
+        "kv_caches": kv_caches,
         "block_tables": block_tables.int(),
         "seq_lens": torch.full((args.batch,), args.context, dtype=torch.int32),
         "query_start_loc": torch.arange(0, args.batch * q + 1, q, dtype=torch.int32),
-        "keys": contiguous[0],
-        "values": contiguous[1],
+        "keys": [kv[0] for kv in contiguous],
+        "values": [kv[1] for kv in contiguous],
         "mask": visible,
     }
 
@@ -103,6 +110,19 @@ def baseline_kernels(rev: str, build: str) -> fused.FusedKernels:
     kernels = fused.FusedKernels(build)
     kernels.source = source
     return kernels
+
+
+def on_layer(kernels: fused.FusedKernels, inputs: dict[str, Any],
+             metadata: AttentionMetadata, params: PagedAttentionParams,
+             layer: int) -> torch.Tensor:
+    """``kernels``' paged attention on ``layer``'s cache."""
+    return kernels.paged_attention(inputs["query"], inputs["kv_caches"][layer], metadata,
+                                   params)
+
+
+def next_layer(side: Callable[[int], object], layers: Iterator[int]) -> object:
+    """``side`` called on the next layer's cache."""
+    return side(next(layers))
 
 
 def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int,
@@ -135,30 +155,34 @@ def run(args: argparse.Namespace, dtype: torch.dtype
                                  inputs["seq_lens"], inputs["query_start_loc"], q, args.context)
     params = PagedAttentionParams(scale)
 
-    def paged() -> torch.Tensor:
-        return ops.paged_attention(inputs["query"], inputs["kv_cache"], metadata, params)
+    def paged(layer: int) -> torch.Tensor:
+        return ops.paged_attention(inputs["query"], inputs["kv_caches"][layer], metadata,
+                                   params)
 
-    def contiguous() -> torch.Tensor:
+    def contiguous(layer: int) -> torch.Tensor:
         query = inputs["query"].view(args.batch, q, num_heads, head_size).transpose(1, 2)
-        out = F.scaled_dot_product_attention(query, inputs["keys"], inputs["values"],
-                                             attn_mask=inputs["mask"], scale=scale,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(query, inputs["keys"][layer],
+                                             inputs["values"][layer], attn_mask=inputs["mask"],
+                                             scale=scale, enable_gqa=True)
         return out.transpose(1, 2).reshape(tokens, num_heads, head_size)
 
     with torch.inference_mode():
         ops.paged_attention.invalidate()  # so variants_used() covers this dtype's calls only
-        error = (paged().float() - contiguous().float()).abs().max().item()
+        error = (paged(0).float() - contiguous(0).float()).abs().max().item()
         variant = "+".join(sorted(ops.paged_attention.variants_used()))
-        sides: dict[str, Callable[[], object]] = {"paged": paged, "contiguous": contiguous}
+        sides: dict[str, Callable[[int], torch.Tensor]] = {"paged": paged,
+                                                           "contiguous": contiguous}
         if args.baseline and dtype == torch.float32:  # both through the same wrapper
             build = "avx2" if variant == "fused_avx2" else "portable"
             for side, kernels in (("kernel", fused.FusedKernels(build)),
                                   ("baseline", baseline_kernels(args.baseline, build))):
                 kernels.ensure_built()
-                sides[side] = partial(kernels.paged_attention, inputs["query"],
-                                      inputs["kv_cache"], metadata, params)
-                error = max(error, (sides[side]() - paged()).abs().max().item())
-        medians = interleaved_medians(sides, args.repeats, args.warmup)
+                sides[side] = partial(on_layer, kernels, inputs, metadata, params)
+                error = max(error, (sides[side](0) - paged(0)).abs().max().item())
+        layers = itertools.cycle(range(args.layers))  # shared: no call finds its cache warm
+        medians = interleaved_medians({name: partial(next_layer, side, layers)
+                                       for name, side in sides.items()},
+                                      args.repeats, args.warmup)
     return medians, error, variant
 
 
@@ -167,6 +191,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     print(f"decode: batch {args.batch}, {args.query_len} queries each, context {args.context}, "
+          f"{args.layers} layer(s) in turn, "
           f"heads {args.num_heads}/{args.num_kv_heads}, head size {args.head_size}, block size "
           f"{args.block_size}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     # Other processes slow the paged side (many short ops) more than SDPA (one fused op).
