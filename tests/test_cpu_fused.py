@@ -104,17 +104,6 @@ def decode_batch(seed: int, seq_lens: list[int], block_size: int, kv_heads: int,
     return query, kv_cache, batch.metadata()
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-@pytest.mark.parametrize("heads", [(9, 3), (4, 1), (2, 2)], ids=["9/3", "4/1", "2/2"])
-def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
-    hq, hkv = heads
-    batch = decode_batch(hq, [37, 5, 64, 100, 1], 16, hkv, hq // hkv, pad=-1)
-    for window, cap in ((None, None), (20, None), (None, 5.0), (7, 30.0), (1, None)):
-        check("paged_attention", name, *batch, PagedAttentionParams(0.125, True, window, cap))
-    batch = decode_batch(5, [3000, 700], 32, hkv, hq // hkv, head_size=128)  # threads
-    check("paged_attention", name, *batch, PagedAttentionParams(128 ** -0.5, causal=False))
-
-
 def assert_rows_alone_give_the_same_bits(name: str, query, kv_cache, metadata, params,
                                          rows) -> None:
     """Each query row ``t`` of ``rows``, run alone as a decode step of its row of
@@ -136,6 +125,20 @@ def assert_rows_alone_give_the_same_bits(name: str, query, kv_cache, metadata, p
             torch.set_num_threads(threads)
         assert torch.equal(impl.impl(query[t:t + 1], kv_cache, alone, params), every[t:t + 1])
         assert torch.equal(one_thread, every[t:t + 1]), (params.sliding_window, t)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("heads", [(9, 3), (4, 1), (2, 2)], ids=["9/3", "4/1", "2/2"])
+def test_decode_attention_walks_the_block_tables(fresh_discovery, name, heads):
+    hq, hkv = heads
+    batch = decode_batch(hq, [37, 5, 64, 100, 1], 16, hkv, hq // hkv, pad=-1)
+    for window, cap in ((None, None), (20, None), (None, 5.0), (7, 30.0), (1, None)):
+        params = PagedAttentionParams(0.125, True, window, cap)
+        check("paged_attention", name, *batch, params)
+        # five sequences: every KV head of a row in one work item; alone: one head each
+        assert_rows_alone_give_the_same_bits(name, *batch, params, range(5))
+    batch = decode_batch(5, [3000, 700], 32, hkv, hq // hkv, head_size=128)  # threads
+    check("paged_attention", name, *batch, PagedAttentionParams(128 ** -0.5, causal=False))
 
 
 @pytest.mark.parametrize("name", VARIANTS)

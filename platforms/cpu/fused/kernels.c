@@ -221,7 +221,7 @@ INLINE f32x8 scores8(const float *q, const float *k, int64_t stride, int64_t n, 
 }
 
 typedef struct {
-    const float *k, *v;      /* the KV head's first key / value: cache[0 or 1, 0, 0, kv head] */
+    const float *k, *v;      /* the first key / value: cache[0 or 1, 0, 0, 0] */
     int64_t block_stride;    /* values from one cache block to the next */
     int64_t token_stride;    /* values from one slot to the next (Hkv * D) */
     int64_t block_size, num_blocks, D;
@@ -300,42 +300,63 @@ INLINE void fold_chunk(const float *q, int G, const float *kp, const float *vp, 
     }
 }
 
-/* The query heads of KV head kh in decode rows [r0, r1) (row r: query + r * q_stride, out
- * + r * Hq * D; context seq_lens[r] keys of the blocks its table row lists) attend to keys
- * start onward, chunk by chunk: rows of one sequence read each chunk once, from the cache
- * the first row brought it into. At most MAX_ITEM heads; -1 for a block out of range. */
-static int attend_rows(const float *query, int64_t q_stride, int64_t Hq, int64_t kh, int G,
-                       const kv_t *c, const int32_t *tables, int64_t table_stride,
-                       const int32_t *seq_lens, int64_t r0, int64_t r1, int64_t start,
-                       float *out) {
-    const int64_t D = c->D, bs = c->block_size;
-    const int heads = (int)(r1 - r0) * G;
+/* Prefetch the keys and values of KV heads [kh0, kh0 + hk) in slots [slot, slot + n) of
+ * block (nothing for a block out of range: the walk reports it when it gets there) */
+INLINE void fetch_chunk(const kv_t *c, int64_t block, int64_t slot, int64_t n, int64_t kh0,
+                        int64_t hk) {
+    if (block < 0 || block >= c->num_blocks) return;
+    const int64_t first = block * c->block_stride + slot * c->token_stride + kh0 * c->D;
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t i = 0; i < hk * c->D; i += 16) { /* a 64-byte line */
+            __builtin_prefetch(c->k + first + j * c->token_stride + i, 0, 3);
+            __builtin_prefetch(c->v + first + j * c->token_stride + i, 0, 3);
+        }
+}
+
+/* The query heads of KV heads [kh0, kh0 + hk) in decode rows [r0, r1) (row r: query + r *
+ * q_stride, out + r * Hq * D; context seq_lens[r] keys of the blocks its table row lists)
+ * attend to keys start onward, chunk by chunk: rows of one sequence read each chunk once,
+ * from the cache the first row brought it into, and with every KV head (hk = Hkv) a chunk
+ * is one contiguous stretch of the block. At most MAX_ITEM heads; -1 for a block out of
+ * range. */
+static int attend_rows(const float *query, int64_t q_stride, int64_t Hq, int64_t kh0,
+                       int64_t hk, int G, const kv_t *c, const int32_t *tables,
+                       int64_t table_stride, const int32_t *seq_lens, int64_t r0, int64_t r1,
+                       int64_t start, float *out) {
+    const int64_t D = c->D, bs = c->block_size, row_heads = hk * G;
+    const int64_t heads = (r1 - r0) * row_heads;
     float m[MAX_ITEM], l[MAX_ITEM], s[MAX_GROUP * CHUNK], acc[MAX_ITEM * MAX_HEAD];
     int64_t longest = 0;
     for (int64_t r = r0; r < r1; ++r) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
-    for (int h = 0; h < heads; ++h) { m[h] = -INFINITY; l[h] = 0.0f; }
+    for (int64_t h = 0; h < heads; ++h) { m[h] = -INFINITY; l[h] = 0.0f; }
     memset(acc, 0, sizeof(float) * (size_t)(heads * D));
     memset(s, 0, sizeof s);
     for (int64_t k0 = start; k0 < longest;) {
         const int64_t slot = k0 % bs, n = bs - slot < CHUNK ? bs - slot : CHUNK;
+        const int64_t next = k0 + n; /* the last row's next chunk, on its way from memory */
+        if (next < seq_lens[r1 - 1])
+            fetch_chunk(c, tables[(r1 - 1) * table_stride + next / bs], next % bs,
+                        bs - next % bs < CHUNK ? bs - next % bs : CHUNK, kh0, hk);
         for (int64_t r = r0; r < r1; ++r) {
             if (k0 >= seq_lens[r]) continue;
             const int64_t block = tables[r * table_stride + k0 / bs];
             if (block < 0 || block >= c->num_blocks) return -1;
-            const int64_t first = block * c->block_stride + slot * c->token_stride;
             const int64_t rows = seq_lens[r] - k0 < n ? seq_lens[r] - k0 : n;
-            const int h = (int)(r - r0) * G;
-            fold_chunk(query + r * q_stride + kh * G * D, G, c->k + first, c->v + first, rows,
-                       c, m + h, l + h, acc + h * D, s);
+            for (int64_t kh = kh0; kh < kh0 + hk; ++kh) {
+                const int64_t first = block * c->block_stride + slot * c->token_stride + kh * D;
+                const int64_t h = (r - r0) * row_heads + (kh - kh0) * G;
+                fold_chunk(query + r * q_stride + kh * G * D, G, c->k + first, c->v + first,
+                           rows, c, m + h, l + h, acc + h * D, s);
+            }
         }
         k0 += n;
     }
     for (int64_t r = r0; r < r1; ++r)
-        for (int g = 0; g < G; ++g) {
-            const int h = (int)(r - r0) * G + g;
-            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f; /* no keys: zeros */
-            float *o = out + (r * Hq + kh * G + g) * D;
-            for (int64_t i = 0; i < D; i += 8) store8(o + i, load8(acc + h * D + i) * inv);
+        for (int64_t h = 0; h < row_heads; ++h) {
+            const int64_t at = (r - r0) * row_heads + h;
+            const float inv = l[at] > 0.0f ? 1.0f / l[at] : 0.0f; /* no keys: zeros */
+            float *o = out + (r * Hq + kh0 * G + h) * D;
+            for (int64_t i = 0; i < D; i += 8) store8(o + i, load8(acc + at * D + i) * inv);
         }
     return 0;
 }
@@ -345,43 +366,50 @@ static int attend_rows(const float *query, int64_t q_stride, int64_t Hq, int64_t
  * table_stride] int32, seq_lens [B] int32; window 0: none, cap 0: none. D % 8 == 0,
  * D <= MAX_HEAD, Hq / Hkv <= MAX_GROUP (the caller checks). Consecutive rows whose tables
  * start with the same block and that see their context from key 0 (a verify step's rows
- * of one sequence) run together, up to MAX_ITEM heads and a share of the rows that keeps
- * every thread busy; each row's output is the same bits however rows are grouped. OpenMP
- * over (run of rows, KV head), taken one at a time (runs differ in size). -1 for a block
- * index out of range, -3 out of memory. */
+ * of one sequence) run together, up to MAX_ITEM heads. A work item is a row and every KV
+ * head in a decode batch of sequences enough to keep the threads busy (each chunk read as
+ * one stretch of memory), else a run of a share of the rows and one KV head.
+ * Items are taken one at a time (they differ in size); each row's output is the same bits
+ * however rows and heads are grouped. -1 for a block index out of range, -3 out of
+ * memory. */
 int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_cache,
                         int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D,
                         const int32_t *block_tables, int64_t table_stride,
                         int64_t table_width, const int32_t *seq_lens, int64_t B, int64_t Hq,
                         float scale, int64_t window, float cap, float *out, int nthreads) {
     const int G = (int)(Hq / Hkv);
-    const int64_t half = num_blocks * block_size * Hkv * D;
-    int64_t work = 0;
+    const kv_t c = {kv_cache, kv_cache + num_blocks * block_size * Hkv * D,
+                    block_size * Hkv * D, Hkv * D, block_size, num_blocks, D, scale, cap};
+    int64_t work = 0, seqs = 0;
     for (int64_t b = 0; b < B; ++b) { /* a length past its table row would read beyond it */
         if (seq_lens[b] < 0 || seq_lens[b] > table_width * block_size) return -2;
         work += seq_lens[b];
     }
+    /* row b starts a run where it cannot share row b - 1's chunks */
+#define NEW_SEQUENCE(b)                                                                   \
+    ((b) == 0 || table_width == 0 ||                                                      \
+     (window > 0 && (seq_lens[b] > window || seq_lens[(b) - 1] > window)) ||              \
+     block_tables[(b) * table_stride] != block_tables[((b) - 1) * table_stride])
+    for (int64_t b = 0; b < B; ++b) seqs += NEW_SEQUENCE(b);
+    const int64_t hk = seqs == B && seqs >= 2 * nthreads && Hq <= MAX_ITEM ? Hkv : 1;
+    const int64_t share = hk > 1 ? B : (B + 2 * nthreads - 1) / (2 * nthreads);
+    const int64_t most = MAX_ITEM / (G * hk), run_rows = share < most ? share : most;
     int64_t *runs = malloc(sizeof(int64_t) * (size_t)(B + 1)), num_runs = 0;
     if (!runs) return -3;
-    const int64_t share = (B + 2 * nthreads - 1) / (2 * nthreads), most = MAX_ITEM / G;
-    const int64_t run_rows = share < 1 ? 1 : share < most ? share : most;
-    for (int64_t b = 0; b < B; ++b) /* row b joins row b - 1's run, or starts one */
-        if (b == 0 || b - runs[num_runs - 1] >= run_rows || table_width == 0 ||
-            (window > 0 && (seq_lens[b] > window || seq_lens[b - 1] > window)) ||
-            block_tables[b * table_stride] != block_tables[(b - 1) * table_stride])
-            runs[num_runs++] = b;
+    for (int64_t b = 0; b < B; ++b)
+        if (NEW_SEQUENCE(b) || b - runs[num_runs - 1] >= run_rows) runs[num_runs++] = b;
+#undef NEW_SEQUENCE
     runs[num_runs] = B;
+    const int64_t groups = Hkv / hk;
     int status = 0;
 #pragma omp parallel for collapse(2) num_threads(nthreads) schedule(dynamic, 1) \
-    if (work * Hq * D >= (1 << 15) && num_runs * Hkv > 1)
+    if (work * Hq * D >= (1 << 15) && num_runs * groups > 1)
     for (int64_t i = 0; i < num_runs; ++i)
-        for (int64_t kh = 0; kh < Hkv; ++kh) {
-            const kv_t c = {kv_cache + kh * D, kv_cache + half + kh * D, block_size * Hkv * D,
-                            Hkv * D, block_size, num_blocks, D, scale, cap};
+        for (int64_t kh = 0; kh < Hkv; kh += hk) {
             const int64_t first = runs[i], len = seq_lens[first];
             const int64_t start = window > 0 && len > window ? len - window : 0;
-            if (attend_rows(query, q_stride, Hq, kh, G, &c, block_tables, table_stride, seq_lens,
-                            first, runs[i + 1], start, out)) {
+            if (attend_rows(query, q_stride, Hq, kh, hk, G, &c, block_tables, table_stride,
+                            seq_lens, first, runs[i + 1], start, out)) {
 #pragma omp atomic write
                 status = -1;
             }
