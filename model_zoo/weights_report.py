@@ -19,6 +19,9 @@ from hwplug.kernel_registry.reference.ggml import type_name
 from hwplug.model_zoo.loaders.mapped import MappedFile, locate
 from hwplug.model_zoo.loaders.memory import format_bytes
 
+#: Why a GGUF run is a copy in memory: shards of one layer that its file stores apart.
+JOINED = "shards stored apart, joined once for one ggml_linear call"
+
 
 @dataclass(frozen=True)
 class WeightGroup:
@@ -46,7 +49,7 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
     mapped from that file, with the reason the conversion copied them there where it
     did; GGUF runs repacked for their kernel as mapped from the repacked-weights cache
     where a load found them there; other tensors, e.g. a tensor-parallel rank's cut of
-    GGUF rows or runs this load repacked, as in memory);
+    GGUF rows, runs this load repacked or joined shards stored apart, as in memory);
     ``dequantized`` says why the checkpoint's quantized matrices were loaded as floats
     (e.g. ``"dequantize=True was asked"``), None when they were not.
     """
@@ -78,11 +81,13 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
 
     for module in model.modules():
         repacked = getattr(module, "gguf_repacked", frozenset())
+        joined = getattr(module, "gguf_joined", frozenset())
         for index, (kind, rows) in enumerate(getattr(module, "gguf_runs", ())):
             if rows.data_ptr() in seen:
                 continue
             seen.add(rows.data_ptr())
-            where, why = repacked_place(rows) if index in repacked else place(rows)
+            where, why = (repacked_place(rows) if index in repacked else
+                          ("memory", JOINED) if index in joined else place(rows))
             add(f"GGUF {type_name(kind)}", rows, where, why)
         for tensor in module.parameters(recurse=False):
             if tensor.numel() == 0 or tensor.data_ptr() in seen:

@@ -12,6 +12,7 @@ rows the conversion reorders (llama's Q/K) are a copy, in the conversion cache.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from hwplug.model_zoo.context import ModelContext, build_model
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.cache import entry_dir
 from hwplug.model_zoo.loaders.gguf_file import BLOCKS_CACHE_KIND
-from hwplug.model_zoo.weights_report import summarize, weight_storage
+from hwplug.model_zoo.weights_report import JOINED, summarize, weight_storage
 
 #: Max |kept - dequantized| logit over the dequantized logits' range: the weights are the
 #: same values, so this is the activations' int8 rounding. Measured: 0.011 (SmolLM2 Q4_1,
@@ -103,28 +104,30 @@ def test_gguf_blocks_are_views_of_the_mapped_file(small_gguf: Path):
         (_, rows), = module.gguf_runs
         assert _inside(rows, ranges) and torch.equal(rows, _stored(reader, name)), name
     # llama's Q/K rows are reordered on conversion: copies, in the cache's repacked.bin; V is
-    # in the .gguf: the layer keeps each shard where it lies (runs of views, never a copy),
-    # and building the model reads none of their pages
+    # in the .gguf. The three Q4_1 shards are joined into one run in memory (one kernel
+    # call), and the mapped pages the join read are released again
     gguf, repacked = checkpoint.mapped
     assert gguf.path == small_gguf and repacked.path.name == "repacked.bin"
     assert repacked.copied["model.layers.1.self_attn.q_proj.qweight"] == (
         "LlamaTensorProcessor reorders its rows")
     qkv = layer.self_attn.qkv_proj
-    assert {kind for kind, _ in qkv.gguf_runs} == {Q.Q4_1}
-    repacked_ranges = _mappings(repacked.path)
-    for _, rows in qkv.gguf_runs:
-        assert _inside(rows, ranges) or _inside(rows, repacked_ranges)
-    assert _resident(repacked.path) == 0
+    (kind, rows), = qkv.gguf_runs
+    assert kind == Q.Q4_1 and qkv.gguf_joined == {0}
+    assert not _inside(rows, ranges) and not _inside(rows, _mappings(repacked.path))
+    # released but the page each end of a shard shares with its neighbour in the file
+    assert _resident(repacked.path) <= 2 * mmap.PAGESIZE * len(model.model.layers)
     views = dict(checkpoint.weights())
-    assert torch.equal(torch.cat([rows for _, rows in qkv.gguf_runs]),
-                       torch.cat([views["model.layers.1.self_attn.q_proj.qweight"],
-                                  views["model.layers.1.self_attn.k_proj.qweight"],
-                                  _stored(reader, "blk.1.attn_v.weight")]))
+    assert torch.equal(rows, torch.cat([views["model.layers.1.self_attn.q_proj.qweight"],
+                                        views["model.layers.1.self_attn.k_proj.qweight"],
+                                        _stored(reader, "blk.1.attn_v.weight")]))
     assert not list(model.lm_head.parameters())  # tied: it reads the embedding's table
     groups = weight_storage(model, checkpoint.mapped)
     assert "dequantized: none" in summarize(groups)
-    # no GGUF run is a copy in memory: every one is a view of a mapped file
-    assert all(g.where.startswith("in place") for g in groups if g.held_as.startswith("GGUF"))
+    # the only GGUF runs in memory are the joined q/k/v shards; the rest are mapped views
+    for group in groups:
+        if group.held_as.startswith("GGUF"):
+            assert group.where.startswith("in place") or (
+                group.where == "memory" and group.why == JOINED), group
     # every matrix is held once, as GGUF blocks
     matrices = sum(int(t.n_bytes) for t in reader.tensors if len(t.shape) == 2)
     assert sum(g.nbytes for g in groups if g.held_as.startswith("GGUF")) == matrices
@@ -135,19 +138,29 @@ def test_gguf_blocks_are_views_of_the_mapped_file(small_gguf: Path):
     assert (entry / "model.safetensors").stat().st_size < 64 * 1024  # types (no vectors)
 
 
+@pytest.fixture(scope="module")
+def v_in_q8_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`small_gguf` with every ``attn_v`` requantized to Q8_0 (Q/K stay Q4_1)."""
+    return shrink_gguf(resolve_model(None), tmp_path_factory.mktemp("gguf") / "v8.gguf",
+                       layers=2, vocab=1536, retype={"attn_v": Q.Q8_0})
+
+
 @pytest.mark.parametrize("rows", [1, 9, 40, 200])
-def test_a_layer_of_several_runs_is_bitwise_its_joined_rows(small_gguf: Path, rows: int):
-    """Shards that are not adjacent stay runs of their own (one kernel call each): every
-    output is bitwise what one call over the rows joined gives, at decode and prefill
-    row counts."""
-    model, _ = build_model(load_checkpoint(small_gguf), dtype="float32")
+def test_a_layer_of_runs_of_two_types_is_bitwise_each_types_rows(v_in_q8_0: Path, rows: int):
+    """Q and K (Q4_1, stored apart) join into one run, V (Q8_0) stays a run of its own, in
+    place in the file: one kernel call each, and every output bitwise what each type's rows
+    give in one call, at decode and prefill row counts."""
+    checkpoint = load_checkpoint(v_in_q8_0)
+    model, _ = build_model(checkpoint, dtype="float32")
     qkv = model.model.layers[1].self_attn.qkv_proj
-    assert len(qkv.gguf_runs) > 1 and len({kind for kind, _ in qkv.gguf_runs}) == 1
+    (qk_kind, qk), (v_kind, v) = qkv.gguf_runs
+    assert (qk_kind, v_kind) == (Q.Q4_1, Q.Q8_0) and qkv.gguf_joined == {0}
+    assert _inside(v, _mappings(v_in_q8_0)) and not _inside(qk, _mappings(v_in_q8_0))
     x = torch.randn(rows, qkv.gguf_shape[1], generator=torch.Generator().manual_seed(rows))
-    joined = torch.cat([run for _, run in qkv.gguf_runs])
     with torch.inference_mode():
         got = qkv.quant_method.apply(qkv, x)
-        want = qkv.gemm_kernel(x, joined, qkv.gguf_runs[0][0], qkv.bias)
+        want = torch.cat([qkv.gemm_kernel(x, qk, qk_kind, None),
+                          qkv.gemm_kernel(x, v, v_kind, None)], dim=-1)
     assert torch.equal(got, want)
 
 
