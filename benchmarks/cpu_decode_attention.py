@@ -25,16 +25,14 @@ import argparse
 import itertools
 import os
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from revision_files import files_at
 
 from hwplug.attention import AttentionMetadata, PagedAttentionParams
 from hwplug.kernel_registry import ops
@@ -99,16 +97,8 @@ def make_inputs(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
 def baseline_kernels(rev: str, build: str) -> fused.FusedKernels:
     """Revision ``rev``'s ``platforms/cpu/fused/kernels.c`` as ``build`` of this revision's
     library class (its op wrappers; the C signature is unchanged)."""
-    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    safe = "".join(c if c.isalnum() else "-" for c in rev)
-    source = Path(tempfile.gettempdir()) / f"hwplug-fused-{safe}" / "kernels.c"
-    source.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text(subprocess.run(["git", "show", f"{rev}:platforms/cpu/fused/kernels.c"],
-                                     cwd=root, check=True, capture_output=True,
-                                     text=True).stdout)
     kernels = fused.FusedKernels(build)
-    kernels.source = source
+    kernels.source = files_at(rev, "platforms/cpu/fused/", (".c",), "hwplug-fused") / "kernels.c"
     return kernels
 
 

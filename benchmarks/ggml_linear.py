@@ -47,12 +47,9 @@ import ctypes
 import json
 import math
 import platform as host
-import subprocess
-import tempfile
 import time
 import timeit
 from collections.abc import Callable
-from pathlib import Path
 
 import hwplug
 
@@ -61,6 +58,7 @@ hwplug.current_platform().apply_process_env()  # before torch loads, as `hwplug 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
+from revision_files import files_at  # noqa: E402
 
 from hwplug import kernels, ops  # noqa: E402
 from hwplug.kernel_registry.ops_ggml import ggml_linear  # noqa: E402
@@ -112,18 +110,8 @@ class Baseline:
     kernel below its tuned rows, this revision's tiles (the same code) from there."""
 
     def __init__(self, rev: str, build: str) -> None:
-        root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
-                                   capture_output=True, text=True).stdout.strip())
-        safe = "".join(c if c.isalnum() else "-" for c in rev)
-        folder = Path(tempfile.gettempdir()) / f"hwplug-ggml-{safe}" / "ggml_baseline"
-        folder.mkdir(parents=True, exist_ok=True)
-        listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "platforms/cpu/ggml/"],
-                                cwd=root, check=True, capture_output=True, text=True).stdout
-        for path in listed.split():
-            if path.endswith((".c", ".h", ".json")):
-                (folder / Path(path).name).write_text(subprocess.run(
-                    ["git", "show", f"{rev}:{path}"], cwd=root, check=True,
-                    capture_output=True, text=True).stdout)
+        folder = files_at(rev, "platforms/cpu/ggml/", (".c", ".h", ".json"), "hwplug-ggml",
+                          "ggml_baseline")
         library = c_build.Library(build)
         library.source = folder / "kernels.c"
         library.ensure_built()
