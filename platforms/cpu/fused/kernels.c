@@ -361,6 +361,15 @@ static int attend_rows(const float *query, int64_t q_stride, int64_t Hq, int64_t
     return 0;
 }
 
+/* whether decode row b starts a run: it cannot share row b - 1's chunks (another first
+ * block, a sliding window that starts either row past key 0, or no table) */
+INLINE int new_sequence(int64_t b, const int32_t *tables, int64_t table_stride,
+                        int64_t table_width, const int32_t *seq_lens, int64_t window) {
+    return b == 0 || table_width == 0 ||
+           (window > 0 && (seq_lens[b] > window || seq_lens[b - 1] > window)) ||
+           tables[b * table_stride] != tables[(b - 1) * table_stride];
+}
+
 /* out [B, Hq, D] = decode attention of query [B, Hq, D] (rows q_stride values apart) over
  * kv_cache [2, num_blocks, block_size, Hkv, D] (fp32, contiguous), block_tables [B,
  * table_stride] int32, seq_lens [B] int32; window 0: none, cap 0: none. D % 8 == 0,
@@ -385,20 +394,17 @@ int hwplug_paged_decode(const float *query, int64_t q_stride, const float *kv_ca
         if (seq_lens[b] < 0 || seq_lens[b] > table_width * block_size) return -2;
         work += seq_lens[b];
     }
-    /* row b starts a run where it cannot share row b - 1's chunks */
-#define NEW_SEQUENCE(b)                                                                   \
-    ((b) == 0 || table_width == 0 ||                                                      \
-     (window > 0 && (seq_lens[b] > window || seq_lens[(b) - 1] > window)) ||              \
-     block_tables[(b) * table_stride] != block_tables[((b) - 1) * table_stride])
-    for (int64_t b = 0; b < B; ++b) seqs += NEW_SEQUENCE(b);
+    for (int64_t b = 0; b < B; ++b)
+        seqs += new_sequence(b, block_tables, table_stride, table_width, seq_lens, window);
     const int64_t hk = seqs == B && seqs >= 2 * nthreads && Hq <= MAX_ITEM ? Hkv : 1;
-    const int64_t share = hk > 1 ? B : (B + 2 * nthreads - 1) / (2 * nthreads);
-    const int64_t most = MAX_ITEM / (G * hk), run_rows = share < most ? share : most;
+    const int64_t share = (B + 2 * nthreads - 1) / (2 * nthreads), most = MAX_ITEM / (G * hk);
+    const int64_t run_rows = share < most ? share : most;
     int64_t *runs = malloc(sizeof(int64_t) * (size_t)(B + 1)), num_runs = 0;
     if (!runs) return -3;
     for (int64_t b = 0; b < B; ++b)
-        if (NEW_SEQUENCE(b) || b - runs[num_runs - 1] >= run_rows) runs[num_runs++] = b;
-#undef NEW_SEQUENCE
+        if (new_sequence(b, block_tables, table_stride, table_width, seq_lens, window) ||
+            b - runs[num_runs - 1] >= run_rows)
+            runs[num_runs++] = b;
     runs[num_runs] = B;
     const int64_t groups = Hkv / hk;
     int status = 0;
