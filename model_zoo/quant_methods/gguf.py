@@ -331,13 +331,17 @@ def _joined(runs: list[tuple[int, torch.Tensor]], repacking: bool
             stretches[-1][1].append(rows)
         else:
             stretches.append((kind, [rows]))
-    joined = frozenset(index for index, (_, parts) in enumerate(stretches) if len(parts) > 1)
-    for parts in (parts for index, (_, parts) in enumerate(stretches) if index in joined):
-        whole = torch.cat(parts)
-        for part in parts:
-            release_pages(part)
-        parts[:] = [whole]
-    return [(kind, parts[0]) for kind, parts in stretches], joined
+    kept: list[tuple[int, torch.Tensor]] = []
+    joined: set[int] = set()
+    for kind, parts in stretches:
+        if len(parts) > 1:
+            joined.add(len(kept))
+            kept.append((kind, torch.cat(parts)))
+            for part in parts:
+                release_pages(part)
+        else:
+            kept.append((kind, parts[0]))
+    return kept, frozenset(joined)
 
 
 def _adjacent_view(head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor | None:
