@@ -235,7 +235,8 @@ class LLMEngine:
             raise ModelError("no waiting request fits the free KV cache and nothing is "
                              "running to free it")
         transfer = self.scheduler.kv_transfer
-        graphs = self.runner.graphs
+        # the step graphs' counters, read only to time the speculator's steps (below)
+        graphs = self.runner.graphs if self.speculator is not None else None
         before = (graphs.replays, graphs.num_recorded) if graphs is not None else None
         started = time.perf_counter()
         if transfer is None:
