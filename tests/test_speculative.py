@@ -13,6 +13,7 @@ only accepted tokens in the prefix cache) and the config's errors.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import pytest
 
@@ -115,7 +116,7 @@ LONG = " ".join(PROMPTS[:4])
 def test_verify_steps_replay_step_graphs_with_the_eager_tokens(caplog):
     params = hwplug.SamplingParams(max_tokens=16, ignore_eos=True)
     tokens = {}
-    for graphs in (True, False):  # fixed k: verify steps of k + 1 rows, one bucket
+    for graphs in (True, False):  # verify steps of j + 1 rows: bucket j + 1 each
         llm = hwplug.LLM(**CHUNKED, speculative_config=SPECULATIVE["ngram"],
                          step_graphs=graphs)
         try:
@@ -123,6 +124,10 @@ def test_verify_steps_replay_step_graphs_with_the_eager_tokens(caplog):
             with caplog.at_level(logging.DEBUG, "hwplug.model_zoo.engine"):
                 alone = llm.generate(COPY, params)[0].outputs[0].token_ids
                 single = llm.engine.stats()
+                # the verify steps that ran eagerly before their bucket was recorded
+                unrecorded = Counter(record.args[1] for record in caplog.records
+                                     if "is recorded at its step" in record.msg
+                                     and record.args[0] > 1)
                 pair = [out.outputs[0].token_ids for out in llm.generate([COPY, LONG], params)]
             stats = llm.engine.stats()
             tokens[graphs] = alone, pair
@@ -130,9 +135,11 @@ def test_verify_steps_replay_step_graphs_with_the_eager_tokens(caplog):
             if not graphs:
                 assert llm.runner.graphs is None and stats.replayed_verify_steps == 0
                 continue
-            # alone, every verify step (one sequence each, all in one bucket) replayed but
-            # those before the bucket was recorded (RECORD_AT)
-            assert single.replayed_verify_steps == single.spec_verifications - (RECORD_AT - 1)
+            # alone, every verify step (one sequence each, in the bucket of its rows)
+            # replayed but those before its bucket was recorded (RECORD_AT)
+            assert unrecorded and set(unrecorded.values()) == {RECORD_AT - 1}
+            assert single.replayed_verify_steps == (single.spec_verifications
+                                                    - sum(unrecorded.values()))
             replayed = llm.runner.graphs
             assert replayed.verify_replays == stats.replayed_verify_steps
             assert (f"({replayed.replays} steps, {stats.replayed_verify_steps} of them verify "

@@ -21,6 +21,7 @@ import hwplug
 from hwplug.attention import AttentionMetadata
 from hwplug.errors import ConfigError, UnsupportedError
 from hwplug.model_zoo.context import build_model
+from hwplug.model_zoo.engine.decode_graphs import DecodeGraphs
 from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner, StepInputs
 from hwplug.platforms.cpu.fused.ops import PORTABLE
 from hwplug.platforms.cpu.platform import CpuPlatform
@@ -250,3 +251,12 @@ def test_a_bucket_is_recorded_at_its_second_decode_step_and_replays_the_eager_lo
 def test_step_graphs_takes_a_bool():
     with pytest.raises(ConfigError, match="step_graphs must be True or False, got str 'no'"):
         hwplug.LLM(step_graphs="no")
+
+
+def test_verify_buckets_hold_every_proposal_count_without_padding():
+    # one sequence, k = 4: a verify step of j proposals replays in a bucket of j + 1 rows
+    assert DecodeGraphs(None, None, max_num_seqs=1, max_model_len=64, block_size=16,
+                        rows_per_seq=5).buckets == [1, 2, 3, 4, 5]
+    # batches of 1, 2 and 4 sequences with j proposals each, j = 1 .. 4
+    assert DecodeGraphs(None, None, max_num_seqs=4, max_model_len=64, block_size=16,
+                        rows_per_seq=5).buckets == [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20]

@@ -33,9 +33,11 @@ including its position, sequence ``i``'s blocks), exactly what
 :meth:`~hwplug.attention.AttentionMetadata.decode_rows` makes of it on the eager path.
 Under a causal mask the rows of one sequence see each other's keys because the step
 writes every row's KV before any attention reads it. With ``rows_per_seq = k + 1`` the
-buckets add ``b * (k + 1)`` rows for each batch bucket ``b``, so a verify step of ``b``
-sequences with ``k`` proposals each replays without padding; one with fewer proposals
-takes the next bucket up. A step that cannot replay (more rows than the last bucket, a
+buckets add ``b * (j + 1)`` rows for each batch bucket ``b`` and each ``j`` from 1 to
+``k``, so a verify step of ``b`` sequences with ``j`` proposals each replays without
+padding, and one with mixed lengths takes the next bucket up. Every padding row costs
+what a row does: on SmolLM2 Q4_1 (2-vCPU Zen 4), a one-proposal step padded to ``k + 1 =
+5`` rows took 11.4 ms against 7.4 for a one-row step and 13.6 for five rows. A step that cannot replay (more rows than the last bucket, a
 block table past ``max_model_len``, a refused bucket) runs eagerly, and says why at debug
 level.
 """
@@ -116,8 +118,10 @@ class DecodeGraphs:
         #: Block table entries of a sequence of ``max_model_len`` tokens.
         self.max_blocks = -(-max_model_len // block_size)
         batches = {b for b in BUCKETS if b < max_num_seqs} | {min(max_num_seqs, BUCKETS[-1])}
-        #: Rows per recorded step: the batch buckets, and their verify steps' rows.
-        self.buckets = sorted(batches | {b * rows_per_seq for b in batches})
+        #: Rows per recorded step: the batch buckets, and their verify steps' rows (``b``
+        #: sequences with ``j`` proposals each, for every ``j`` up to ``k``).
+        self.buckets = sorted(batches | {b * rows for b in batches
+                                         for rows in range(2, rows_per_seq + 1)})
         self._graphs: dict[int, tuple[RecordedStep, _Inputs]] = {}
         #: bucket -> why it runs eagerly.
         self.refused: dict[int, str] = {}
