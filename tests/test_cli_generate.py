@@ -127,8 +127,9 @@ def test_speculative_decoding_reports_its_acceptance_and_refuses_a_bad_config():
     plain = run("generate", prompt, "--max-tokens", "16", "--max-model-len", "256")
     assert spec.returncode == 0 and spec.stdout == plain.stdout, spec.stderr
     found = re.search(r"speculative decoding \(ngram, k=4, prompt_lookup_min=3, "
-                      r"prompt_lookup_max=4\): (\d+) of (\d+) proposed tokens accepted "
-                      r"\(\d+%\), ([\d.]+) tokens per verify step", spec.stderr)
+                      r"prompt_lookup_max=16, prompt_lookup_unambiguous=True\): (\d+) of "
+                      r"(\d+) proposed tokens accepted \(\d+%\), ([\d.]+) tokens per verify "
+                      r"step", spec.stderr)
     assert found and 0 < int(found[1]) <= int(found[2]), spec.stderr
     bad = run("generate", "hi", "--speculative-config", '{"method": "medusa"}')
     assert bad.returncode == 2 and "must be one of draft_model, ngram" in bad.stderr

@@ -160,6 +160,21 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
     assert lookup(tokens, 1, 1, 2) == [7, 8]  # "3" -> the latest earlier 3
     assert lookup(tokens + [4], 1, 3, 2) == []  # 4 never appeared before
     assert lookup([5, 6, 5, 6], 2, 2, 5) == [5, 6]  # up to the end of the tokens
+    assert lookup(tokens, 1, 16, 3) == [7, 8, 5]  # up to 16: "2 3" is the longest match
+
+
+def test_a_shorter_match_proposes_only_when_every_occurrence_agrees():
+    # "3" alone (shorter than 2) is followed by 9 once and by 7 once: ambiguous
+    ambiguous = [1, 2, 3, 9, 4, 2, 3, 7, 8, 6, 3]
+    assert lookup(ambiguous, 2, 4, 3, unambiguous=True) == []
+    # "8" occurs once before: unambiguous, proposed although shorter than 2
+    once = [*ambiguous, 5, 8]
+    assert lookup(once, 2, 4, 3, unambiguous=True) == [6, 3, 5]
+    assert lookup(once, 2, 4, 3) == []  # without the option: none
+    # "2 3" twice, followed by 9 and 7: "1 2 3" is the longest and proposes as before
+    assert lookup([1, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3], 3, 4, 2, unambiguous=True) == [9, 4]
+    # the same token after every occurrence of a 2-token match: proposed
+    assert lookup([5, 2, 3, 9, 6, 2, 3, 9, 7, 2, 3], 3, 4, 2, unambiguous=True) == [9, 7]
 
 
 def test_a_verify_step_keeps_accepted_tokens_and_gives_back_rejected_blocks():
@@ -201,8 +216,10 @@ def test_proposals_the_token_budget_cannot_take_are_dropped():
      "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "adaptive_length": 1},
      "adaptive_length'\\] must be True or False, got int 1"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5},
-     "prompt_lookup_min \\(5\\) must be <= prompt_lookup_max \\(4\\)"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 20},
+     "prompt_lookup_min \\(20\\) must be <= prompt_lookup_max \\(16\\)"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_unambiguous": "yes"},
+     "prompt_lookup_unambiguous'\\] must be True or False, got str 'yes'"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "num_layers": 0},
      "num_layers'\\] must be None"),
 ])
