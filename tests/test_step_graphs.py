@@ -255,8 +255,12 @@ def test_step_graphs_takes_a_bool():
 
 def test_verify_buckets_hold_every_proposal_count_without_padding():
     # one sequence, k = 4: a verify step of j proposals replays in a bucket of j + 1 rows
-    assert DecodeGraphs(None, None, max_num_seqs=1, max_model_len=64, block_size=16,
-                        rows_per_seq=5).buckets == [1, 2, 3, 4, 5]
+    one = DecodeGraphs(None, None, max_num_seqs=1, max_model_len=64, block_size=16,
+                       rows_per_seq=5)
+    assert one.buckets == [1, 2, 3, 4, 5]
     # batches of 1, 2 and 4 sequences with j proposals each, j = 1 .. 4
-    assert DecodeGraphs(None, None, max_num_seqs=4, max_model_len=64, block_size=16,
-                        rows_per_seq=5).buckets == [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20]
+    four = DecodeGraphs(None, None, max_num_seqs=4, max_model_len=64, block_size=16,
+                        rows_per_seq=5)
+    assert four.buckets == [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20]
+    # a warm-up records the batch buckets and their steps of k proposals only
+    assert (one.warm_buckets, four.warm_buckets) == ([1, 5], [1, 2, 4, 5, 10, 20])

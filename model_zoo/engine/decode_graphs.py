@@ -13,8 +13,11 @@ position 0, slot -1 (not written), one token of block 0 (read, never written).
 A bucket is recorded at its :data:`RECORD_AT`-th decode step; the steps before run eagerly,
 so a generation of one token (a cold start's ``--max-tokens 1``), or a batch size met
 once, never pays for the recordings: two forward passes, the second over the longest
-context. :meth:`DecodeGraphs.record_all` records every bucket ahead instead (a server's
-warm-up), so no step pays for a recording or runs eagerly before it. A bucket is recorded
+context. :meth:`DecodeGraphs.record_all` records the batch buckets and the verify buckets of
+``k`` proposals ahead instead (a server's warm-up), so no such step pays for a recording or
+runs eagerly before it; the verify buckets of fewer proposals (below) are still recorded at
+their :data:`RECORD_AT`-th step, so a server records and holds only those its traffic
+meets. A bucket is recorded
 twice, over the shortest context (one token) and the longest
 (``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
@@ -37,9 +40,9 @@ buckets add ``b * (j + 1)`` rows for each batch bucket ``b`` and each ``j`` from
 ``k``, so a verify step of ``b`` sequences with ``j`` proposals each replays without
 padding, and one with mixed lengths takes the next bucket up. Every padding row costs
 what a row does: on SmolLM2 Q4_1 (2-vCPU Zen 4), a one-proposal step padded to ``k + 1 =
-5`` rows took 11.4 ms against 7.4 for a one-row step and 13.6 for five rows. A step that cannot replay (more rows than the last bucket, a
-block table past ``max_model_len``, a refused bucket) runs eagerly, and says why at debug
-level.
+5`` rows took 11.4 ms against 7.4 for a one-row step and 13.6 for five rows. A step that
+cannot replay (more rows than the last bucket, a block table past ``max_model_len``, a
+refused bucket) runs eagerly, and says why at debug level.
 """
 
 from __future__ import annotations
@@ -122,6 +125,9 @@ class DecodeGraphs:
         #: sequences with ``j`` proposals each, for every ``j`` up to ``k``).
         self.buckets = sorted(batches | {b * rows for b in batches
                                          for rows in range(2, rows_per_seq + 1)})
+        #: The buckets :meth:`record_all` records: the batch buckets, and their verify
+        #: steps' rows with ``k`` proposals each.
+        self.warm_buckets = sorted(batches | {b * rows_per_seq for b in batches})
         self._graphs: dict[int, tuple[RecordedStep, _Inputs]] = {}
         #: bucket -> why it runs eagerly.
         self.refused: dict[int, str] = {}
@@ -159,10 +165,11 @@ class DecodeGraphs:
         return f"step graphs: {'; '.join(parts) or 'none recorded yet (no decode step)'}"
 
     def record_all(self) -> list[int]:
-        """Record every bucket not recorded or refused yet, so that the first steps of
-        every batch size replay; returns the buckets recorded (a refused one is logged and
-        left out, see the module docstring). Writes no KV: safe between any two steps."""
-        for bucket in self.buckets:
+        """Record every bucket of :attr:`warm_buckets` not recorded or refused yet, so that
+        the first steps of every batch size replay; returns the buckets recorded (a refused
+        one is logged and left out, see the module docstring). Writes no KV: safe between
+        any two steps."""
+        for bucket in self.warm_buckets:
             if bucket not in self._graphs and bucket not in self.refused:
                 self._record(bucket)
         return self.recorded
