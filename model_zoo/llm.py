@@ -338,8 +338,11 @@ class LLM:
         return self._loop.submit(prompt_ids, sampling, prompt, listener)
 
     def warm_up(self) -> list[int]:
-        """Record every decode batch bucket's step graph now (``hwplug serve`` does before it
-        answers, so no request pays for one); the buckets recorded ([]: no step replays)."""
+        """Record every decode batch bucket's step graph now, and with speculative decoding
+        each bucket's verify step of ``k`` proposals a sequence (``hwplug serve`` does before
+        it answers, so no such step pays for one; verify steps of fewer proposals are
+        recorded when a step meets them, see :mod:`~hwplug.model_zoo.engine.decode_graphs`);
+        the buckets recorded ([]: no step replays)."""
         self._require(encoder=False, method="warm_up()")
         return self._loop.call(self.engine.warm_up)
 
