@@ -338,11 +338,8 @@ class LLM:
         return self._loop.submit(prompt_ids, sampling, prompt, listener)
 
     def warm_up(self) -> list[int]:
-        """Record every decode batch bucket's step graph now, and with speculative decoding
-        each bucket's verify step of ``k`` proposals a sequence (``hwplug serve`` does before
-        it answers, so no such step pays for one; verify steps of fewer proposals are
-        recorded when a step meets them, see :mod:`~hwplug.model_zoo.engine.decode_graphs`);
-        the buckets recorded ([]: no step replays)."""
+        """Record each decode batch bucket's (and its k-proposal verify step's) graph now, as
+        ``hwplug serve`` does before it answers; the buckets recorded ([]: no step replays)."""
         self._require(encoder=False, method="warm_up()")
         return self._loop.call(self.engine.warm_up)
 
