@@ -102,14 +102,6 @@ def baseline_kernels(rev: str, build: str) -> fused.FusedKernels:
     return kernels
 
 
-def on_layer(kernels: fused.FusedKernels, inputs: dict[str, Any],
-             metadata: AttentionMetadata, params: PagedAttentionParams,
-             layer: int) -> torch.Tensor:
-    """``kernels``' paged attention on ``layer``'s cache."""
-    return kernels.paged_attention(inputs["query"], inputs["kv_caches"][layer], metadata,
-                                   params)
-
-
 def next_layer(side: Callable[[int], object], layers: Iterator[int]) -> object:
     """``side`` called on the next layer's cache."""
     return side(next(layers))
@@ -145,9 +137,10 @@ def run(args: argparse.Namespace, dtype: torch.dtype
                                  inputs["seq_lens"], inputs["query_start_loc"], q, args.context)
     params = PagedAttentionParams(scale)
 
-    def paged(layer: int) -> torch.Tensor:
-        return ops.paged_attention(inputs["query"], inputs["kv_caches"][layer], metadata,
-                                   params)
+    def paged(layer: int, attend: Callable[..., torch.Tensor] = ops.paged_attention
+              ) -> torch.Tensor:
+        """``attend`` (the op, or one build's kernel) on ``layer``'s cache."""
+        return attend(inputs["query"], inputs["kv_caches"][layer], metadata, params)
 
     def contiguous(layer: int) -> torch.Tensor:
         query = inputs["query"].view(args.batch, q, num_heads, head_size).transpose(1, 2)
@@ -167,7 +160,7 @@ def run(args: argparse.Namespace, dtype: torch.dtype
             for side, kernels in (("kernel", fused.FusedKernels(build)),
                                   ("baseline", baseline_kernels(args.baseline, build))):
                 kernels.ensure_built()
-                sides[side] = partial(on_layer, kernels, inputs, metadata, params)
+                sides[side] = partial(paged, attend=kernels.paged_attention)
                 error = max(error, (sides[side](0) - paged(0)).abs().max().item())
         layers = itertools.cycle(range(args.layers))  # shared: no call finds its cache warm
         medians = interleaved_medians({name: partial(next_layer, side, layers)
