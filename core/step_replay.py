@@ -1,8 +1,8 @@
 """Replaying a recorded model step: a capability a platform may have.
 
 A platform that can run a step again without re-running its Python (the CPU platform
-records the native kernel calls a decode step makes; a GPU platform could capture a CUDA
-graph) returns a :class:`StepRecorder` from :meth:`hwplug.Platform.step_recorder`. The
+records the native kernel calls a decode step makes; hwplug-cuda captures a CUDA graph)
+returns a :class:`StepRecorder` from :meth:`hwplug.Platform.step_recorder`. The
 engine then records each decode batch size once and replays it; on a platform that
 returns None (the default) every step runs eagerly and nothing is ever recorded.
 
@@ -41,6 +41,10 @@ class StepRecorder(Protocol):
     #: Whether the engine records prefill steps too (per tokens and sequences bucket), not
     #: only decode steps.
     records_prefill: bool
+    #: Whether the engine runs a step once, eagerly and over the same inputs, right before
+    #: recording it (a CUDA graph's capture must not compile or load kernels). A recorder
+    #: without this attribute is read as False.
+    warms_up: bool
 
     def record(self) -> AbstractContextManager[RecordedStep]:
         """Record what the code run inside the block does into the yielded step. Raises

@@ -264,3 +264,37 @@ def test_verify_buckets_hold_every_proposal_count_without_padding():
     assert four.buckets == [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20]
     # a warm-up records the batch buckets and their steps of k proposals only
     assert (one.warm_buckets, four.warm_buckets) == ([1, 5], [1, 2, 4, 5, 10, 20])
+
+
+def test_a_recorder_that_warms_up_gets_each_recording_run_eagerly_first():
+    """``StepRecorder.warms_up`` (CUDA graphs: a capture must not compile kernels): the
+    engine runs the step once over the recording's inputs right before each recording, and
+    the bucket still replays the eager step's logits."""
+    config, state = random_state("llama")
+    model, ctx = build_model(InMemoryCheckpoint(config, state), dtype="float32", block_size=8)
+    runner = ModelRunner(model, ctx, 16, step_graphs=GraphLimits(4, 64))
+    recorder = type(runner.graphs.recorder)()
+    recorder.warms_up = True
+    bodies = []
+
+    def step(*args):
+        bodies.append(args[2].max_seq_len)
+        return runner._logits(*args)
+
+    graphs = DecodeGraphs(step, recorder, 4, 64, 8)
+    tokens, positions, slots, tables = [5, 7], [0, 0], [0, 8], [[0], [1]]
+    with torch.inference_mode():
+        assert graphs.logits(tokens, positions, slots, tables) is None  # eager: bucket's 1st
+        got = graphs.logits(tokens, positions, slots, tables)
+    if graphs.refused:  # a CPU without the C kernels of every op: the bucket runs eagerly
+        pytest.skip(f"no native kernels for every op: {graphs.refused}")
+    # the shortest context's warm-up and recording, then the longest's
+    assert bodies == [1, 1, 64, 64]
+    assert graphs.recorded == [2]
+    metadata = AttentionMetadata(torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
+                                 torch.ones(2, dtype=torch.int32),
+                                 torch.arange(3, dtype=torch.int32), 1, 1)
+    with torch.inference_mode():
+        want = model.compute_logits(runner.forward(StepInputs(
+            torch.tensor(tokens), torch.tensor(positions), metadata, None)))
+    torch.testing.assert_close(got, want)

@@ -1,11 +1,13 @@
 """Decode steps replayed from step graphs, recorded by the platform's
-:class:`~hwplug.step_replay.StepRecorder` (on CPUs: :mod:`hwplug.platforms.cpu.step_graph`).
+:class:`~hwplug.step_replay.StepRecorder` (on CPUs: :mod:`hwplug.platforms.cpu.step_graph`;
+on NVIDIA GPUs: ``hwplug_cuda.cuda_graph``).
 
 A pure decode step (one new token per sequence, each sampling) of ``n`` sequences runs as
 the graph of the smallest bucket of :data:`BUCKETS` that holds ``n``: the forward pass and
-the logits, recorded once per bucket as the native kernel calls they make and replayed
-from then on, with the step's token ids, positions, slots, block tables and lengths
-written into the bucket's static input tensors. On a platform that samples on its device
+the logits, recorded once per bucket (as the native kernel calls they make on CPUs, as a
+CUDA graph on NVIDIA GPUs) and replayed from then on, with the step's token ids,
+positions, slots, block tables and lengths written into the bucket's static input tensors
+(on the model's device). On a platform that samples on its device
 (:mod:`~hwplug.model_zoo.engine.device_sampling`) the replay samples the logits there
 too (:meth:`DecodeGraphs.sample`). Rows past ``n`` are padding: token 0 at
 position 0, slot -1 (not written), one token of block 0 (read, never written).
@@ -22,8 +24,9 @@ twice, over the shortest context (one token) and the longest
 (``max_model_len`` tokens, every block table entry block 0) with other tokens and slots,
 and kept only when both recordings made the same calls (see
 ``StepRecorder.check_same``): a kernel chosen in Python from a
-step's lengths would change between them. The recordings write no KV (every slot
-negative); the long one costs one attention pass over ``max_model_len`` tokens per
+step's lengths would change between them. A recorder that asks for it (``warms_up``: CUDA
+graphs) gets each recording's step run once eagerly right before it. The recordings (and
+warm-ups) write no KV (every slot negative); the long one costs one attention pass over ``max_model_len`` tokens per
 sequence of the bucket, once. A bucket whose step computes anything in torch (a platform or model
 without native kernels for every op) is refused once, with the reason logged, and its
 steps run eagerly; so does one whose recording failed in any other way (logged as a
@@ -51,6 +54,7 @@ import bisect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -65,6 +69,16 @@ logger = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 #: The decode step of a bucket (counting from 1) at which it is recorded and first replayed.
 RECORD_AT = 2
+
+
+def record_step(recorder: StepRecorder, body: Callable[[], Any]) -> RecordedStep:
+    """``body()`` recorded by ``recorder`` as one step whose outputs are what it returned;
+    run once eagerly first where the recorder asks for that (``warms_up``)."""
+    if getattr(recorder, "warms_up", False):
+        body()
+    with recorder.record() as graph:
+        graph.outputs = body()
+    return graph
 
 
 def record_twice(recorder: StepRecorder, first: Callable[[], RecordedStep],
@@ -109,13 +123,14 @@ class DecodeGraphs:
     """Step graphs of ``step(input_ids, positions, metadata) -> logits`` for decode batches
     of up to ``max_num_seqs`` sequences of up to ``max_model_len`` tokens in blocks of
     ``block_size``, recorded by ``recorder``, and verify steps of up to ``rows_per_seq``
-    (``k + 1``) query rows per sequence (1: no speculation)."""
+    (``k + 1``) query rows per sequence (1: no speculation). The buckets' static inputs
+    live on ``device``, the model's."""
 
     def __init__(self, step: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata],
                                       torch.Tensor], recorder: StepRecorder,
                  max_num_seqs: int, max_model_len: int, block_size: int,
-                 rows_per_seq: int = 1) -> None:
-        self.step, self.recorder = step, recorder
+                 rows_per_seq: int = 1, device: torch.device | str = "cpu") -> None:
+        self.step, self.recorder, self.device = step, recorder, torch.device(device)
         self.max_model_len, self.block_size = max_model_len, block_size
         self.rows_per_seq = rows_per_seq
         #: Block table entries of a sequence of ``max_model_len`` tokens.
@@ -242,19 +257,20 @@ class DecodeGraphs:
         return graph
 
     def _record(self, bucket: int) -> tuple[RecordedStep, _Inputs] | None:
+        on = {"device": self.device}
         inputs = _Inputs(
-            torch.zeros(bucket, dtype=torch.int64), torch.zeros(bucket, dtype=torch.int64),
+            torch.zeros(bucket, dtype=torch.int64, **on),
+            torch.zeros(bucket, dtype=torch.int64, **on),
             AttentionMetadata(
-                slot_mapping=torch.full((bucket,), -1, dtype=torch.int64),
-                block_tables=torch.zeros((bucket, self.max_blocks), dtype=torch.int32),
-                seq_lens=torch.ones(bucket, dtype=torch.int32),
-                query_start_loc=torch.arange(bucket + 1, dtype=torch.int32),
+                slot_mapping=torch.full((bucket,), -1, dtype=torch.int64, **on),
+                block_tables=torch.zeros((bucket, self.max_blocks), dtype=torch.int32, **on),
+                seq_lens=torch.ones(bucket, dtype=torch.int32, **on),
+                query_start_loc=torch.arange(bucket + 1, dtype=torch.int32, **on),
                 max_query_len=1, max_seq_len=1))
 
         def recording(inputs: _Inputs) -> RecordedStep:
-            with self.recorder.record() as graph:
-                graph.outputs = self.step(inputs.input_ids, inputs.positions, inputs.metadata)
-            return graph
+            return record_step(self.recorder, lambda: self.step(
+                inputs.input_ids, inputs.positions, inputs.metadata))
 
         def longest() -> RecordedStep:
             # over other contents: the longest context, another token and (negative,

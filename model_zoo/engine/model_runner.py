@@ -104,7 +104,7 @@ class ModelRunner:
         recorder = ctx.platform.step_recorder()
         self.graphs = None if step_graphs is None or recorder is None else DecodeGraphs(
             self._logits, recorder, step_graphs.max_num_seqs, step_graphs.max_model_len,
-            self.block_size, step_graphs.rows_per_seq)
+            self.block_size, step_graphs.rows_per_seq, self.device)
         #: The prefill step graphs (None: prefill steps run eagerly).
         self.prefill_graphs = None if (
             self.graphs is None or step_graphs is None or not recorder.records_prefill

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hwplug.attention import AttentionMetadata
-from hwplug.model_zoo.engine.decode_graphs import record_twice, refusal
+from hwplug.model_zoo.engine.decode_graphs import record_step, record_twice, refusal
 from hwplug.step_replay import RecordedStep, SampledTokens, SampleRequest, StepRecorder
 
 logger = logging.getLogger(__name__)
@@ -140,10 +140,8 @@ class PrefillGraphs:
         inputs = _Inputs.empty(tokens, seqs, self.max_blocks)
 
         def recording(metadata: AttentionMetadata) -> RecordedStep:
-            with self.recorder.record() as graph:
-                graph.outputs = self.body(inputs.input_ids, inputs.positions, metadata,
-                                          inputs.sample_rows)
-            return graph
+            return record_step(self.recorder, lambda: self.body(
+                inputs.input_ids, inputs.positions, metadata, inputs.sample_rows))
 
         def one_sequence() -> RecordedStep:
             inputs.metadata.seq_lens[0] = tokens

@@ -20,6 +20,7 @@ class _NativeCallRecorder:
 
     name = "native kernel calls"
     records_prefill = False
+    warms_up = False
 
     def record(self) -> AbstractContextManager[RecordedStep]:
         from hwplug.platforms.cpu.step_graph import record

@@ -295,6 +295,7 @@ class JaxStepRecorder:
     name = "one compiled JAX function per step"
     #: Prefill steps are recorded too (:mod:`hwplug.model_zoo.engine.prefill_graphs`).
     records_prefill = True
+    warms_up = False
 
     def __init__(self) -> None:
         self.compiled: list[tuple[tuple[int, ...], ...]] = []
