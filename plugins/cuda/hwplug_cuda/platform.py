@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from hwplug.platform_interface import DeviceCapability, DeviceFacts
 from hwplug_triton.platform import TritonGpuPlatform
+
+if TYPE_CHECKING:
+    from hwplug_cuda.cuda_graph import CudaGraphRecorder
 
 #: fp8 KV caches need Ada/Hopper (capability 8.9) or newer.
 FP8_MIN_CAPABILITY = DeviceCapability(8, 9)
@@ -40,6 +43,15 @@ class CudaPlatform(TritonGpuPlatform):
             return DeviceCapability(*_capability(device_id))
         known = self._sighting_detail("capability")
         return DeviceCapability.parse(known) if known else None
+
+    def step_recorder(self) -> CudaGraphRecorder | None:
+        """Decode steps captured as CUDA graphs (:mod:`hwplug_cuda.cuda_graph`) where this
+        process drives the GPU; None where it does not."""
+        if not self.is_available():
+            return None
+        from hwplug_cuda.cuda_graph import RECORDER
+
+        return RECORDER
 
     def toolkit_version(self) -> str | None:
         import torch
