@@ -13,6 +13,11 @@ alike.
     python benchmarks/generate_vs_transformers.py                   # batch 1, 8, 32
     python benchmarks/generate_vs_transformers.py --batch-sizes 1 --new-tokens 128
     python benchmarks/generate_vs_transformers.py --dtype bfloat16 --batch-sizes 1 32 128  # GPU
+    python benchmarks/generate_vs_transformers.py --eager-row   # also hwplug without graphs
+
+``--eager-row`` adds a second hwplug engine with ``step_graphs=False`` (every decode step
+runs its Python, where the first replays recorded steps: the CPU's native calls, CUDA
+graphs on hwplug-cuda) and checks that both give the same greedy tokens.
 
 Both sides run on the resolved platform's device (transformers' model is moved there),
 in one process with the platform's process environment (``Platform.process_env``, e.g.
@@ -22,6 +27,7 @@ in one process with the platform's process environment (``Platform.process_env``
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -33,6 +39,7 @@ hwplug.current_platform().apply_process_env()  # before torch loads; both sides 
 
 import torch  # noqa: E402
 
+from hwplug.model_zoo.engine.decode_graphs import RECORD_AT  # noqa: E402
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model  # noqa: E402
 from hwplug.model_zoo.loaders.resolve import checkpoint_format  # noqa: E402
 
@@ -46,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="timed calls of each side")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--eager-row", action="store_true",
+                        help="also time hwplug with step_graphs=False")
     return parser.parse_args()
 
 
@@ -85,8 +94,8 @@ def synchronize() -> None:
 def decode_rates(sides: dict[str, Callable[[int], object]], batch: int, new_tokens: int,
                  repeats: int) -> dict[str, float]:
     """Median decode tokens/s of each side, timed in alternating order."""
-    for generate in sides.values():  # warm-up
-        generate(2)
+    for generate in sides.values():  # warm-up: past the step that records a step graph
+        generate(RECORD_AT + 2)
     rates: dict[str, list[float]] = {name: [] for name in sides}
     for repeat in range(repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
@@ -100,26 +109,31 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    llm = hwplug.LLM(args.model, dtype=args.dtype, max_num_seqs=max(args.batch_sizes),
-                     dequantize=is_gguf(args.model))
+    options = {"dtype": args.dtype, "max_num_seqs": max(args.batch_sizes),
+               "dequantize": is_gguf(args.model)}
+    llm = hwplug.LLM(args.model, **options)
+    eager = hwplug.LLM(args.model, step_graphs=False, **options) if args.eager_row else None
     device = llm.ctx.device
     reference = transformers_model(args.model, getattr(torch, args.dtype)).to(device)
     vocab = llm.hf_config.vocab_size
     generator = torch.Generator().manual_seed(0)
     print(f"model {llm.architecture}, dtype {args.dtype}, platform {llm.platform}, attention "
-          f"{llm.attention_backend}, {torch.get_num_threads()} threads, GOMP_SPINCOUNT="
+          f"{llm.attention_backend}, step graphs {llm.config.step_graphs}, "
+          f"{torch.get_num_threads()} threads, GOMP_SPINCOUNT="
           f"{os.environ.get('GOMP_SPINCOUNT', 'unset')}, {args.new_tokens} new "
           f"tokens after {args.prompt_tokens}-token prompts; decode tokens/s (median of "
           f"{args.repeats})")
-    print(f"{'batch':>5} {'hwplug':>10} {'transformers':>13} {'ratio':>7}")
+    eager_head = f" {'hwplug eager':>13} {'graphs/eager':>13}" if eager else ""
+    print(f"{'batch':>5} {'hwplug':>10} {'transformers':>13} {'ratio':>7}{eager_head}")
     for batch in args.batch_sizes:
         prompts = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=generator)
         token_lists = prompts.tolist()
         prompts = prompts.to(device)
 
-        def ours(new_tokens: int, token_lists: list[list[int]] = token_lists) -> object:
+        def ours(new_tokens: int, token_lists: list[list[int]] = token_lists,
+                 engine: hwplug.LLM = llm) -> list:
             sampling = hwplug.SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-            return llm.generate(token_lists, sampling)
+            return engine.generate(token_lists, sampling)
 
         def theirs(new_tokens: int, prompts: torch.Tensor = prompts) -> object:
             with torch.inference_mode():
@@ -127,10 +141,33 @@ def main() -> None:
                                           max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                           do_sample=False, pad_token_id=0)
 
-        rates = decode_rates({"hwplug": ours, "transformers": theirs}, batch, args.new_tokens,
-                             args.repeats)
-        print(f"{batch:>5} {rates['hwplug']:>10.1f} {rates['transformers']:>13.1f} "
-              f"{rates['hwplug'] / rates['transformers']:>6.2f}x", flush=True)
+        sides = {"hwplug": ours, "transformers": theirs}
+        if eager is not None:
+            sides["eager"] = functools.partial(ours, engine=eager)
+        rates = decode_rates(sides, batch, args.new_tokens, args.repeats)
+        row = (f"{batch:>5} {rates['hwplug']:>10.1f} {rates['transformers']:>13.1f} "
+               f"{rates['hwplug'] / rates['transformers']:>6.2f}x")
+        if eager is not None:
+            agree = agreement(token_ids(ours(args.new_tokens)),
+                              token_ids(sides["eager"](args.new_tokens)))
+            row += f" {rates['eager']:>13.1f} {rates['hwplug'] / rates['eager']:>12.2f}x ({agree})"
+        print(row, flush=True)
+    print(llm.runner.graphs.describe() if llm.runner.graphs else "step graphs: off")
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
+    """Whether two engines generated the same greedy tokens, else where they first differ."""
+    first = [next(i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b)
+             for x, y in zip(ours, theirs, strict=True) if x != y]
+    if not first:
+        return "greedy tokens identical"
+    return (f"greedy tokens differ in {len(first)} of {len(ours)} sequences, first at token "
+            f"{min(first)}, median {statistics.median(first)}")
+
+
+def token_ids(outputs: list) -> list[list[int]]:
+    """The generated token ids of each request of a ``generate`` call."""
+    return [list(output.outputs[0].token_ids) for output in outputs]
 
 
 if __name__ == "__main__":
