@@ -9,7 +9,8 @@ production. The script prints, per bucket, the shipped config's time next to the
 one's, measured side by side in this process, names the GPU, and writes
 ``plugins/triton/hwplug_triton/tables/<vendor>_<device>.json`` (or ``--out``): commit it.
 
-    python benchmarks/tune_triton.py [--kernels rms_norm,paged_attention_decode] [--out F]
+    python benchmarks/tune_triton.py [--kernels rms_norm,paged_attention_decode]
+                                     [--buckets 128] [--out F]
 
 On a machine without a GPU (CUDA, ROCm or XPU) it says so and exits with status 2,
 writing nothing: tables are only ever measured on the device they are for.
@@ -176,15 +177,17 @@ def _flat(result: Any) -> tuple[torch.Tensor, ...]:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
-def tune(kernels: list[str], device: torch.device, device_key: str,
-         user_dir: Path) -> dict[str, dict[str, dict[str, int]]]:
-    """The best config of every bucket of ``kernels``, printing shipped vs best times."""
+def tune(kernels: list[str], device: torch.device, device_key: str, user_dir: Path,
+         only: set[int] | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """The best config of every bucket of ``kernels`` (those in ``only`` where given),
+    printing shipped vs best times."""
     from hwplug_triton import tuning
 
     best: dict[str, dict[str, dict[str, int]]] = {}
     print(f"{'kernel':<24} {'bucket':>8} {'shipped ms':>11} {'best ms':>9} {'speedup':>8}  best")
     for kernel in kernels:
-        for bucket in sorted(int(b) for b in tuning.shipped_tables()[0]["kernels"][kernel]):
+        for bucket in sorted(int(b) for b in tuning.shipped_tables()[0]["kernels"][kernel]
+                             if only is None or int(b) in only):
             call, oracle, op = cases(kernel, bucket, device)
             apply(user_dir, kernel, device_key, bucket, None)
             shipped = measure(call, oracle, op)
@@ -210,6 +213,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default=",".join(GRIDS),
                         help=f"comma-separated subset of {', '.join(GRIDS)}")
+    parser.add_argument("--buckets", type=int, nargs="+",
+                        help="tune only these buckets of each kernel (default: all)")
     parser.add_argument("--out", type=Path, help="table file to write (default: the "
                                                  "device's file among the shipped tables)")
     args = parser.parse_args()
@@ -235,13 +240,18 @@ def main() -> int:
           f"triton {triton.__version__}; {DTYPE}")
     with tempfile.TemporaryDirectory() as user_dir:
         os.environ["HWPLUG_TUNING_DIR"] = user_dir
-        best = tune(kernels, device, key, Path(user_dir))
+        best = tune(kernels, device, key, Path(user_dir),
+                    set(args.buckets) if args.buckets else None)
     out = args.out or tuning.TABLE_DIR / tuning.table_file_name(platform.vendor, key)
     entry = json.loads(out.read_text()) if out.exists() else {"kernels": {}}
+    tuned = "; ".join(f"{kernel} {', '.join(buckets)}" for kernel, buckets in best.items())
+    source = (f"{tuned}: benchmarks/tune_triton.py on {name}, {datetime.date.today()}, "
+              f"torch {torch.__version__}, triton {triton.__version__}")
     entry.update(device=key, vendor=platform.vendor,
-                 source=f"benchmarks/tune_triton.py on {name}, {datetime.date.today()}, "
-                        f"torch {torch.__version__}, triton {triton.__version__}")
-    entry["kernels"].update(best)
+                 source=f"{source}; before that: {entry['source']}" if "source" in entry
+                 else source)
+    for kernel, buckets in best.items():  # the buckets not tuned keep their configs
+        entry["kernels"].setdefault(kernel, {}).update(buckets)
     out.write_text(json.dumps(entry, indent=2) + "\n")
     print(f"written to {out}")
     return 0
