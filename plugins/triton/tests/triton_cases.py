@@ -161,8 +161,8 @@ BATCHES = {
     "verify": ([5, 5, 1, 3, 5, 2], [6, 300, 1025, 2048, 4000, 17]),  # speculative: k + 1
 } if ON_GPU else {
     "decode": ([1, 1, 1, 1], [1, 17, 40, 70]),
-    "prefill": ([9, 33], [9, 33]),
-    "chunked": ([8, 20], [30, 50]),
+    "prefill": ([9, 70], [9, 70]),  # 70: query blocks past a whole 64-key tile
+    "chunked": ([8, 20], [30, 90]),
     "mixed": ([1, 12, 0, 5, 1], [23, 12, 7, 40, 1]),
     "verify": ([5, 3, 1, 5], [9, 20, 40, 70]),  # a speculative verify step: k + 1 queries
 }
