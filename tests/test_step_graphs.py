@@ -221,6 +221,17 @@ def test_a_platform_that_replays_no_steps_never_records():
     assert EagerCpu().describe()["step_replay"] is None
 
 
+def _first_step_logits(runner: ModelRunner, tokens: list[int], positions: list[int],
+                       slots: list[int], tables: list[list[int]]) -> torch.Tensor:
+    """The logits of an eager decode step whose sequences each hold one token."""
+    metadata = AttentionMetadata(torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
+                                 torch.ones(len(tokens), dtype=torch.int32),
+                                 torch.arange(len(tokens) + 1, dtype=torch.int32), 1, 1)
+    with torch.inference_mode():
+        return runner.model.compute_logits(runner.forward(StepInputs(
+            torch.tensor(tokens), torch.tensor(positions), metadata, None)))
+
+
 def test_a_bucket_is_recorded_at_its_second_decode_step_and_replays_the_eager_logits():
     """A bucket's first decode step runs eagerly (a one-token generation records nothing);
     its second is recorded and replayed, with the logits the eager step computes."""
@@ -237,13 +248,8 @@ def test_a_bucket_is_recorded_at_its_second_decode_step_and_replays_the_eager_lo
         assert got is None and list(graphs.refused) == [2]
         return
     assert (graphs.recorded, graphs.replays) == ([2], 1)
-    metadata = AttentionMetadata(torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
-                                 torch.ones(2, dtype=torch.int32),
-                                 torch.arange(3, dtype=torch.int32), 1, 1)
-    with torch.inference_mode():
-        want = model.compute_logits(runner.forward(StepInputs(
-            torch.tensor(tokens), torch.tensor(positions), metadata, None)))
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, _first_step_logits(runner, tokens, positions, slots,
+                                                       tables))
     assert graphs.logits(tokens, positions, slots, tables) is not None  # replayed again
     assert (graphs.recorded, graphs.replays) == ([2], 2)
 
@@ -291,10 +297,5 @@ def test_a_recorder_that_warms_up_gets_each_recording_run_eagerly_first():
     # the shortest context's warm-up and recording, then the longest's
     assert bodies == [1, 1, 64, 64]
     assert graphs.recorded == [2]
-    metadata = AttentionMetadata(torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
-                                 torch.ones(2, dtype=torch.int32),
-                                 torch.arange(3, dtype=torch.int32), 1, 1)
-    with torch.inference_mode():
-        want = model.compute_logits(runner.forward(StepInputs(
-            torch.tensor(tokens), torch.tensor(positions), metadata, None)))
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, _first_step_logits(runner, tokens, positions, slots,
+                                                       tables))
