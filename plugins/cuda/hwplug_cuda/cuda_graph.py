@@ -15,8 +15,8 @@ recording made over the longest context, whose kernels serve every shorter one: 
 attention's split-KV grid covers ``max_model_len`` keys and each program reads its
 sequence's length from device memory, skipping splits past it. Two recordings of a step may
 therefore launch different kernels (one split or several), and :meth:`check_same` asks only
-that both returned the same outputs' shapes and dtypes. The capture's mode is ``thread_local``: other
-threads (a server's) may use the GPU meanwhile.
+that both returned the same outputs' shapes and dtypes. The capture's mode is
+``thread_local``: other threads (a server's) may use the GPU meanwhile.
 """
 
 from __future__ import annotations
