@@ -17,7 +17,8 @@ alike.
 
 ``--eager-row`` adds a second hwplug engine with ``step_graphs=False`` (every decode step
 runs its Python, where the first replays recorded steps: the CPU's native calls, CUDA
-graphs on hwplug-cuda) and checks that both give the same greedy tokens.
+graphs on hwplug-cuda) and reports whether both give the same greedy tokens, else where
+they first differ.
 
 Both sides run on the resolved platform's device (transformers' model is moved there),
 in one process with the platform's process environment (``Platform.process_env``, e.g.
