@@ -1,8 +1,8 @@
 """OpenMP wait policy on this CPU: batch-1 decode tokens/s and idle CPU burn per setting.
 
 libgomp (torch's OpenMP runtime on Linux) reads its settings once, when torch loads, so
-each setting runs in a fresh child process: it builds ``hwplug.LLM()`` (the default model,
-GGUF blocks kept; ``--dequantize`` for float weights), warms up, times batch-1 greedy
+each setting runs in a fresh child process: it builds ``hwplug.LLM()`` (the default model
+or ``--model``, GGUF blocks kept; ``--dequantize`` for float weights), warms up, times batch-1 greedy
 decode, then sleeps and measures how many cores the idle process keeps busy (CPU time
 over wall time: OpenMP workers that spin instead of sleeping burn a core each). Settings
 alternate round by round so that a change in machine load hits them all alike; the table
@@ -10,6 +10,7 @@ shows medians and each setting's decode speed relative to libgomp's default.
 
     python benchmarks/omp_policy.py
     python benchmarks/omp_policy.py --rounds 5 --new-tokens 64 --dequantize
+    python benchmarks/omp_policy.py --model /path/to/model.gguf --settings default GOMP_SPINCOUNT=10M
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SETTINGS: dict[str, dict[str, str]] = {
 CHILD = """
 import json, time
 import hwplug
-llm = hwplug.LLM(dequantize={dequantize})
+llm = hwplug.LLM({model!r}, dequantize={dequantize})
 params = hwplug.SamplingParams(max_tokens={new_tokens}, ignore_eos=True)
 prompt = list(range(100, 132))
 llm.generate([prompt], params)  # warm-up
@@ -52,6 +53,7 @@ print(json.dumps({{"tokens_per_s": decode, "idle_cores": idle}}))
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", help="path or alias (default: the default model)")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--idle", type=float, default=2.0, help="seconds of idle measured")
     parser.add_argument("--dequantize", action="store_true",
@@ -63,7 +65,7 @@ def parse_args() -> argparse.Namespace:
 
 def run_child(setting: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    code = CHILD.format(dequantize=args.dequantize, new_tokens=args.new_tokens, idle=args.idle)
+    code = CHILD.format(model=args.model, dequantize=args.dequantize, new_tokens=args.new_tokens, idle=args.idle)
     result = subprocess.run([sys.executable, "-c", code], env={**env, **setting},
                             capture_output=True, text=True, check=False)
     if result.returncode:
@@ -82,7 +84,8 @@ def main() -> None:
     facts = hwplug.current_platform().facts
     print(f"CPU: {facts.device_name} ({os.cpu_count()} cores; features "
           f"{' '.join(sorted(facts.features & {'avx2', 'avx512f', 'amx_tile', 'fma'}))}); "
-          f"weights {'dequantized fp32' if args.dequantize else 'GGUF kept'}; batch 1, "
+          f"model {args.model or 'default'}, weights "
+          f"{'dequantized fp32' if args.dequantize else 'GGUF kept'}; batch 1, "
           f"{args.new_tokens} new tokens; median of {args.rounds} alternating rounds")
     base = statistics.median(r["tokens_per_s"] for r in runs.get("default", runs[args.settings[0]]))
     print("| setting | decode tok/s | vs default | idle cores busy |\n|---|---|---|---|")
