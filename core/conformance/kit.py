@@ -1,9 +1,9 @@
 """The conformance kit: every check for one plugin, planned then run.
 
 :func:`plan` turns a resolved :class:`~hwplug.conformance.target.Target` into named
-checks (registration, probe, platform facts, one per KV-cache layout, per kernel variant,
-per attention backend scenario, per quant method and per connector the plugin
-registered);
+checks (registration, probe, platform facts, step replay, one per KV-cache layout, per
+kernel variant, per attention backend scenario, per quant method and per connector the
+plugin registered);
 :func:`run_conformance` resolves, plans and runs them into a
 :class:`~hwplug.conformance.result.Report`.
 """
@@ -23,6 +23,7 @@ from hwplug.conformance.probe import check_probe
 from hwplug.conformance.quant_methods import quant_method_check
 from hwplug.conformance.registration import check_hooks, check_loads, check_names
 from hwplug.conformance.result import Check, Report, Status
+from hwplug.conformance.step_replay import check_step_replay
 from hwplug.conformance.target import SIMULATION_GAPS, Target, resolve_target
 from hwplug.conformance.variants import variant_check
 from hwplug.registry import Registry
@@ -111,6 +112,7 @@ def plan(target: Target, budget: Budget | None = None) -> list[Check]:
     budget = budget or Budget()
     return [*_setup_checks(target), *_registration_checks(target), _probe_check(target),
             Check("platform facts", lambda: check_facts(target)),
+            Check("step replay", lambda: check_step_replay(target)),
             *_interface_checks(target, budget)]
 
 
