@@ -14,9 +14,9 @@ from model_harness import InMemoryCheckpoint
 from tiny_models import random_state
 
 import hwplug
-from hwplug.attention import AttentionMetadata
+from hwplug.conformance.step_replay import decode_logits
 from hwplug.model_zoo.context import build_model
-from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner, StepInputs
+from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
@@ -32,29 +32,6 @@ def test_the_cuda_platform_captures_cuda_graphs():
     assert platform.name == "cuda"
     assert platform.step_recorder().name == "CUDA graphs"
     assert platform.describe()["step_replay"] == "CUDA graphs"
-
-
-def _logits(runner: ModelRunner, tokens: list[int], positions: list[int], slots: list[int],
-            tables: list[list[int]]) -> tuple[torch.Tensor, bool]:
-    """The decode step's logits (from its graph where it replays) and whether it replayed
-    (under inference mode, as the engine's steps run)."""
-    if runner.graphs is not None:
-        with torch.inference_mode():
-            replayed = runner.graphs.logits(tokens, positions, slots, tables)
-        if replayed is not None:
-            return replayed.clone(), True
-    device = runner.device
-    metadata = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, device=device),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(positions, dtype=torch.int32, device=device) + 1,
-        query_start_loc=torch.arange(len(tokens) + 1, dtype=torch.int32, device=device),
-        max_query_len=1, max_seq_len=max(positions) + 1)
-    with torch.inference_mode():
-        hidden = runner.forward(StepInputs(torch.tensor(tokens, device=device),
-                                           torch.tensor(positions, device=device), metadata,
-                                           None))
-        return runner.model.compute_logits(hidden), False
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -74,8 +51,8 @@ def test_replayed_decode_steps_give_the_eager_steps_logits(dtype):
         positions = [position] * 3
         slots = [table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
                  for table in tables]
-        got, replayed = _logits(graphed, tokens, positions, slots, tables)
-        want, _ = _logits(eager, tokens, positions, slots, tables)
+        got, replayed = decode_logits(graphed, tokens, positions, slots, tables)
+        want, _ = decode_logits(eager, tokens, positions, slots, tables)
         replays.append(replayed)
         error = float((got - want).abs().max() / (want.max() - want.min()))
         assert error < TOLERANCE[dtype], (position, error)
