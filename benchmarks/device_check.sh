@@ -6,7 +6,8 @@
 #
 # Run from the repository root on a machine with an NVIDIA GPU whose python3 already holds
 # torch and triton (the tree is installed over them with --no-deps). Wheels of hwplug's
-# pure-Python dependencies that machine lacks may sit in .whl/ (installed to /tmp/site).
+# pure-Python dependencies that machine lacks may sit in .whl/ (installed to /tmp/site; the
+# lent H100s lacked gguf and importlib-metadata, whose 10.x needs lazy_importer: carry 8.x).
 # HF_DIR holds a model's config.json and tokenizer (e.g. `hwplug convert smollm2 DIR`
 # without the weights): the end-to-end comparison builds random bf16 weights of that
 # shape there, since speed does not depend on their values. Each step is time-bounded and
@@ -29,7 +30,8 @@ step() {  # step NAME SECONDS COMMAND...: run, log, record status (if STEPS sele
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/device.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/device.txt" 2>&1
 if ls .whl/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        .whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
 step install 120 python3 -m pip install --no-deps --no-index --no-build-isolation \
