@@ -74,6 +74,18 @@ class CheckpointLike(Protocol):
     def weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
 
 
+@dataclass
+class InMemoryCheckpoint:
+    """A checkpoint held in memory (a :class:`CheckpointLike`): a Hugging Face ``config``
+    and the ``state`` dict of a model built in code (a test's, the conformance kit's)."""
+
+    config: Any
+    state: dict[str, torch.Tensor]
+
+    def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return iter(self.state.items())
+
+
 #: The :class:`LLMConfig` options that shape a model's build (the others shape the engine).
 ENGINE_OPTIONS = ("dtype", "kv_cache_dtype", "block_size", "attention_backend",
                   "calculate_kv_scales", "kv_scale_granularity")

@@ -8,26 +8,16 @@ appends ``query_lens[i]`` tokens to a context of ``context_lens[i]`` tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from hwplug.attention import AttentionMetadata
 from hwplug.dtypes import torch_dtype
-from hwplug.model_zoo.context import ModelContext
+from hwplug.model_zoo.context import InMemoryCheckpoint, ModelContext
 
-
-@dataclass
-class InMemoryCheckpoint:
-    """A checkpoint made in the test: a Hugging Face config and a state dict."""
-
-    config: Any
-    state: dict[str, torch.Tensor]
-
-    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.state.items())
+__all__ = ["InMemoryCheckpoint", "PagedBatch"]
 
 
 class PagedBatch:

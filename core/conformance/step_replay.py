@@ -12,16 +12,12 @@ a platform without a recorder skips it; one whose device is absent is not checke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
 from hwplug.attention import AttentionMetadata
 from hwplug.conformance.result import Outcome
 from hwplug.conformance.target import Target
-from hwplug.model_zoo.context import build_model
+from hwplug.model_zoo.context import InMemoryCheckpoint, build_model
 from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner, StepInputs
 
 #: Decode steps per sequence (the first of a batch size runs eagerly: it is recorded at
@@ -34,18 +30,7 @@ SEQUENCES = 2
 MAX_MODEL_LEN = 64
 
 
-@dataclass
-class _RandomCheckpoint:
-    """A random tiny Llama: its config and weights."""
-
-    config: Any
-    state: dict[str, torch.Tensor]
-
-    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.state.items())
-
-
-def _tiny_llama() -> _RandomCheckpoint:
+def _tiny_llama() -> InMemoryCheckpoint:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -58,7 +43,7 @@ def _tiny_llama() -> _RandomCheckpoint:
     with torch.no_grad():  # peaked next-token distributions: no near-ties to flip
         for name, param in model.named_parameters():
             param.normal_(1.0 if "norm" in name else 0.0, 0.3, generator=generator)
-    return _RandomCheckpoint(config, model.state_dict())
+    return InMemoryCheckpoint(config, model.state_dict())
 
 
 def decode_logits(runner: ModelRunner, tokens: list[int], positions: list[int],
