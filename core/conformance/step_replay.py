@@ -12,13 +12,17 @@ a platform without a recorder skips it; one whose device is absent is not checke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hwplug.attention import AttentionMetadata
 from hwplug.conformance.result import Outcome
 from hwplug.conformance.target import Target
-from hwplug.model_zoo.context import InMemoryCheckpoint, build_model
-from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner, StepInputs
+
+if TYPE_CHECKING:  # the engine is imported when the check runs, not with the kit (0.6 s)
+    from hwplug.model_zoo.context import InMemoryCheckpoint
+    from hwplug.model_zoo.engine.model_runner import ModelRunner
 
 #: Decode steps per sequence (the first of a batch size runs eagerly: it is recorded at
 #: the second).
@@ -32,6 +36,8 @@ MAX_MODEL_LEN = 64
 
 def _tiny_llama() -> InMemoryCheckpoint:
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hwplug.model_zoo.context import InMemoryCheckpoint
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -52,6 +58,8 @@ def decode_logits(runner: ModelRunner, tokens: list[int], positions: list[int],
     ``slots[i]``, blocks ``tables[i]``), from the runner's step graph where it replays one,
     else eagerly; and whether it replayed. Runs under inference mode, as the engine's steps
     do."""
+    from hwplug.model_zoo.engine.model_runner import StepInputs
+
     device = runner.device
     with torch.inference_mode():
         if runner.graphs is not None:
@@ -80,6 +88,9 @@ def check_step_replay(target: Target) -> Outcome:
     recorder = platform.step_recorder()
     if recorder is None:
         return "skipped", f"platform {platform.name} replays no steps (step_recorder() is None)"
+    from hwplug.model_zoo.context import build_model
+    from hwplug.model_zoo.engine.model_runner import GraphLimits, ModelRunner
+
     model, ctx = build_model(_tiny_llama(), platform=platform, dtype="float32")
     blocks = -(-MAX_MODEL_LEN // ctx.engine_config.block_size)
     graphed = ModelRunner(model, ctx, SEQUENCES * blocks,
