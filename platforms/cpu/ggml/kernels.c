@@ -527,6 +527,73 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
     }
 }
 
+/* ---- output row groups over the threads ---- */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* a share of items: its next item from the front in the low 32 bits, its end (the next
+ * item from the back, exclusive) in the high 32 bits; a cache line each */
+typedef struct { _Alignas(64) uint64_t span; } share_t;
+
+/* up to want items of *s claimed from its front (back: from its back); the count (0 when
+ * the share is empty), the first item in *first */
+static int64_t claim(share_t *s, int64_t want, int back, int64_t *first) {
+    uint64_t old = __atomic_load_n(&s->span, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint64_t lo = old & 0xffffffffu, hi = old >> 32;
+        if (lo >= hi) return 0;
+        const uint64_t n = hi - lo < (uint64_t)want ? hi - lo : (uint64_t)want;
+        const uint64_t next = back ? (hi - n) << 32 | lo : hi << 32 | (lo + n);
+        if (__atomic_compare_exchange_n(&s->span, &old, next, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *first = (int64_t)(back ? hi - n : lo);
+            return (int64_t)n;
+        }
+    }
+}
+
+/* run(ctx, i0, i1) over items [0, n) (n < 2^32) on nthreads threads: each thread owns a
+ * contiguous share and runs it front to back, chunk items a claim; a thread done with its
+ * own takes one item at a time from the back of the others'. Every item runs exactly once,
+ * whole, on one thread (what it computes does not depend on which), and each thread reads
+ * one contiguous stretch of weights but for the last few items. A static split made the
+ * first thread done wait for the other at every call's end: a thread the scheduler took
+ * away for a moment (another runnable thread: a server's HTTP thread, a second OpenMP
+ * runtime's workers) held up the whole call. */
+static void balanced_for(int64_t n, int nthreads, int64_t chunk,
+                         void (*run)(const void *, int64_t, int64_t), const void *ctx) {
+#ifndef _OPENMP
+    nthreads = 1;
+#endif
+    share_t *shares = nthreads > 1 && n > 1
+                          ? aligned_alloc(64, sizeof(share_t) * (size_t)nthreads) : NULL;
+    if (!shares) { run(ctx, 0, n); return; }
+    for (int t = 0; t < nthreads; ++t)
+        shares[t].span = (uint64_t)(n * (t + 1) / nthreads) << 32 | (uint64_t)(n * t / nthreads);
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        const int self = omp_get_thread_num();
+#else
+        const int self = 0;
+#endif
+        int64_t first, got;
+        while ((got = claim(&shares[self], chunk, 0, &first)) > 0) run(ctx, first, first + got);
+        for (int u = 1; u < nthreads; ++u)  /* every share, whether its thread started or not */
+            while (claim(&shares[(self + u) % nthreads], 1, 1, &first) > 0)
+                run(ctx, first, first + 1);
+    }
+    free(shares);
+}
+
+/* one linear call's work, the ctx of the run_* functions balanced_for calls: weight rows
+ * from n_start to N in units of the loop's own row count; flag: packed (the super-block
+ * types) or wide (the 32-value ones) */
+typedef struct {
+    int type; const uint8_t *w; int64_t row_bytes, N, n_start; const act_t *act; float *out;
+    int64_t ldo; const float *bias; int flag;
+} job_t;
+
 #ifdef HWPLUG_GGML_VNNI
 #include "kgroup.h"
 #include "lgroup.h"
@@ -544,6 +611,13 @@ static void tile(int type, const uint8_t *w, int64_t ld, int nr, const act_t *a,
  * 1.35-1.5x at 128; Q5_K (its 1536 x 8960 and 256 x 1536) 1.13-1.19x, 1.4-1.5x,
  * 1.5-1.8x, 1.18-1.22x, 1.04-1.06x. */
 enum { KG_MIN_ROWS = 8 };
+/* kgroup over groups [g0, g1) of KG_ROWS weight rows */
+static void run_kgroups(const void *ctx, int64_t g0, int64_t g1) {
+    const job_t *j = ctx;
+    for (int64_t g = g0; g < g1; ++g)
+        kgroup(j->type, j->w + g * KG_ROWS * j->row_bytes, j->row_bytes, j->act,
+               j->out + g * KG_ROWS, j->ldo, j->bias ? j->bias + g * KG_ROWS : NULL, j->flag);
+}
 #endif
 /* the super-block types (Q8_K activations) */
 static int super_type(int type) {
@@ -556,6 +630,33 @@ static int wide_type(int type) {
 }
 static int linear_type(int type) { return wide_type(type) || type == T_IQ4_NL || super_type(type); }
 
+/* weight rows n_start + MT_MAX * [i0, i1) in groups of MT_MAX (the last one may be short);
+ * each group against the activations in tiles of mt rows */
+static void run_super_tiles(const void *ctx, int64_t i0, int64_t i1) {
+    const job_t *j = ctx;
+    const int64_t M = j->act->rows;
+    for (int64_t n0 = j->n_start + i0 * MT_MAX; n0 < j->N && n0 < j->n_start + i1 * MT_MAX;
+         n0 += MT_MAX) {
+        const int rows = (int)(j->N - n0 < MT_MAX ? j->N - n0 : MT_MAX);
+        for (int64_t m0 = 0; m0 < M;) {
+            const act_t part = {(char *)j->act->q + sizeof(q8k_t) * (size_t)m0, NULL, NULL,
+                                j->act->nb, M};
+            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+            for (int r0 = 0; r0 < rows;) {
+                const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
+                float res[MT_MAX];
+                tile(j->type, j->w + (n0 + r0) * j->row_bytes, j->row_bytes, nr, &part, mt, res);
+                for (int r = 0; r < nr; ++r)
+                    for (int m = 0; m < mt; ++m)
+                        j->out[(m0 + m) * j->ldo + n0 + r0 + r] =
+                            res[r * mt + m] + (j->bias ? j->bias[n0 + r0 + r] : 0.0f);
+                r0 += nr;
+            }
+            m0 += mt;
+        }
+    }
+}
+
 /* out[m * ldo + n] = (act @ W.T)[m, n] (+ bias[n]): the super-block types, split over
  * nthreads threads by weight rows; packed: the groups of 16 rows are repacked
  * (hwplug_ggml_repack) and take the groups at every row count */
@@ -567,30 +668,40 @@ static void super_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t 
 #ifdef HWPLUG_GGML_VNNI
     if (packed || M >= KG_MIN_ROWS) { /* groups of KG_ROWS weight rows, then the rest */
         const int64_t groups = N / KG_ROWS;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
-        for (int64_t g = 0; g < groups; ++g)
-            kgroup(type, w + g * KG_ROWS * row_bytes, row_bytes, act, out + g * KG_ROWS, ldo,
-                   bias ? bias + g * KG_ROWS : NULL, packed);
+        const job_t job = {type, w, row_bytes, N, 0, act, out, ldo, bias, packed};
+        balanced_for(groups, N * K * M >= 65536 ? nthreads : 1, 4, run_kgroups, &job);
         n_start = groups * KG_ROWS;
     }
 #endif
-/* groups of 4 weight rows; each group against the activations in tiles of mt rows */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
-    for (int64_t n0 = n_start; n0 < N; n0 += MT_MAX) {
-        const int rows = (int)(N - n0 < MT_MAX ? N - n0 : MT_MAX);
+    const job_t job = {type, w, row_bytes, N, n_start, act, out, ldo, bias, packed};
+    balanced_for((N - n_start + MT_MAX - 1) / MT_MAX, N * K * M >= 65536 ? nthreads : 1, 4,
+                 run_super_tiles, &job);
+}
+
+/* weight rows n_start + LT_LANES * [i0, i1) in groups of LT_LANES (the last one may be
+ * short); each group against the activations in chunks of up to LT_LANES rows */
+static void run_legacy_tiles(const void *ctx, int64_t i0, int64_t i1) {
+    const job_t *j = ctx;
+    const int64_t M = j->act->rows;
+    const size_t block_bytes = (size_t)(QK * (j->flag ? 2 : 1));
+    for (int64_t n0 = j->n_start + i0 * LT_LANES; n0 < j->N && n0 < j->n_start + i1 * LT_LANES;
+         n0 += LT_LANES) {
+        const int rows = (int)(j->N - n0 < LT_LANES ? j->N - n0 : LT_LANES);
         for (int64_t m0 = 0; m0 < M;) {
-            const act_t part = {(char *)act->q + sizeof(q8k_t) * (size_t)m0, NULL, NULL,
-                                act->nb, M};
-            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
-            for (int r0 = 0; r0 < rows;) {
-                const int nr = rows - r0 < 4 / mt ? 1 : 4 / mt;
-                float res[MT_MAX];
-                tile(type, w + (n0 + r0) * row_bytes, row_bytes, nr, &part, mt, res);
-                for (int r = 0; r < nr; ++r)
+            const int mt = (int)(M - m0 < LT_LANES ? M - m0 : LT_LANES);
+            const int mtp = mt == 1 ? 1 : mt == 2 ? 2 : mt <= 4 ? 4 : 8, nr = LT_LANES / mtp;
+            const act_t *a = j->act;
+            const act_t part = {(char *)a->q + block_bytes * (size_t)m0, a->d + m0, a->sd + m0,
+                                a->nb, M, a->sum ? a->sum + m0 : NULL};
+            for (int r0 = 0; r0 < rows; r0 += nr) {
+                const int nrv = rows - r0 < nr ? rows - r0 : nr;
+                float res[LT_LANES];
+                legacy_tile(j->type, j->w + (n0 + r0) * j->row_bytes, j->row_bytes, nrv, &part,
+                            mtp, mt, res, j->flag);
+                for (int r = 0; r < nrv; ++r)
                     for (int m = 0; m < mt; ++m)
-                        out[(m0 + m) * ldo + n0 + r0 + r] =
-                            res[r * mt + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
-                r0 += nr;
+                        j->out[(m0 + m) * j->ldo + n0 + r0 + r] =
+                            res[r * mtp + m] + (j->bias ? j->bias[n0 + r0 + r] : 0.0f);
             }
             m0 += mt;
         }
@@ -610,33 +721,14 @@ static void legacy_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t
                           const act_t *act, float *out, int64_t ldo, const float *bias,
                           int wide, int nthreads) {
     const int64_t M = act->rows, K = act->nb * QK;
-    const size_t block_bytes = (size_t)(QK * (wide ? 2 : 1));
     int64_t n_start = 0; /* the weight rows from which the tiles compute */
 #ifdef HWPLUG_GGML_VNNI
     if (wide ? M >= 2 || lw_one_row(type, act->nb) : M >= LB_MIN_ROWS)
         n_start = lw_linear(type, wide, w, row_bytes, N, act, out, ldo, bias, nthreads);
 #endif
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M >= 65536)
-    for (int64_t n0 = n_start; n0 < N; n0 += LT_LANES) {
-        const int rows = (int)(N - n0 < LT_LANES ? N - n0 : LT_LANES);
-        for (int64_t m0 = 0; m0 < M;) {
-            const int mt = (int)(M - m0 < LT_LANES ? M - m0 : LT_LANES);
-            const int mtp = mt == 1 ? 1 : mt == 2 ? 2 : mt <= 4 ? 4 : 8, nr = LT_LANES / mtp;
-            const act_t part = {(char *)act->q + block_bytes * (size_t)m0, act->d + m0,
-                                act->sd + m0, act->nb, M, act->sum ? act->sum + m0 : NULL};
-            for (int r0 = 0; r0 < rows; r0 += nr) {
-                const int nrv = rows - r0 < nr ? rows - r0 : nr;
-                float res[LT_LANES];
-                legacy_tile(type, w + (n0 + r0) * row_bytes, row_bytes, nrv, &part, mtp, mt,
-                            res, wide);
-                for (int r = 0; r < nrv; ++r)
-                    for (int m = 0; m < mt; ++m)
-                        out[(m0 + m) * ldo + n0 + r0 + r] =
-                            res[r * mtp + m] + (bias ? bias[n0 + r0 + r] : 0.0f);
-            }
-            m0 += mt;
-        }
-    }
+    const job_t job = {type, w, row_bytes, N, n_start, act, out, ldo, bias, wide};
+    balanced_for((N - n_start + LT_LANES - 1) / LT_LANES, N * K * M >= 65536 ? nthreads : 1, 4,
+                 run_legacy_tiles, &job);
 }
 
 /* hwplug_ggml_linear, with the weight's groups of 16 rows repacked (packed, see

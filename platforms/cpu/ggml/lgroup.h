@@ -286,22 +286,27 @@ static void lt_group(int type, int wide, const uint8_t *w, int64_t ld, const act
 #undef LT_TYPES
 #undef LT_TILE_OF
 
+/* lw_group_of or lt_group over groups [g0, g1) of LW_ROWS weight rows */
+static void run_lgroups(const void *ctx, int64_t g0, int64_t g1) {
+    const job_t *j = ctx;
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t *wg = j->w + g * LW_ROWS * j->row_bytes;
+        const float *bg = j->bias ? j->bias + g * LW_ROWS : NULL;
+        if (!j->flag || j->act->rows > LW_MAX_ROWS)
+            lt_group(j->type, j->flag, wg, j->row_bytes, j->act, j->out + g * LW_ROWS, j->ldo, bg);
+        else
+            lw_group_of(j->type, wg, j->row_bytes, j->act, j->out + g * LW_ROWS, j->ldo, bg);
+    }
+}
 /* the first N / LW_ROWS * LW_ROWS weight rows, LW_ROWS at a time split over the threads,
  * for activations of any number of rows: int16 (wide) through lw_group up to LW_MAX_ROWS
  * and lt_group beyond, int8 through lt_group; the rows they cover */
 static int64_t lw_linear(int type, int wide, const uint8_t *w, int64_t row_bytes, int64_t N,
                          const act_t *a, float *out, int64_t ldo, const float *bias,
                          int nthreads) {
-    const int64_t groups = N / LW_ROWS, M = a->rows;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * a->nb * QK * M >= 65536)
-    for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t *wg = w + g * LW_ROWS * row_bytes;
-        const float *bg = bias ? bias + g * LW_ROWS : NULL;
-        if (!wide || M > LW_MAX_ROWS)
-            lt_group(type, wide, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
-        else
-            lw_group_of(type, wg, row_bytes, a, out + g * LW_ROWS, ldo, bg);
-    }
+    const int64_t groups = N / LW_ROWS;
+    const job_t job = {type, w, row_bytes, N, 0, a, out, ldo, bias, wide};
+    balanced_for(groups, N * a->nb * QK * a->rows >= 65536 ? nthreads : 1, 4, run_lgroups, &job);
     return groups * LW_ROWS;
 }
 
