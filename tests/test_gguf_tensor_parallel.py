@@ -5,8 +5,11 @@ row-parallel layer holds its share of the input columns where the blocks fall on
 share's boundaries, else gathers its input and computes its share of the output rows (see
 :mod:`hwplug.model_zoo.quant_methods.gguf`). The ranks' logits equal one process's within
 :data:`ATOL` of the logits' range (the kernels round each rank's activations to int8 per
-block, and the all-reduce adds partial sums in another order); the CLI prints the same
-text with three ranks as with one.
+block, and the all-reduce adds partial sums in another order), so their greedy tokens are
+one process's wherever the top two logits lie further apart than that: a near-tie may
+flip (the tiny model's prompt has one, its top two 8e-5 of the range apart, which flips on
+an Intel Xeon). The CLI prints the same text with three ranks as with one, on the real
+model.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from dist_workers import gguf_prefill_logits, gguf_row_parallel_layers, run
 from gguf import GGMLQuantizationType as Q
 from tiny_checkpoints import shrink_gguf
@@ -25,8 +27,8 @@ from hwplug.model_zoo.loaders import resolve_model
 
 pytestmark = pytest.mark.slow  # each test starts worker processes
 
-#: Max |tensor-parallel - one process| logit over the one-process logits' range. Measured:
-#: see the tests' assertions' messages.
+#: Max |tensor-parallel - one process| logit over the one-process logits' range (measured:
+#: 0.0017 on an Intel Xeon, family 6 model 207).
 ATOL = 0.02
 #: The shrunk SmolLM2's layer types: o_proj F16 (blocks of 1), gate/up Q4_1 and Q8_0 (32),
 #: down Q6_K (256: the 512-column shares of 1536 over 3 ranks fall on its blocks).
@@ -48,7 +50,6 @@ def test_three_ranks_give_one_process_logits(mixed_gguf: Path):
     for rank, got in enumerate(ranks):
         error = float((got - want).abs().max()) / scale
         assert error < ATOL, f"rank {rank}: {error}"
-        assert torch.equal(got.argmax(-1), want.argmax(-1)), f"rank {rank}"
 
 
 def test_row_parallel_layers_split_at_blocks_or_gather(mixed_gguf: Path):
