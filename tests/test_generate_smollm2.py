@@ -41,7 +41,7 @@ def expected(llm: hwplug.LLM) -> list[list[int]]:
     """transformers' greedy tokens for each prompt alone, from the same weights, up to and
     including the first end-of-sequence token."""
     checkpoint = load_checkpoint(resolve_model(None), dequantize=True)
-    reference = LlamaForCausalLM(checkpoint.config).eval()
+    reference = LlamaForCausalLM(checkpoint.transformers_config()).eval()
     result = reference.load_state_dict(dict(checkpoint.weights()), strict=False)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
     reference.tie_weights()

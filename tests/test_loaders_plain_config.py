@@ -1,7 +1,6 @@
 """A GGUF conversion's plain config: every field of the architecture's config, loaded
-without importing the architecture's config class (a second-run cold start's largest
-import), and the rotary cache built without torch's meta-device arange (which imports
-torch._dynamo)."""
+without importing transformers (a second-run cold start's largest import after torch), and
+the rotary cache built without torch's meta-device arange (which imports torch._dynamo)."""
 
 from __future__ import annotations
 
@@ -14,20 +13,25 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_checkpoints import shrink_gguf
-from transformers import AutoConfig, GPT2Config, PretrainedConfig, Qwen3Config
+from transformers import AutoConfig, GPT2Config, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from hwplug.errors import ModelError
 from hwplug.kernel_registry.reference import build_cos_sin_cache
+from hwplug.model_zoo.context import checkpoint_dtype
 from hwplug.model_zoo.layers.rotary import RotaryEmbedding
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.cache import entry_dir
-from hwplug.model_zoo.loaders.hf_dir import PLAIN_CONFIG_NAME, load_config, write_plain_config
+from hwplug.model_zoo.loaders.hf_dir import load_config
+from hwplug.model_zoo.loaders.plain_config import (
+    PLAIN_CONFIG_NAME,
+    PlainConfig,
+    write_plain_config,
+)
 
-#: Imported by the architecture's config class (through transformers' validators), by
-#: torch's meta-device arange and by transformers' auto classes (their config tables); a
-#: cached load needs none of them.
-HEAVY_MODULES = ("transformers.models.llama.configuration_llama", "torch._dynamo",
-                 "transformers.models.auto.configuration_auto",
-                 "transformers.models.auto.tokenization_auto")
+#: transformers (its config classes, tokenizers, chat templates) and torch._dynamo (imported
+#: by transformers' config validators and by torch's meta-device arange): a cached load
+#: and a chat generation need neither.
+HEAVY_MODULES = ("transformers", "torch._dynamo")
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +45,12 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def _fields(config: PretrainedConfig) -> dict:
+def _fields(config: PretrainedConfig | PlainConfig) -> dict:
+    """``config``'s fields as JSON values (a plain config holds them as JSON reads them)."""
     fields = config.to_dict()
     for name in ("_name_or_path", "model_type", "use_cache", "transformers_version"):
         fields.pop(name, None)
-    return fields
+    return json.loads(json.dumps(fields, default=lambda v: str(v).removeprefix("torch.")))
 
 
 def test_a_gguf_conversion_loads_as_a_plain_config_with_every_field(small_gguf: Path,
@@ -53,7 +58,7 @@ def test_a_gguf_conversion_loads_as_a_plain_config_with_every_field(small_gguf: 
     checkpoint = load_checkpoint(small_gguf)
     entry = entry_dir(small_gguf, "gguf-blocks")
     assert (entry / PLAIN_CONFIG_NAME).is_file() and (entry / "config.json").is_file()
-    assert type(checkpoint.config) is PretrainedConfig
+    assert type(checkpoint.config) is PlainConfig
     assert checkpoint.config.model_type == "llama"
     reference = AutoConfig.from_pretrained(entry, local_files_only=True)  # config.json
     assert type(reference).__name__ == "LlamaConfig"
@@ -75,7 +80,7 @@ def test_a_config_class_whose_aliases_a_plain_config_lacks_keeps_its_class(tmp_p
     assert write_plain_config(qwen3, tmp_path)
     qwen3.save_pretrained(tmp_path)
     loaded = load_config(tmp_path)
-    assert type(loaded) is PretrainedConfig
+    assert type(loaded) is PlainConfig
     assert (loaded.num_hidden_layers, loaded.layer_types) == (3, qwen3.layer_types)
     assert _fields(loaded) == _fields(qwen3)
     (tmp_path / PLAIN_CONFIG_NAME).unlink()
@@ -93,12 +98,31 @@ def test_the_rotary_cache_is_made_on_the_default_device():
 
 
 @pytest.mark.slow
-def test_a_cached_gguf_load_imports_neither_the_config_class_nor_dynamo(small_gguf: Path,
+def test_a_dtype_and_integer_keys_read_as_json_values(tmp_path: Path):
+    config = Qwen2Config(num_hidden_layers=2, architectures=["Qwen2ForCausalLM"],
+                         dtype="bfloat16", id2label={0: "no", 1: "yes"})
+    assert write_plain_config(config, tmp_path)
+    loaded = load_config(tmp_path)
+    assert (loaded.dtype, loaded.id2label) == ("bfloat16", {"0": "no", "1": "yes"})
+    assert checkpoint_dtype(loaded) == checkpoint_dtype(config) == "bfloat16"
+
+
+def test_an_unreadable_plain_config_is_a_model_error(tmp_path: Path):
+    (tmp_path / PLAIN_CONFIG_NAME).write_text("[1, 2]")
+    with pytest.raises(ModelError, match="not a JSON object"):
+        load_config(tmp_path)
+    (tmp_path / PLAIN_CONFIG_NAME).write_text("{")
+    with pytest.raises(ModelError, match=PLAIN_CONFIG_NAME):
+        load_config(tmp_path)
+
+
+def test_a_cached_gguf_load_imports_neither_transformers_nor_dynamo(small_gguf: Path,
                                                                        cache_dir: Path):
     load_checkpoint(small_gguf)  # converts
     child = ("import json, sys, hwplug\n"
              f"llm = hwplug.LLM({str(small_gguf)!r})\n"
              "llm.generate('Hello', hwplug.SamplingParams(max_tokens=1))\n"
+             "llm.generate([llm.apply_chat_template('Hi')], hwplug.SamplingParams(max_tokens=1))\n"
              f"print(json.dumps([m for m in {HEAVY_MODULES!r} if m in sys.modules]))\n")
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                             env={**os.environ, "HWPLUG_CACHE_DIR": str(cache_dir)},

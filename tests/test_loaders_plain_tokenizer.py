@@ -1,7 +1,8 @@
 """A conversion's plain tokenizer: a tokenizer whose saved files reproduce it loads as a
-plain ``PreTrainedTokenizerFast`` (no ``AutoTokenizer``, no class rebuilding its vocabulary
-in Python), one they do not reproduce keeps its class, and a changed GGUF file gets a new
-conversion with its own tokenizer."""
+:class:`PlainTokenizer` (the tokenizers library and jinja2, no transformers), one they do
+not reproduce keeps its class, anything a plain tokenizer does not do itself goes to the
+transformers tokenizer of the same files, and a changed GGUF file gets a new conversion
+with its own tokenizer."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.cache import entry_dir
-from hwplug.model_zoo.loaders.hf_dir import (
+from hwplug.model_zoo.loaders.hf_dir import load_tokenizer
+from hwplug.model_zoo.loaders.plain_tokenizer import (
     PLAIN_TOKENIZER_NAME,
     TOKENIZER_PROBES,
-    load_tokenizer,
+    PlainTokenizer,
     tokenizer_differences,
     write_plain_tokenizer,
 )
@@ -55,25 +57,34 @@ def _qwen2_tokenizer() -> Qwen2Tokenizer:
     return tokenizer
 
 
-def _same_tokens(tokenizer: PreTrainedTokenizerFast, other: PreTrainedTokenizerFast) -> None:
+def _same_tokens(tokenizer: PreTrainedTokenizerFast, other: object) -> None:
     texts = [*TOKENIZER_PROBES, "Hello the world<|endoftext|>"]
     assert other(texts)["input_ids"] == tokenizer(texts)["input_ids"]
+    assert [other(text).input_ids for text in texts] == [tokenizer(text).input_ids
+                                                         for text in texts]
     assert other.decode(range(len(other))) == tokenizer.decode(range(len(tokenizer)))
-    assert other.apply_chat_template(CHAT, tokenize=False) == tokenizer.apply_chat_template(
-        CHAT, tokenize=False)
+    for prompt in (True, False):
+        assert other.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt) \
+            == tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt)
     assert other.eos_token_id == tokenizer.eos_token_id
 
 
-def test_a_tokenizer_its_files_reproduce_loads_as_a_plain_fast_tokenizer(tmp_path: Path):
-    tokenizer = _qwen2_tokenizer()
+def _saved_plain(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> PlainTokenizer:
     tokenizer.save_pretrained(tmp_path)
     assert write_plain_tokenizer(tokenizer, tmp_path)
-    marker = json.loads((tmp_path / PLAIN_TOKENIZER_NAME).read_text())
-    assert marker["saved_by"] == "Qwen2Tokenizer"
     loaded = load_tokenizer(tmp_path, None)
-    assert type(loaded) is PreTrainedTokenizerFast
+    assert type(loaded) is PlainTokenizer
+    return loaded
+
+
+def test_a_tokenizer_its_files_reproduce_loads_as_a_plain_tokenizer(tmp_path: Path):
+    tokenizer = _qwen2_tokenizer()
+    loaded = _saved_plain(tmp_path, tokenizer)
+    assert json.loads((tmp_path / PLAIN_TOKENIZER_NAME).read_text())["saved_by"] == \
+        "Qwen2Tokenizer"
     assert tokenizer_differences(tokenizer, loaded) == []
     _same_tokens(tokenizer, loaded)
+    assert loaded._transformers is None  # none of that needed transformers' tokenizer
     (tmp_path / PLAIN_TOKENIZER_NAME).unlink()
     assert type(load_tokenizer(tmp_path, None)) is Qwen2Tokenizer  # through AutoTokenizer
 
@@ -84,13 +95,50 @@ def test_a_tokenizer_its_files_do_not_reproduce_keeps_its_class(tmp_path: Path):
     saved = json.loads((tmp_path / "tokenizer.json").read_text())
     saved["normalizer"] = json.loads(normalizers.Lowercase().__getstate__())
     (tmp_path / "tokenizer.json").write_text(json.dumps(saved))  # Qwen2Tokenizer ignores it
-    plain = PreTrainedTokenizerFast.from_pretrained(tmp_path)
-    assert "encoding (add_special_tokens=True)" in tokenizer_differences(tokenizer, plain)
     assert not write_plain_tokenizer(tokenizer, tmp_path)
     assert not (tmp_path / PLAIN_TOKENIZER_NAME).exists()
     loaded = load_tokenizer(tmp_path, None)
     assert type(loaded) is Qwen2Tokenizer
     _same_tokens(tokenizer, loaded)
+
+
+def test_a_chat_template_a_plain_tokenizer_renders_otherwise_keeps_the_class(tmp_path: Path):
+    tokenizer = _qwen2_tokenizer()  # transformers' {% generation %} tag: not in plain jinja2
+    tokenizer.chat_template = ("{% for m in messages %}{% generation %}{{ m.content }}"
+                               "{% endgeneration %}{% endfor %}")
+    tokenizer.save_pretrained(tmp_path)
+    plain = PlainTokenizer.from_marker(tmp_path)
+    assert plain is None
+    assert not write_plain_tokenizer(tokenizer, tmp_path)
+    assert not (tmp_path / PLAIN_TOKENIZER_NAME).exists()
+
+
+def test_what_a_plain_tokenizer_does_not_do_itself_goes_to_transformers(tmp_path: Path):
+    tokenizer = _qwen2_tokenizer()
+    tokenizer.add_tokens(["<tool>", "</tool>"])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|sep|>"]})
+    loaded = _saved_plain(tmp_path, tokenizer)
+    assert loaded.convert_tokens_to_ids(["<tool>", "<|sep|>", "Hell"]) == \
+        tokenizer.convert_tokens_to_ids(["<tool>", "<|sep|>", "Hell"])
+    assert loaded.all_special_tokens == tokenizer.all_special_tokens
+    assert loaded._transformers is None
+    named = [{"role": "user", "content": "Hi", "name": "ann"}]  # a field beyond role/content
+    assert loaded.apply_chat_template(named, tokenize=False) == \
+        tokenizer.apply_chat_template(named, tokenize=False)
+    assert type(loaded.transformers()) is PreTrainedTokenizerFast
+    assert loaded.convert_ids_to_tokens([0, 1]) == tokenizer.convert_ids_to_tokens([0, 1])
+    assert loaded("Hello <tool>", return_tensors="pt").input_ids.tolist() == \
+        tokenizer("Hello <tool>", return_tensors="pt").input_ids.tolist()
+    with pytest.raises(AttributeError):
+        loaded.no_such_attribute  # noqa: B018
+
+
+def test_a_marker_of_another_format_loads_through_the_class(tmp_path: Path):
+    tokenizer = _qwen2_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / PLAIN_TOKENIZER_NAME).write_text(json.dumps(
+        {"loads_as": "PreTrainedTokenizerFast", "saved_by": "Qwen2Tokenizer"}))
+    assert type(load_tokenizer(tmp_path, None)) is Qwen2Tokenizer
 
 
 def test_a_gguf_conversion_caches_a_plain_tokenizer_and_a_changed_file_replaces_it(
@@ -100,7 +148,7 @@ def test_a_gguf_conversion_caches_a_plain_tokenizer_and_a_changed_file_replaces_
     checkpoint = load_checkpoint(gguf)
     entry = entry_dir(gguf, "gguf-blocks")
     assert (entry / PLAIN_TOKENIZER_NAME).is_file()
-    assert type(checkpoint.tokenizer) is PreTrainedTokenizerFast
+    assert type(checkpoint.tokenizer) is PlainTokenizer
     reference = AutoTokenizer.from_pretrained(entry, local_files_only=True)
     _same_tokens(reference, checkpoint.tokenizer)
     assert len(checkpoint.tokenizer) == 256
@@ -114,43 +162,3 @@ def test_a_gguf_conversion_caches_a_plain_tokenizer_and_a_changed_file_replaces_
     assert len(changed.tokenizer) == 300
     assert reference.get_vocab() == {
         token: index for token, index in changed.tokenizer.get_vocab().items() if index < 256}
-
-
-def test_the_marker_lists_the_added_tokens_so_tokenizer_json_is_not_parsed_in_python(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """transformers reads a fast tokenizer's added tokens by parsing all of
-    ``tokenizer.json`` in Python unless it is given them: the marker lists them, and the
-    plain load given them is the same tokenizer without that parse; a marker written
-    before it listed them still loads (with the parse)."""
-    import transformers.tokenization_utils_base as base
-
-    tokenizer = _qwen2_tokenizer()
-    tokenizer.add_tokens(["<tool>", "</tool>"])
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|sep|>"]})
-    tokenizer.save_pretrained(tmp_path)
-    assert write_plain_tokenizer(tokenizer, tmp_path)
-    marker = json.loads((tmp_path / PLAIN_TOKENIZER_NAME).read_text())
-    assert {int(i): t for i, t in marker["added_tokens_decoder"].items()} == {
-        i: t.__getstate__() for i, t in tokenizer.added_tokens_decoder.items()}
-    parsed = []
-
-    class Json:  # transformers' json module, recording which files it parses
-        def __getattr__(self, name):
-            return getattr(json, name)
-
-        def load(self, handle, **kwargs):
-            parsed.append(Path(handle.name).name)
-            return json.load(handle, **kwargs)
-
-    monkeypatch.setattr(base, "json", Json())
-    loaded = load_tokenizer(tmp_path, None)
-    assert "tokenizer.json" not in parsed
-    assert tokenizer_differences(tokenizer, loaded) == []
-    _same_tokens(tokenizer, loaded)
-    assert loaded.convert_tokens_to_ids(["<tool>", "<|sep|>"]) == \
-        tokenizer.convert_tokens_to_ids(["<tool>", "<|sep|>"])
-    del marker["added_tokens_decoder"]  # as written before
-    (tmp_path / PLAIN_TOKENIZER_NAME).write_text(json.dumps(marker))
-    loaded = load_tokenizer(tmp_path, None)
-    assert "tokenizer.json" in parsed
-    assert tokenizer_differences(tokenizer, loaded) == []

@@ -214,7 +214,7 @@ def test_smollm2_checkpoint_matches_transformers():
         tokens = torch.cat([tokens, logits[-1][-1:].argmax(-1)])
         logits.append(model.compute_logits(batch.run(model, [tokens[-1:]], [len(tokens)])))
 
-    reference = LlamaForCausalLM(checkpoint.config).eval()
+    reference = LlamaForCausalLM(checkpoint.transformers_config()).eval()
     result = reference.load_state_dict(dict(checkpoint.weights()), strict=False)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
     reference.tie_weights()

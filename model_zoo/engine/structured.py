@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hwplug.errors import ConfigError
+from hwplug.model_zoo.loaders.plain_tokenizer import PlainTokenizer
 from hwplug.model_zoo.sampling import StructuredOutput
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,11 @@ class Grammars:
                               '"hwplug[serve]" (or llguidance)') from None
         with self._lock:
             if self._tokenizer is None:
+                hf_tokenizer = self._hf_tokenizer
+                if isinstance(hf_tokenizer, PlainTokenizer):  # llguidance takes transformers'
+                    hf_tokenizer = hf_tokenizer.transformers()
                 self._tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self._vocab_size,
+                    hf_tokenizer, n_vocab=self._vocab_size,
                     eos_token=self._eos[0] if len(self._eos) == 1 else self._eos or None)
         return llguidance, self._tokenizer
 

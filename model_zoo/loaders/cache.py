@@ -20,9 +20,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
-
-import transformers
 
 from hwplug import envs
 from hwplug.errors import ConfigError
@@ -30,7 +29,7 @@ from hwplug.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 #: Bump when the layout or content of an entry changes; old entries are then ignored.
-CACHE_FORMAT_VERSION = 4
+CACHE_FORMAT_VERSION = 5
 #: A staging directory this much older than now belongs to a process that died.
 STALE_STAGING_S = 3600.0
 
@@ -38,7 +37,7 @@ STALE_STAGING_S = 3600.0
 def entry_dir(source: Path, kind: str) -> Path:
     """The cache entry for ``source`` (which must exist); it may not have been built yet."""
     stat = source.stat()
-    identity = "\n".join((str(CACHE_FORMAT_VERSION), transformers.__version__,
+    identity = "\n".join((str(CACHE_FORMAT_VERSION), version("transformers"),
                           str(source.resolve()), str(stat.st_size), str(stat.st_mtime_ns)))
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     return envs.HWPLUG_CACHE_DIR.expanduser() / kind / key

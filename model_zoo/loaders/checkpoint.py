@@ -12,9 +12,12 @@ from safetensors import SafetensorError, safe_open
 
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders.mapped import MappedFile
+from hwplug.model_zoo.loaders.plain_config import PlainConfig
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+    from hwplug.model_zoo.loaders.plain_tokenizer import PlainTokenizer
 
 #: How the checkpoint was stored: a GGUF file or a directory of safetensors files.
 CheckpointFormat = Literal["gguf", "safetensors"]
@@ -26,11 +29,12 @@ class Checkpoint:
 
     - ``config``: the transformers config; ``config.architectures[0]`` names the model class
       (always set for a GGUF, as the file's causal-LM class, e.g. ``LlamaForCausalLM``).
-      For a GGUF it is a plain ``PretrainedConfig`` holding every field of the
-      architecture's config (see :mod:`.hf_dir`); :meth:`transformers_config` gives the
-      architecture's class, which transformers' ``AutoModel`` classes need.
+      For a GGUF it is a :class:`~.plain_config.PlainConfig` holding every field of the
+      architecture's config; :meth:`transformers_config` gives the architecture's class,
+      which transformers' ``AutoModel`` classes need.
     - ``tokenizer``: a fast transformers tokenizer (with the chat template where the
-      checkpoint ships one).
+      checkpoint ships one) or, for a GGUF, a :class:`~.plain_tokenizer.PlainTokenizer`
+      that behaves as one.
     - ``source``: the ``.gguf`` file or the directory that was loaded.
     - ``format``: ``"gguf"`` (converted once, read from the conversion cache and, for
       blocks used as stored, from the ``.gguf`` itself) or ``"safetensors"`` (a Hugging
@@ -42,8 +46,8 @@ class Checkpoint:
       GGUF's blocks, see :mod:`.mapped`), after those of ``weight_files``.
     """
 
-    config: PretrainedConfig
-    tokenizer: PreTrainedTokenizerBase
+    config: PretrainedConfig | PlainConfig
+    tokenizer: PreTrainedTokenizerBase | PlainTokenizer
     source: Path
     format: CheckpointFormat
     weight_files: tuple[Path, ...]
@@ -59,13 +63,12 @@ class Checkpoint:
     def transformers_config(self) -> PretrainedConfig:
         """``config`` as an instance of its architecture's transformers config class (e.g.
         ``LlamaConfig``), the same fields; ``config`` itself when it is one already."""
-        from transformers import AutoConfig, PretrainedConfig
+        from transformers import AutoConfig
 
-        if type(self.config) is not PretrainedConfig:
+        if not isinstance(self.config, PlainConfig):
             return self.config
         fields = self.config.to_dict()
-        del fields["model_type"]  # the plain class's (""); the instance holds the real one
-        return AutoConfig.for_model(self.config.model_type, **fields)
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(parameter name, tensor)`` for every tensor of every weight file.

@@ -4,17 +4,9 @@ Weights must be safetensors (``model.safetensors``, or ``model.safetensors.index
 shards): pickle checkpoints (``pytorch_model.bin``, ``*.pt``) are refused, never unpickled.
 Nothing is fetched from the network: every transformers call gets ``local_files_only=True``.
 
-A directory hwplug converted (see :mod:`.gguf_file`) may also hold :data:`PLAIN_CONFIG_NAME`:
-the architecture config's every field, loaded as a plain ``PretrainedConfig``. Importing an
-architecture's config class imports much of transformers (its validators pull in
-torch._dynamo and torch.distributed: about 1.3 s), so a cached load that skips it starts
-that much sooner. Likewise :data:`PLAIN_TOKENIZER_NAME` marks a tokenizer that loads as a
-plain ``PreTrainedTokenizerFast`` (its ``tokenizer.json`` read by the tokenizers library)
-exactly as its class does: ``AutoTokenizer`` imports transformers' auto-config tables
-(about 0.2 s) and a class such as ``Qwen2Tokenizer`` rebuilds its vocabulary in Python
-(about 0.15 s for 150k tokens), neither of which a cached load then pays. The marker lists
-the added tokens, which transformers otherwise reads by parsing all of ``tokenizer.json``
-in Python (about 0.1 s for Qwen2.5's 6 MB).
+A directory hwplug converted (see :mod:`.gguf_file`) may also hold the plain forms of its
+config and tokenizer (:mod:`.plain_config`, :mod:`.plain_tokenizer`), which load without
+importing transformers; a load that uses both imports none of it.
 """
 
 from __future__ import annotations
@@ -22,20 +14,24 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError, safe_open
-from transformers import (
-    GenerationConfig,
-    PretrainedConfig,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
 
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders.checkpoint import Checkpoint, CheckpointFormat
 from hwplug.model_zoo.loaders.mapped import MappedFile
+from hwplug.model_zoo.loaders.plain_config import (
+    PLAIN_CONFIG_NAME,
+    PlainConfig,
+    read_plain_config,
+    write_plain_config,
+)
+from hwplug.model_zoo.loaders.plain_tokenizer import PlainTokenizer, write_plain_tokenizer
 from hwplug.model_zoo.loaders.validate import TensorInfo, check_config, check_tensors
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +41,6 @@ WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 #: Weight files that hold pickles, which hwplug never loads.
 PICKLE_WEIGHT_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
-PLAIN_CONFIG_NAME = "hwplug_config.json"
-#: Fields a plain config need not reproduce: one a plain ``PretrainedConfig`` drops and
-#: hwplug does not read (a transformers generation setting), and the writer's version.
-PLAIN_CONFIG_UNCOMPARED = frozenset({"use_cache", "transformers_version"})
-PLAIN_TOKENIZER_NAME = "hwplug_tokenizer.json"
-#: Texts a plain tokenizer must encode as its class does (with the special tokens joined).
-TOKENIZER_PROBES = ("Hello, world!", "  two spaces,\ttabs\n\nand new lines \r\n",
-                    "Ünïcödé: 中文, 😀, café, naïve", "def f(x):\n    return x ** 2  # code",
-                    "1234567890 3.14159e-3 0x1F", "")
-#: Tokenizer settings a plain tokenizer must share with its class.
-TOKENIZER_SETTINGS = ("special_tokens_map", "all_special_ids", "chat_template",
-                      "model_max_length", "padding_side", "truncation_side",
-                      "clean_up_tokenization_spaces")
 
 
 def load_hf_dir(directory: Path, *, source: Path | None = None,
@@ -94,6 +77,8 @@ def load_hf_dir(directory: Path, *, source: Path | None = None,
     tokenizer = load_tokenizer(directory, config)
     generation_config = None
     if (directory / GENERATION_CONFIG_NAME).is_file():
+        from transformers import GenerationConfig
+
         generation_config = from_pretrained(GenerationConfig, "generation config", directory)
     eos = eos_token_ids(config, generation_config, tokenizer)
     vocab_size = getattr(config, "vocab_size", None)
@@ -108,120 +93,42 @@ def load_hf_dir(directory: Path, *, source: Path | None = None,
                       generation_config=generation_config, eos_token_ids=eos, mapped=mapped)
 
 
-def load_config(directory: Path) -> PretrainedConfig:
-    """``directory``'s config: from :data:`PLAIN_CONFIG_NAME` as a plain ``PretrainedConfig``
-    when the directory has one, else ``config.json`` through ``AutoConfig``. Raises
+def load_config(directory: Path) -> PretrainedConfig | PlainConfig:
+    """``directory``'s config: a :class:`PlainConfig` when the directory has
+    :data:`PLAIN_CONFIG_NAME`, else ``config.json`` through ``AutoConfig``. Raises
     :class:`ModelError` naming the file when it cannot be read."""
     plain = directory / PLAIN_CONFIG_NAME
-    if not plain.is_file():
-        from transformers import AutoConfig  # a plain config (the cached load) skips it
+    if plain.is_file():
+        return read_plain_config(plain)
+    from transformers import AutoConfig
 
-        return from_pretrained(AutoConfig, "config", directory)
-    try:
-        return PretrainedConfig.from_dict(json.loads(plain.read_text()))
-    except (OSError, ValueError, TypeError) as exc:
-        raise ModelError(f"cannot load the config from {plain}: {exc}") from exc
+    return from_pretrained(AutoConfig, "config", directory)
 
 
 def save_config_and_tokenizer(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
                               directory: Path) -> None:
     """Save ``config`` and ``tokenizer`` into ``directory`` for every reader
     (``save_pretrained``), and the plain forms a later :func:`load_hf_dir` reads where they
-    reproduce them (:func:`write_plain_config`, :func:`write_plain_tokenizer`)."""
+    reproduce them (:func:`.write_plain_config`, :func:`.write_plain_tokenizer`)."""
     config.save_pretrained(directory)
     write_plain_config(config, directory)
     tokenizer.save_pretrained(directory)
     write_plain_tokenizer(tokenizer, directory)
 
 
-def write_plain_config(config: PretrainedConfig, directory: Path) -> bool:
-    """Write ``config``'s fields to ``directory``/:data:`PLAIN_CONFIG_NAME` if a plain
-    ``PretrainedConfig`` made from them has every field of ``config`` and every alias its
-    class maps (``attribute_map``) with the same value (bar :data:`PLAIN_CONFIG_UNCOMPARED`);
-    return whether it did. ``config.json`` is written apart (``save_pretrained``) for every
-    other reader of the directory."""
-    fields = json.loads(config.to_json_string(use_diff=False))
-    plain = PretrainedConfig.from_dict(fields)
-    names = (set(fields) | set(config.attribute_map)) - PLAIN_CONFIG_UNCOMPARED
-    differ = sorted(name for name in names
-                    if getattr(plain, name, None) != getattr(config, name, None))
-    if differ:
-        logger.debug("%s keeps its config class: a plain config differs in %s",
-                      directory, ", ".join(differ))
-        return False
-    (directory / PLAIN_CONFIG_NAME).write_text(json.dumps(fields, indent=1, sort_keys=True))
-    return True
+def load_tokenizer(directory: Path, config: PretrainedConfig | PlainConfig | None
+                   ) -> PreTrainedTokenizerBase | PlainTokenizer:
+    """``directory``'s tokenizer: a :class:`PlainTokenizer` when the directory has its
+    marker, else through ``AutoTokenizer`` (the class its ``tokenizer_config.json`` names).
+    Raises :class:`ModelError` naming the directory."""
+    plain = PlainTokenizer.from_marker(directory)
+    if plain is not None:
+        return plain
+    from transformers import AutoTokenizer
 
-
-def load_tokenizer(directory: Path,
-                   config: PretrainedConfig | None) -> PreTrainedTokenizerBase:
-    """``directory``'s tokenizer: a plain ``PreTrainedTokenizerFast`` when the directory has
-    :data:`PLAIN_TOKENIZER_NAME` (given the added tokens it lists, so transformers does
-    not parse the whole ``tokenizer.json`` in Python for them), else through
-    ``AutoTokenizer`` (the class its ``tokenizer_config.json`` names). Raises
-    :class:`ModelError` naming the directory."""
-    marker = directory / PLAIN_TOKENIZER_NAME
-    if marker.is_file():
-        return from_pretrained(PreTrainedTokenizerFast, "tokenizer", directory,
-                               **_added_tokens(marker))
-    from transformers import AutoTokenizer  # a plain tokenizer (the cached load) skips it
-
+    if isinstance(config, PlainConfig):  # AutoTokenizer reads config.json itself
+        config = None
     return from_pretrained(AutoTokenizer, "tokenizer", directory, config=config)
-
-
-def write_plain_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> bool:
-    """Write ``directory``/:data:`PLAIN_TOKENIZER_NAME` (with ``tokenizer``'s added tokens)
-    if ``tokenizer``, already saved in ``directory``, loads from there as a plain
-    ``PreTrainedTokenizerFast`` given those added tokens that has its vocabulary, added
-    tokens and :data:`TOKENIZER_SETTINGS`, encodes :data:`TOKENIZER_PROBES` (and its special
-    tokens) to the same ids and decodes every id to the same text; return whether it did."""
-    added = {str(i): token.__getstate__() for i, token in tokenizer.added_tokens_decoder.items()}
-    plain = from_pretrained(PreTrainedTokenizerFast, "tokenizer", directory,
-                            added_tokens_decoder=added)
-    differ = tokenizer_differences(tokenizer, plain)
-    if differ:
-        logger.debug("%s keeps its tokenizer class %s: a plain one differs in %s", directory,
-                     type(tokenizer).__name__, ", ".join(differ))
-        return False
-    (directory / PLAIN_TOKENIZER_NAME).write_text(json.dumps(
-        {"loads_as": "PreTrainedTokenizerFast", "saved_by": type(tokenizer).__name__,
-         "added_tokens_decoder": added}))
-    return True
-
-
-def _added_tokens(marker: Path) -> dict[str, Any]:
-    """``{"added_tokens_decoder": ...}`` as ``marker`` lists them (empty for a marker
-    written before it listed them). Raises :class:`ModelError` for an unreadable one."""
-    try:
-        added = json.loads(marker.read_text()).get("added_tokens_decoder")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise ModelError(f"cannot read {marker}: {exc}") from exc
-    return {} if added is None else {"added_tokens_decoder": added}
-
-
-def tokenizer_differences(tokenizer: PreTrainedTokenizerBase,
-                          other: PreTrainedTokenizerBase) -> list[str]:
-    """What of :func:`write_plain_tokenizer`'s comparison differs between ``tokenizer`` and
-    ``other`` (empty: nothing)."""
-    def added(tok: PreTrainedTokenizerBase) -> dict[int, Any]:
-        return {i: token.__getstate__() for i, token in tok.added_tokens_decoder.items()}
-
-    differ = [name for name in TOKENIZER_SETTINGS
-              if getattr(tokenizer, name, None) != getattr(other, name, None)]
-    if tokenizer.get_vocab() != other.get_vocab():
-        differ.append("vocabulary")
-    if added(tokenizer) != added(other):
-        differ.append("added tokens")
-    texts = [*TOKENIZER_PROBES, " ".join(tokenizer.all_special_tokens) + " Hi!"]
-    for special in (True, False):
-        if tokenizer(texts, add_special_tokens=special)["input_ids"] != other(
-                texts, add_special_tokens=special)["input_ids"]:
-            differ.append(f"encoding (add_special_tokens={special})")
-        every_id = list(range(len(tokenizer)))
-        if tokenizer.decode(every_id, skip_special_tokens=special) != other.decode(
-                every_id, skip_special_tokens=special):
-            differ.append(f"decoding (skip_special_tokens={special})")
-    return differ
 
 
 def find_weight_files(directory: Path) -> tuple[Path, ...]:
