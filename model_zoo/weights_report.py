@@ -21,6 +21,7 @@ from hwplug.model_zoo.loaders.memory import format_bytes
 
 #: Why a GGUF run is a copy in memory: shards of one layer that its file stores apart.
 JOINED = "shards stored apart, joined once for one ggml_linear call"
+REPACKED = "repacked once for ggml_linear_repacked (16-row groups)"
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,10 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
                     f"as stored; copied on conversion: {why}" if why else "as stored")
         return "memory", "as stored"
 
-    def repacked_place(rows: torch.Tensor) -> tuple[str, str]:
-        """Where a run repacked for its kernel lives: the repacked-weights cache's file
-        an earlier load wrote (mapped), or memory (repacked by this load)."""
+    def cached_place(rows: torch.Tensor, why: str) -> tuple[str, str]:
+        """Where a run repacked for its kernel (or joined) lives: the repacked-weights
+        cache's file an earlier load wrote (mapped), or memory (made by this load)."""
         cached = locate(rows)
-        why = "repacked once for ggml_linear_repacked (16-row groups)"
         return ((f"in place: mapped from the repacked-weights cache ({cached[0].path.name})",
                  why) if cached else ("memory", why))
 
@@ -86,8 +86,8 @@ def weight_storage(model: nn.Module, mapped: tuple[MappedFile, ...] = (),
             if rows.data_ptr() in seen:
                 continue
             seen.add(rows.data_ptr())
-            where, why = (repacked_place(rows) if index in repacked else
-                          ("memory", JOINED) if index in joined else place(rows))
+            where, why = (cached_place(rows, REPACKED) if index in repacked else
+                          cached_place(rows, JOINED) if index in joined else place(rows))
             add(f"GGUF {type_name(kind)}", rows, where, why)
         for tensor in module.parameters(recurse=False):
             if tensor.numel() == 0 or tensor.data_ptr() in seen:

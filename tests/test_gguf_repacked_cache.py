@@ -5,6 +5,7 @@ replaces the old one; ``discard_for`` removes a file's entry."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_gguf_quantized import _inside, _mappings, prefill_logits
+from test_gguf_quantized import v_in_q8_0  # noqa: F401 - a fixture
 from test_gguf_repacked import _build, k_gguf  # noqa: F401 - k_gguf is a fixture
 
 from hwplug import envs
@@ -19,18 +21,22 @@ from hwplug.model_zoo.loaders.memory import format_bytes
 from hwplug.model_zoo.loaders.repacked_cache import (
     CACHE_KIND,
     INDEX_NAME,
+    JOIN_BUILD,
     PACKED_NAME,
     discard_for,
 )
-from hwplug.model_zoo.weights_report import summarize, weight_storage
+from hwplug.model_zoo.weights_report import JOINED, summarize, weight_storage
 
 PROMPTS = (list(range(3, 26)), [7])
 
 
-def _entries() -> list[Path]:
+def _entries(joins: bool = False) -> list[Path]:
+    """The entries of repacked runs (``joins``: of joined runs)."""
     root = envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND
-    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) \
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith(".")) \
         if root.is_dir() else []
+    return [entry for entry in entries
+            if (json.loads((entry / INDEX_NAME).read_text())["build"] == JOIN_BUILD) == joins]
 
 
 @pytest.fixture
@@ -129,3 +135,33 @@ def test_a_changed_gguf_gets_a_new_entry(k_gguf: Path, monkeypatch: pytest.Monke
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
     assert discard_for(k_gguf) == 0 and discard_for(copy) == 1 and not _entries()
+
+
+def test_joined_runs_are_kept_apart_and_mapped_by_a_second_load(
+        v_in_q8_0: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        no_repacked_cache: None) -> None:
+    """Q and K (Q4_1, both in the conversion's repacked.bin) are joined into one run: the
+    first load copies them and keeps the copy in an entry of its own, a second maps it
+    (no copy), with bitwise the same logits; removing the joined entry leaves the other."""
+    def load() -> tuple[list[torch.Tensor], torch.Tensor, list]:
+        _, model, ctx = _build(v_in_q8_0, monkeypatch, True)
+        qkv = model.model.layers[1].self_attn.qkv_proj
+        assert qkv.gguf_joined == {0}
+        groups = [g for g in weight_storage(model) if g.why == JOINED]
+        return [prefill_logits(model, ctx, ids) for ids in PROMPTS], qkv.gguf_runs[0][1], groups
+
+    want, first, groups = load()
+    assert groups and all(g.where == "memory" for g in groups)
+    entry, = _entries(joins=True)
+    got, second, groups = load()
+    assert _inside(second, _mappings(entry / PACKED_NAME)) and torch.equal(second, first)
+    assert groups and all(g.where == "in place: mapped from the repacked-weights cache "
+                          f"({PACKED_NAME})" for g in groups)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert _entries(joins=True) == [entry]  # read, not written again
+    repacked = _entries()
+    assert discard_for(v_in_q8_0.parent / "no.gguf") == 0
+    source = json.loads((entry / INDEX_NAME).read_text())["source"]
+    assert discard_for(Path(source), joins=True) == 1
+    assert not _entries(joins=True) and _entries() == repacked

@@ -1,4 +1,4 @@
-"""GGUF runs repacked for their kernel, kept on disk: repacked once, mapped on later loads.
+"""GGUF runs repacked for their kernel (or joined), kept on disk: made once, mapped after.
 
 The GGUF quant method repacks some runs of blocks once at load (the ``ggml_repack`` op,
 see :mod:`hwplug.model_zoo.quant_methods.gguf`): at 1.5B parameters about 0.8 GB of
@@ -7,6 +7,9 @@ weights, read from the file and written again at every start. Inside :func:`cach
 :func:`repacked` keeps what the repack op returns in a cache entry per source file, and a
 later load maps it instead of repacking: no repack runs and the source's pages for those
 runs are never touched, so the weights stay resident once (the cache file's pages).
+Likewise :func:`joined_rows` keeps the runs the quant method copies into one (shards of one type
+stored apart, e.g. a Qwen2.5-1.5B Q8_0's gate and up rows: 0.8 GB), where every shard is a
+view of one mapped file, in an entry of its own (build :data:`JOIN_BUILD`).
 
 An entry is ``HWPLUG_CACHE_DIR/``:data:`CACHE_KIND`\\ ``/<key>`` holding
 :data:`PACKED_NAME` (the repacked runs back to back, each at a multiple of
@@ -22,7 +25,7 @@ served by another variant than the op's first choice (a fallback) are not cached
 An entry is written whole at the end of a successful :func:`caching` block (staged in a
 temporary directory and renamed into place, :func:`.cache.building`), only when a run was
 missing from it; it replaces the source's other entries (:func:`discard_for`), so one
-entry per source stays on disk. A :data:`PACKED_NAME` of another size than its index says, or whose runs'
+entry per source (and per kind: repacked or joined) stays on disk. A :data:`PACKED_NAME` of another size than its index says, or whose runs'
 first bytes do not match the index's checksums, is discarded with a warning and rebuilt.
 """
 
@@ -57,6 +60,9 @@ ALIGNMENT = 64
 #: Bytes at the start of each run whose CRC-32 the index keeps (a cheap check on load).
 CHECKED_BYTES = 4096
 
+#: The build of the joined runs' entries: a copy of the rows, whichever kernel reads them.
+JOIN_BUILD = "joined"
+
 Repack = Callable[[torch.Tensor, int], torch.Tensor]
 
 _SESSION: ContextVar[_Session | None] = ContextVar("hwplug_repacked_cache", default=None)
@@ -83,6 +89,15 @@ def repacked(repack: Repack, rows: torch.Tensor, kind: int) -> torch.Tensor:
     return repack(rows, kind) if session is None else session.repacked(repack, rows, kind)
 
 
+def joined_rows(parts: list[torch.Tensor], kind: int) -> torch.Tensor:
+    """``torch.cat(parts)`` (GGUF rows of type ``kind``), read from the cache where a
+    :func:`caching` block is open, every part is a view of one mapped file and its entry
+    holds them: then a view of the entry's mapped :data:`PACKED_NAME`, and nothing is
+    copied."""
+    session = _SESSION.get()
+    return torch.cat(parts) if session is None else session.joined(parts, kind)
+
+
 def entry_dir(source: Path, build: str) -> Path:
     """The cache entry of the runs of mapped file ``source`` repacked by ``build``."""
     stat = source.stat()
@@ -92,17 +107,19 @@ def entry_dir(source: Path, build: str) -> Path:
     return envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND / key
 
 
-def discard_for(source: Path) -> int:
+def discard_for(source: Path, joins: bool | None = None) -> int:
     """Remove every entry of the runs of ``source`` (any build, any version of the file,
-    as its index names it); the number removed. An entry being read keeps its mapping."""
+    as its index names it; ``joins``: only the joined runs' entries, or only the others);
+    the number removed. An entry being read keeps its mapping."""
     root = envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND
     wanted, removed = str(source.resolve()), 0
     for entry in root.glob("[!.]*") if root.is_dir() else ():
         try:
-            named = json.loads((entry / INDEX_NAME).read_text()).get("source")
+            index = json.loads((entry / INDEX_NAME).read_text())
+            named, is_join = index.get("source"), index.get("build") == JOIN_BUILD
         except (OSError, ValueError, AttributeError):
             continue
-        if named == wanted:
+        if named == wanted and joins in (None, is_join):
             cache.discard(entry)
             removed += 1
     return removed
@@ -146,11 +163,23 @@ class _Session:
             self._entry(found[0], build[1]).new[key] = packed
         return packed
 
+    def joined(self, parts: list[torch.Tensor], kind: int) -> torch.Tensor:
+        found = [locate(part) if part.is_contiguous() else None for part in parts]
+        if any(where is None for where in found) or len({id(where[0]) for where in found}) > 1:
+            return torch.cat(parts)  # a part in memory, or parts of two files
+        entry = self._entry(found[0][0], JOIN_BUILD)
+        key = (f"{'+'.join(str(where[1]) for where in found)}:{kind}:"
+               f"{sum(part.shape[0] for part in parts)}x{parts[0].shape[1]}")
+        cached = entry.found.get(key)
+        if cached is None:
+            cached = entry.new[key] = torch.cat(parts)
+        return cached
+
     def _entry(self, source: MappedFile, identity: str) -> _Entry:
         entry = self.entries.get((id(source), identity))
         if entry is None:
             entry = self.entries[(id(source), identity)] = _Entry(
-                entry_dir(source.path, identity), source.path)
+                entry_dir(source.path, identity), source.path, identity == JOIN_BUILD)
         return entry
 
     def _build(self, repack: Repack) -> tuple[str, str] | None:
@@ -172,8 +201,8 @@ class _Entry:
     """One cache entry: its runs mapped from disk (when it was readable) and those
     repacked in this session."""
 
-    def __init__(self, path: Path, source: Path) -> None:
-        self.path, self.source = path, source
+    def __init__(self, path: Path, source: Path, joins: bool) -> None:
+        self.path, self.source, self.joins = path, source, joins
         self.found: dict[str, torch.Tensor] = {}
         self.new: dict[str, torch.Tensor] = {}
         if path.is_dir():
@@ -221,7 +250,7 @@ class _Entry:
         if not self.new:
             return
         runs = {**self.found, **self.new}
-        discard_for(self.source)  # mappings of them stay valid while views of them live
+        discard_for(self.source, self.joins)  # their mappings live while views of them do
         index, offset = {}, 0
         with cache.building(self.path) as staging:
             with open(staging / PACKED_NAME, "wb") as file:
@@ -233,7 +262,8 @@ class _Entry:
                     offset += tensor.numel()
             (staging / INDEX_NAME).write_text(json.dumps(
                 {"version": LAYOUT_VERSION, "source": str(self.source.resolve()),
-                 "size": offset, "runs": index}))
+                 "build": JOIN_BUILD if self.joins else "repacked", "size": offset,
+                 "runs": index}))
         logger.info("wrote %d repacked runs (%.1f MiB) to %s", len(runs), offset / 2**20,
                     self.path)
 

@@ -22,7 +22,9 @@ step. One exception: consecutive runs of one type that are not repacked (below) 
 stored apart, as llama's Q/K rows (reordered on conversion) and V are, are copied once
 into one run (``layer.gguf_joined`` lists them) and the pages they were read from
 released: one kernel call instead of three made SmolLM2's batch-8 decode 5-7% faster
-(batch 1: within noise). The runs are registered as the layer's
+(batch 1: within noise), and a Qwen2.5-1.5B Q8_0's gate and up rows in one run decode 1.17x
+faster than in two. Where the shards are views of one mapped file, the joined run is kept
+in the repacked-weights cache and later loads map it instead of copying. The runs are registered as the layer's
 buffers ``gguf_run0``, ``gguf_run1``... (not saved in a state dict), and the loading
 parameters ``qweight`` / ``qweight_type`` are removed.
 
@@ -76,7 +78,7 @@ from hwplug.kernel_registry.reference.ggml import dequantize, row_values, type_n
 from hwplug.kernel_registry.reference.ggml_repack import REPACKED_TYPES, unpack
 from hwplug.model_zoo.kernel_binding import kernels_of
 from hwplug.model_zoo.loaders.mapped import release_pages
-from hwplug.model_zoo.loaders.repacked_cache import repacked
+from hwplug.model_zoo.loaders.repacked_cache import joined_rows, repacked
 from hwplug.quantization import QuantMethod
 
 if TYPE_CHECKING:
@@ -336,7 +338,7 @@ def _joined(runs: list[tuple[int, torch.Tensor]], repacking: bool
     for kind, parts in stretches:
         if len(parts) > 1:
             joined.add(len(kept))
-            kept.append((kind, torch.cat(parts)))
+            kept.append((kind, joined_rows(parts, kind)))  # from the cache after the first load
             for part in parts:
                 release_pages(part)
         else:
