@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_gguf_quantized import _inside, _mappings, prefill_logits
-from test_gguf_quantized import v_in_q8_0  # noqa: F401 - a fixture
+from test_gguf_quantized import (
+    _inside,
+    _mappings,
+    prefill_logits,
+    v_in_q8_0,  # noqa: F401 - a fixture
+)
 from test_gguf_repacked import _build, k_gguf  # noqa: F401 - k_gguf is a fixture
 
 from hwplug import envs

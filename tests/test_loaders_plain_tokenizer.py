@@ -118,8 +118,9 @@ def test_what_a_plain_tokenizer_does_not_do_itself_goes_to_transformers(tmp_path
     tokenizer.add_tokens(["<tool>", "</tool>"])
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|sep|>"]})
     loaded = _saved_plain(tmp_path, tokenizer)
-    assert loaded.convert_tokens_to_ids(["<tool>", "<|sep|>", "Hell"]) == \
-        tokenizer.convert_tokens_to_ids(["<tool>", "<|sep|>", "Hell"])
+    assert loaded.convert_tokens_to_ids(["<tool>", "<|sep|>", "Hell", "not a token"]) == \
+        tokenizer.convert_tokens_to_ids(["<tool>", "<|sep|>", "Hell", "not a token"])
+    assert loaded.convert_tokens_to_ids("not a token") == tokenizer.unk_token_id
     assert loaded.all_special_tokens == tokenizer.all_special_tokens
     assert loaded._transformers is None
     named = [{"role": "user", "content": "Hi", "name": "ann"}]  # a field beyond role/content
@@ -127,6 +128,8 @@ def test_what_a_plain_tokenizer_does_not_do_itself_goes_to_transformers(tmp_path
         tokenizer.apply_chat_template(named, tokenize=False)
     assert type(loaded.transformers()) is PreTrainedTokenizerFast
     assert loaded.convert_ids_to_tokens([0, 1]) == tokenizer.convert_ids_to_tokens([0, 1])
+    assert loaded.decode([0, 1], clean_up_tokenization_spaces=True) == tokenizer.decode(
+        [0, 1], clean_up_tokenization_spaces=True)
     assert loaded("Hello <tool>", return_tensors="pt").input_ids.tolist() == \
         tokenizer("Hello <tool>", return_tensors="pt").input_ids.tolist()
     with pytest.raises(AttributeError):

@@ -116,8 +116,13 @@ class PlainTokenizer:
         """The token ids of ``text``."""
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: int | Iterable[int], skip_special_tokens: bool = False) -> str:
-        """The text of ``ids`` (one id or several: ints, or a tensor of them)."""
+    def decode(self, ids: int | Iterable[int], skip_special_tokens: bool = False,
+               **options: Any) -> str:
+        """The text of ``ids`` (one id or several: ints, or a tensor of them); other
+        options go to the transformers tokenizer."""
+        if options:
+            return self.transformers().decode(ids, skip_special_tokens=skip_special_tokens,
+                                              **options)
         ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
         return self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -126,10 +131,13 @@ class PlainTokenizer:
         return self.backend_tokenizer.get_vocab(with_added_tokens=True)
 
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> Any:
-        """The id of a token, or the ids of several (None for one not in the vocabulary)."""
-        if isinstance(tokens, str):
-            return self.backend_tokenizer.token_to_id(tokens)
-        return [self.backend_tokenizer.token_to_id(token) for token in tokens]
+        """The id of a token, or the ids of several (``unk_token_id`` for one not in the
+        vocabulary, as transformers gives)."""
+        def one(token: str) -> int | None:
+            index = self.backend_tokenizer.token_to_id(token)
+            return self.unk_token_id if index is None else index
+
+        return one(tokens) if isinstance(tokens, str) else [one(token) for token in tokens]
 
     def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]],
                             tokenize: bool = True, add_generation_prompt: bool = False,
@@ -175,6 +183,8 @@ def write_plain_tokenizer(tokenizer: Any, directory: Path) -> bool:
     tokenizer already saved in ``directory``) if a :class:`PlainTokenizer` of its files and
     settings has its vocabulary, encodes :data:`TOKENIZER_PROBES` (and its special tokens),
     decodes every id and renders :data:`CHAT_PROBES` as it does; return whether it did."""
+    if not (directory / "tokenizer.json").is_file():  # a slow tokenizer's files
+        return False
     added = {str(i): token.__getstate__() for i, token in tokenizer.added_tokens_decoder.items()}
     try:
         settings = json.loads(json.dumps({name: getattr(tokenizer, name, None)
