@@ -7,9 +7,9 @@ weights, read from the file and written again at every start. Inside :func:`cach
 :func:`repacked` keeps what the repack op returns in a cache entry per source file, and a
 later load maps it instead of repacking: no repack runs and the source's pages for those
 runs are never touched, so the weights stay resident once (the cache file's pages).
-Likewise :func:`joined_rows` keeps the runs the quant method copies into one (shards of one type
-stored apart, e.g. a Qwen2.5-1.5B Q8_0's gate and up rows: 0.8 GB), where every shard is a
-view of one mapped file, in an entry of its own (build :data:`JOIN_BUILD`).
+Likewise :func:`joined_rows` keeps the runs the quant method copies into one (shards of
+one type stored apart, e.g. a Qwen2.5-1.5B Q8_0's gate and up rows: 0.8 GB), where every
+shard is a view of one mapped file, in an entry of its own (build :data:`JOIN_BUILD`).
 
 An entry is ``HWPLUG_CACHE_DIR/``:data:`CACHE_KIND`\\ ``/<key>`` holding
 :data:`PACKED_NAME` (the repacked runs back to back, each at a multiple of
@@ -25,8 +25,9 @@ served by another variant than the op's first choice (a fallback) are not cached
 An entry is written whole at the end of a successful :func:`caching` block (staged in a
 temporary directory and renamed into place, :func:`.cache.building`), only when a run was
 missing from it; it replaces the source's other entries (:func:`discard_for`), so one
-entry per source (and per kind: repacked or joined) stays on disk. A :data:`PACKED_NAME` of another size than its index says, or whose runs'
-first bytes do not match the index's checksums, is discarded with a warning and rebuilt.
+entry per source (and per kind: repacked or joined) stays on disk. A :data:`PACKED_NAME`
+of another size than its index says, or whose runs' first bytes do not match the index's
+checksums, is discarded with a warning and rebuilt.
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ step. One exception: consecutive runs of one type that are not repacked (below) 
 stored apart, as llama's Q/K rows (reordered on conversion) and V are, are copied once
 into one run (``layer.gguf_joined`` lists them) and the pages they were read from
 released: one kernel call instead of three made SmolLM2's batch-8 decode 5-7% faster
-(batch 1: within noise), and a Qwen2.5-1.5B Q8_0's gate and up rows in one run decode 1.17x
-faster than in two. Where the shards are views of one mapped file, the joined run is kept
-in the repacked-weights cache and later loads map it instead of copying. The runs are registered as the layer's
-buffers ``gguf_run0``, ``gguf_run1``... (not saved in a state dict), and the loading
-parameters ``qweight`` / ``qweight_type`` are removed.
+(batch 1: within noise), and a Qwen2.5-1.5B Q8_0's gate and up rows in one run decode
+1.17x faster than in two. Where the shards are views of one mapped file, the joined run is
+kept in the repacked-weights cache and later loads map it instead of copying. The runs are
+registered as the layer's buffers ``gguf_run0``, ``gguf_run1``... (not saved in a state
+dict), and the loading parameters ``qweight`` / ``qweight_type`` are removed.
 
 Where the model's kernel plan binds a variant other than the reference for
 ``ggml_linear_repacked`` (the cpu platform's VNNI build), each Q4_K / Q5_K / Q6_K / IQ4_XS
