@@ -1,4 +1,5 @@
-"""``Checkpoint``: a loaded model's config and tokenizer, with its weights read on demand."""
+"""``Checkpoint``: a loaded model's config and tokenizer, with its weights read on demand;
+:func:`from_pretrained`: a transformers object read from a checkpoint's files."""
 
 from __future__ import annotations
 
@@ -98,3 +99,15 @@ def _read_tensor(file: Any, path: Path, name: str) -> torch.Tensor:
         return file.get_tensor(name)
     except Exception as exc:  # safetensors raises its own errors, TypeError, ValueError...
         raise ModelError(f"cannot read tensor {name} from {path}: {exc!r}") from exc
+
+
+def from_pretrained(cls: Any, what: str, directory: Path, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(directory, local_files_only=True, **kwargs)``, with any failure
+    turned into a :class:`ModelError` naming ``what`` and the file or directory read."""
+    # transformers and tokenizers raise many types (OSError, ValueError, JSON and Rust
+    # errors) for an unreadable file, so every exception is translated.
+    try:
+        return cls.from_pretrained(directory, local_files_only=True, **kwargs)
+    except Exception as exc:
+        location = directory / kwargs["gguf_file"] if "gguf_file" in kwargs else directory
+        raise ModelError(f"cannot load the {what} from {location}: {exc}") from exc

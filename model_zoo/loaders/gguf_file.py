@@ -57,12 +57,11 @@ from hwplug.errors import ModelError
 from hwplug.kernel_registry.reference.ggml import nonfinite_scales
 from hwplug.model_zoo.loaders import cache
 from hwplug.model_zoo.loaders import gguf_deepseek as deepseek
-from hwplug.model_zoo.loaders.checkpoint import Checkpoint
+from hwplug.model_zoo.loaders.checkpoint import Checkpoint, from_pretrained
 from hwplug.model_zoo.loaders.gguf_experts import ExpertBlocks, complete_config
 from hwplug.model_zoo.loaders.gguf_names import causal_lm_skeleton, gguf_to_transformers_names
 from hwplug.model_zoo.loaders.hf_dir import (
     WEIGHTS_NAME,
-    from_pretrained,
     load_hf_dir,
     save_config_and_tokenizer,
 )

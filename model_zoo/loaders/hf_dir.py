@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
 
 from hwplug.errors import ModelError
-from hwplug.model_zoo.loaders.checkpoint import Checkpoint, CheckpointFormat
+from hwplug.model_zoo.loaders.checkpoint import Checkpoint, CheckpointFormat, from_pretrained
 from hwplug.model_zoo.loaders.mapped import MappedFile
 from hwplug.model_zoo.loaders.plain_config import (
     PLAIN_CONFIG_NAME,
@@ -192,15 +192,3 @@ def _shards(index: Path) -> tuple[Path, ...]:
     except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise ModelError(f"{index} is not a valid safetensors index (a JSON object with a "
                          f"'weight_map' of tensor name -> shard file): {exc}") from exc
-
-
-def from_pretrained(cls: Any, what: str, directory: Path, **kwargs: Any) -> Any:
-    """``cls.from_pretrained(directory, local_files_only=True, **kwargs)``, with any failure
-    turned into a :class:`ModelError` naming ``what`` and the file or directory read."""
-    # transformers and tokenizers raise many types (OSError, ValueError, JSON and Rust
-    # errors) for an unreadable file, so every exception is translated.
-    try:
-        return cls.from_pretrained(directory, local_files_only=True, **kwargs)
-    except Exception as exc:
-        location = directory / kwargs["gguf_file"] if "gguf_file" in kwargs else directory
-        raise ModelError(f"cannot load the {what} from {location}: {exc}") from exc

@@ -28,6 +28,7 @@ from typing import Any
 import tokenizers
 
 from hwplug.errors import ModelError
+from hwplug.model_zoo.loaders.checkpoint import from_pretrained
 
 logger = logging.getLogger(__name__)
 
@@ -150,23 +151,19 @@ class PlainTokenizer:
             return self.transformers().apply_chat_template(
                 conversation, tokenize=tokenize, add_generation_prompt=add_generation_prompt,
                 **options)
-        text = _compiled(self.chat_template).render(
+        return _compiled(self.chat_template).render(
             messages=[dict(message) for message in conversation], tools=None,
             documents=None, add_generation_prompt=add_generation_prompt,
             **self.special_tokens_map)
-        return text
 
     def transformers(self) -> Any:
         """The transformers ``PreTrainedTokenizerFast`` of the same files (loaded once)."""
         if self._transformers is None:
             from transformers import PreTrainedTokenizerFast
 
-            try:
-                self._transformers = PreTrainedTokenizerFast.from_pretrained(
-                    self._directory, local_files_only=True, added_tokens_decoder=self._added)
-            except Exception as exc:  # transformers and tokenizers raise many types
-                raise ModelError(f"cannot load the tokenizer from {self._directory}: "
-                                 f"{exc}") from exc
+            self._transformers = from_pretrained(PreTrainedTokenizerFast, "tokenizer",
+                                                 self._directory,
+                                                 added_tokens_decoder=self._added)
         return self._transformers
 
     def __getattr__(self, name: str) -> Any:
