@@ -21,6 +21,7 @@ from test_gguf_quantized import (
 from test_gguf_repacked import _build, k_gguf  # noqa: F401 - k_gguf is a fixture
 
 from hwplug import envs
+from hwplug.model_zoo.loaders.cache import SOURCE_NAME
 from hwplug.model_zoo.loaders.memory import format_bytes
 from hwplug.model_zoo.loaders.repacked_cache import (
     CACHE_KIND,
@@ -169,3 +170,27 @@ def test_joined_runs_are_kept_apart_and_mapped_by_a_second_load(
     source = json.loads((entry / INDEX_NAME).read_text())["source"]
     assert discard_for(Path(source), joins=True) == 1
     assert not _entries(joins=True) and _entries() == repacked
+
+
+def test_a_new_conversion_takes_the_joined_runs_of_the_old_one_with_it(
+        v_in_q8_0: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,  # noqa: F811
+        no_repacked_cache: None) -> None:
+    """The joined Q and K come from the conversion's repacked.bin: when the GGUF changes,
+    its new conversion replaces the old one, and the joined entry of the old conversion's
+    file goes when the new one is written."""
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(v_in_q8_0, copy)
+    _build(copy, monkeypatch, True)
+    old_entry, = _entries(joins=True)
+    old_source = Path(json.loads((old_entry / INDEX_NAME).read_text())["source"])
+    stat = copy.stat()
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file changed
+    _build(copy, monkeypatch, True)
+    new_entry, = _entries(joins=True)
+    new_source = Path(json.loads((new_entry / INDEX_NAME).read_text())["source"])
+    assert new_entry != old_entry and new_source.is_file()
+    assert not old_source.exists() and new_source.parent != old_source.parent
+    conversions = [p for p in new_source.parent.parent.iterdir()
+                   if (p / SOURCE_NAME).is_file()
+                   and (p / SOURCE_NAME).read_text() == str(copy.resolve())]
+    assert conversions == [new_source.parent]

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders import Checkpoint, load_checkpoint, resolve_model
-from hwplug.model_zoo.loaders.cache import building, entry_dir
+from hwplug.model_zoo.loaders.cache import SOURCE_NAME, building, entry_dir
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SENTENCE = "The quick brown fox jumps over the lazy dog, twice: 1 + 1 = 2."
@@ -182,6 +182,31 @@ def test_cache_build_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.Monke
         (entry / "theirs").write_text("complete")
     assert [path.name for path in entry.iterdir()] == ["theirs"]
     assert [path.name for path in entry.parent.iterdir()] == [entry.name]
+
+
+def test_a_new_entry_replaces_the_older_entries_of_its_source(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HWPLUG_CACHE_DIR", str(tmp_path / "cache"))
+    source, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
+    source.write_bytes(b"one")
+    other.write_bytes(b"other")
+
+    def build(path: Path, kind: str = "gguf") -> Path:
+        entry = entry_dir(path, kind)
+        with building(entry, source=path) as staging:
+            (staging / "model.safetensors").write_bytes(path.read_bytes())
+        return entry
+
+    old, theirs, blocks = build(source), build(other), build(source, "gguf-blocks")
+    legacy = old.with_name("legacy")  # an entry that does not name its source
+    legacy.mkdir()
+    assert (old / SOURCE_NAME).read_text() == str(source.resolve())
+    source.write_bytes(b"two, longer")  # the file changed: a new entry replaces the old
+    new = build(source)
+    assert new != old and (new / "model.safetensors").read_bytes() == b"two, longer"
+    assert sorted(path.name for path in new.parent.iterdir()) == sorted(
+        [new.name, theirs.name, legacy.name])
+    assert (blocks / SOURCE_NAME).is_file()  # another kind's entry of the source stays
 
 
 @pytest.mark.parametrize("content", [b"not a model at all", b"GGUF\x03\x00\x00\x00garbage"])

@@ -6,7 +6,12 @@ tokenizer) and the source's resolved path, size and mtime_ns: replacing or editi
 or upgrading transformers, gives a new entry. An entry is built in a temporary sibling
 directory and renamed into place only once complete, so a process killed mid-build leaves no
 entry, only a temporary directory that a later build of the same key removes after
-:data:`STALE_STAGING_S`.
+:data:`STALE_STAGING_S`. An entry names its source in :data:`SOURCE_NAME`, and a new entry
+replaces the kind's other entries of the same source (:func:`discard_others`): one entry per
+source file and kind stays on disk, so an edited or replaced file, or a new hwplug or
+transformers version, does not leave its older conversions behind. (Two installations that
+share a cache directory but differ in those versions therefore convert a file again each in
+turn.)
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ logger = logging.getLogger(__name__)
 CACHE_FORMAT_VERSION = 5
 #: A staging directory this much older than now belongs to a process that died.
 STALE_STAGING_S = 3600.0
+#: The file of an entry that names its source (the source's resolved path).
+SOURCE_NAME = "source.txt"
 
 
 def entry_dir(source: Path, kind: str) -> Path:
@@ -44,13 +51,15 @@ def entry_dir(source: Path, kind: str) -> Path:
 
 
 @contextmanager
-def building(entry: Path) -> Iterator[Path]:
+def building(entry: Path, source: Path | None = None) -> Iterator[Path]:
     """Yield an empty staging directory to write ``entry`` into.
 
     When the block ends normally the staging directory is renamed to ``entry``; if another
-    process built the entry meanwhile, theirs is kept. When the block raises, the staging
-    directory is removed and nothing is left behind. Raises :class:`ConfigError` when the
-    cache directory is not writable.
+    process built the entry meanwhile, theirs is kept. With ``source``, the entry names it
+    (:data:`SOURCE_NAME`) and, once in place, replaces the other entries of ``source``
+    (:func:`discard_others`). When the block raises, the staging directory is removed and
+    nothing is left behind. Raises :class:`ConfigError` when the cache directory is not
+    writable.
     """
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -62,6 +71,8 @@ def building(entry: Path) -> Iterator[Path]:
                           f"HWPLUG_CACHE_DIR to a writable directory") from exc
     try:
         yield staging
+        if source is not None:
+            (staging / SOURCE_NAME).write_text(str(source.resolve()))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -72,6 +83,25 @@ def building(entry: Path) -> Iterator[Path]:
         if not entry.is_dir():
             raise
         logger.info("another process built the cache entry %s first; using it", entry)
+    if source is not None:
+        discard_others(entry, source)
+
+
+def discard_others(entry: Path, source: Path) -> int:
+    """Remove the entries beside ``entry`` (of its kind) that name ``source`` as theirs;
+    the number removed. A process that maps an entry's files keeps its mappings."""
+    wanted, removed = str(source.resolve()), 0
+    for other in entry.parent.glob("[!.]*"):
+        try:
+            named = (other / SOURCE_NAME).read_text()
+        except OSError:  # no such file: an entry that does not name its source
+            continue
+        if other != entry and named == wanted:
+            discard(other)
+            removed += 1
+    if removed:
+        logger.info("removed %d older cache entries of %s", removed, source)
+    return removed
 
 
 def discard(entry: Path) -> None:

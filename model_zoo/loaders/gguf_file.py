@@ -130,7 +130,7 @@ def load_gguf(path: Path, dequantize: bool = False) -> Checkpoint:
     reader = read_gguf(path)
     check_gguf(path, reader)
     started = time.perf_counter()
-    with cache.building(entry) as staging:
+    with cache.building(entry, source=path) as staging:
         convert_gguf(path, reader, staging, dequantize)
     logger.info("converted %s in %.1f s into %s", path, time.perf_counter() - started, entry)
     return _load_entry(entry, path, dequantize)

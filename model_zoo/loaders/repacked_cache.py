@@ -25,9 +25,10 @@ served by another variant than the op's first choice (a fallback) are not cached
 An entry is written whole at the end of a successful :func:`caching` block (staged in a
 temporary directory and renamed into place, :func:`.cache.building`), only when a run was
 missing from it; it replaces the source's other entries (:func:`discard_for`), so one
-entry per source (and per kind: repacked or joined) stays on disk. A :data:`PACKED_NAME`
-of another size than its index says, or whose runs' first bytes do not match the index's
-checksums, is discarded with a warning and rebuilt.
+entry per source (and per kind: repacked or joined) stays on disk, and removes the entries
+whose source is gone. A :data:`PACKED_NAME` of another size than its index says, or whose
+runs' first bytes do not match the index's checksums, is discarded with a warning and
+rebuilt.
 """
 
 from __future__ import annotations
@@ -110,17 +111,19 @@ def entry_dir(source: Path, build: str) -> Path:
 
 def discard_for(source: Path, joins: bool | None = None) -> int:
     """Remove every entry of the runs of ``source`` (any build, any version of the file,
-    as its index names it; ``joins``: only the joined runs' entries, or only the others);
-    the number removed. An entry being read keeps its mapping."""
+    as its index names it; ``joins``: only the joined runs' entries, or only the others),
+    and every entry whose source file is gone (the ``repacked.bin`` of a conversion that a
+    newer one replaced: nothing can map it again); the number removed. An entry being read
+    keeps its mapping."""
     root = envs.HWPLUG_CACHE_DIR.expanduser() / CACHE_KIND
     wanted, removed = str(source.resolve()), 0
     for entry in root.glob("[!.]*") if root.is_dir() else ():
         try:
             index = json.loads((entry / INDEX_NAME).read_text())
-            named, is_join = index.get("source"), index.get("build") == JOIN_BUILD
-        except (OSError, ValueError, AttributeError):
+            named, is_join = str(index["source"]), index.get("build") == JOIN_BUILD
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
             continue
-        if named == wanted and joins in (None, is_join):
+        if (named == wanted and joins in (None, is_join)) or not Path(named).exists():
             cache.discard(entry)
             removed += 1
     return removed
