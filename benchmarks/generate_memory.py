@@ -5,9 +5,10 @@ Each run is a fresh process, measured by the kernel (``os.wait4``'s ``ru_maxrss`
 peak resident set, file-backed pages of mapped weights included); every runner runs each
 model ``--runs`` times and the last run is reported (the first may convert the GGUF into
 hwplug's cache). ``--breakdown`` instead runs this checkout's ``hwplug.LLM`` in one process
-and prints ``VmRSS`` / ``RssAnon`` / ``RssFile`` at the milestones of its build (from its
-log: before the model is allocated, after the weights load, before the KV cache, after
-it) and after generating (run it with another install's python to see that one's).
+and prints ``VmRSS`` / ``RssAnon`` / ``RssFile`` once torch is imported, at the milestones
+of its build (from its log: before the model is allocated, so after the config and the
+tokenizer load; after the weights load, before the KV cache, after it) and after
+generating (run it with another install's python to see that one's).
 
     python benchmarks/generate_memory.py --model /work/models/x.gguf \\
         --hwplug main=/work/main/.venv/bin/hwplug --llama-cpp /work/main/.venv/bin/python
@@ -101,11 +102,15 @@ class _Milestones(logging.Handler):
 def breakdown(args: argparse.Namespace) -> None:
     import hwplug
 
+    print(f"{'start (hwplug imported)':<62} {_status()}")
+    hwplug.current_platform().apply_process_env()  # as hwplug.LLM would, before torch loads
+    import torch  # noqa: F401 - its import's memory on a line of its own
+
+    print(f"{'torch imported':<62} {_status()}")
     logger = logging.getLogger("hwplug")
     logger.setLevel(logging.INFO)
     logger.addHandler(_Milestones())
     for model in args.model:
-        print(f"{'start (hwplug and torch imported)':<62} {_status()}")
         llm = hwplug.LLM(model, max_num_seqs=1)
         print(f"{'built (weights, KV cache, step graphs)':<62} {_status()}")
         llm.generate(PROMPT, hwplug.SamplingParams(max_tokens=args.max_tokens))
