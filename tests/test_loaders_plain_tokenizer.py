@@ -16,6 +16,7 @@ from tokenizers import normalizers
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
 
+from hwplug.errors import ModelError
 from hwplug.model_zoo.loaders import load_checkpoint, resolve_model
 from hwplug.model_zoo.loaders.cache import entry_dir
 from hwplug.model_zoo.loaders.hf_dir import load_tokenizer
@@ -165,3 +166,9 @@ def test_a_gguf_conversion_caches_a_plain_tokenizer_and_a_changed_file_replaces_
     assert len(changed.tokenizer) == 300
     assert reference.get_vocab() == {
         token: index for token, index in changed.tokenizer.get_vocab().items() if index < 256}
+    # the new conversion replaced the old entry: the loaded tokenizer still encodes, and
+    # what it would read from the entry's files says they are gone
+    assert not entry.exists()
+    assert checkpoint.tokenizer.encode("hello world") == reference.encode("hello world")
+    with pytest.raises(ModelError, match="a newer conversion of the model's file replaced"):
+        checkpoint.tokenizer.transformers()

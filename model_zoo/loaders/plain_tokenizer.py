@@ -157,8 +157,14 @@ class PlainTokenizer:
             **self.special_tokens_map)
 
     def transformers(self) -> Any:
-        """The transformers ``PreTrainedTokenizerFast`` of the same files (loaded once)."""
+        """The transformers ``PreTrainedTokenizerFast`` of the same files (loaded once).
+        Raises :class:`ModelError` when they are gone: a conversion cache entry that a newer
+        conversion of its source file replaced."""
         if self._transformers is None:
+            if not self._directory.is_dir():
+                raise ModelError(
+                    f"the tokenizer's files in {self._directory} are gone: a newer conversion "
+                    f"of the model's file replaced that cache entry; load the model again")
             from transformers import PreTrainedTokenizerFast
 
             self._transformers = from_pretrained(PreTrainedTokenizerFast, "tokenizer",
