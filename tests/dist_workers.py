@@ -4,19 +4,27 @@
 a free local port, each calling ``fn(rank, world_size, *args)``; it returns their results in
 rank order. Functions must be importable (module level) for the spawn start method.
 :func:`child_pids`, :func:`running` and :func:`no_new_shared_memory` check that workers leave
-nothing behind.
+nothing behind. /dev/shm is the machine's: multiprocessing's queues and events under the spawn
+start method (:func:`run`'s, tests/test_p2p.py's) name semaphores there, which a test of
+another pytest-xdist worker counting /dev/shm would take for its own leak. So every test
+that creates such objects or counts /dev/shm holds :func:`shared_memory_lock` meanwhile
+(the fixture :func:`dev_shm_to_ourselves`), and never takes it twice.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -51,6 +59,25 @@ def running(pid: int) -> bool:
 def shared_memory() -> set[str]:
     """The names in /dev/shm (POSIX shared memory and semaphores)."""
     return set(os.listdir("/dev/shm"))
+
+
+@contextmanager
+def shared_memory_lock() -> Iterator[None]:
+    """Hold the lock that this machine's test processes take around creating or counting
+    names in /dev/shm (see the module docstring); it blocks until no other holds it."""
+    with open(Path(tempfile.gettempdir()) / "hwplug-tests-dev-shm.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def dev_shm_to_ourselves() -> Iterator[None]:
+    """The test runs holding :func:`shared_memory_lock`."""
+    with shared_memory_lock():
+        yield
 
 
 def no_new_shared_memory(before: set[str], settle: float = 15.0) -> bool:
@@ -89,6 +116,11 @@ def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     The rendezvous store is served from this process, which outlives every rank: when rank
     0 served it, rank 0 sometimes aborted at exit in CI (gloo: "terminate called without
     an active exception") while its peers were still leaving the group."""
+    with shared_memory_lock():  # its queues name semaphores in /dev/shm
+        return _run(fn, world_size, *args)
+
+
+def _run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     context = mp.get_context("spawn")
     results = context.SimpleQueue()

@@ -17,7 +17,13 @@ import sys
 
 import pytest
 import torch
-from dist_workers import child_pids, no_new_shared_memory, running, shared_memory
+from dist_workers import (  # noqa: F401 - dev_shm_to_ourselves is a fixture
+    child_pids,
+    dev_shm_to_ourselves,
+    no_new_shared_memory,
+    running,
+    shared_memory,
+)
 from tiny_llama import random_prompts, tiny_model_dir  # noqa: F401 (the model_dir fixture)
 
 import hwplug
@@ -41,6 +47,7 @@ def keep_torch_threads():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("dev_shm_to_ourselves")  # it counts /dev/shm
 def test_two_replicas_return_what_one_engine_does_in_request_order(model_dir,
                                                                    keep_torch_threads):
     prompts = random_prompts(seed=7, count=16)
@@ -87,6 +94,7 @@ def test_each_replica_runs_on_its_cpus_of_the_binding_plan(model_dir, monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("dev_shm_to_ourselves")  # it counts /dev/shm
 def test_a_dead_replica_fails_the_calls_that_need_it_with_a_worker_error(model_dir,
                                                                          keep_torch_threads):
     before, shm = child_pids(), shared_memory()

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import p2p_worker
 import pytest
+from dist_workers import dev_shm_to_ourselves  # noqa: F401 - a fixture
 from tiny_llama import plain_tokens, random_prompts, tiny_model_dir  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow  # two fresh processes per test
+# two fresh processes per test; their queues and events name semaphores in /dev/shm
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dev_shm_to_ourselves")]
 PROMPTS = random_prompts(0, 2, length=70)  # 4 full blocks of 16 each
 
 

@@ -25,7 +25,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_workers import child_pids, free_port, no_new_shared_memory, running, shared_memory
+from dist_workers import (  # noqa: F401 - dev_shm_to_ourselves is a fixture
+    child_pids,
+    dev_shm_to_ourselves,
+    free_port,
+    no_new_shared_memory,
+    running,
+    shared_memory,
+)
 from fake_hw import make_numa_tree
 from tiny_llama import random_prompts, write_tiny_llama
 from transformers import LlamaConfig, Qwen3Config, Qwen3ForCausalLM
@@ -102,6 +109,7 @@ def wait_until(condition, seconds: float) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+@pytest.mark.usefixtures("dev_shm_to_ourselves")  # it counts /dev/shm
 def test_two_ranks_generate_what_one_process_does_and_leave_nothing_behind(
         architecture, llama_dir, tmp_path):
     model_dir = llama_dir if architecture == "llama" else write_tiny_qwen3(tmp_path / "qwen3")
@@ -143,6 +151,7 @@ def test_three_ranks_of_smollm2_generate_what_one_process_does():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("dev_shm_to_ourselves")  # it counts /dev/shm
 def test_killing_a_worker_mid_generation_fails_the_requests_with_a_worker_error(llama_dir):
     before, shm = child_pids(), shared_memory()
     llm = hwplug.LLM(llama_dir, num_kv_blocks=64, tensor_parallel_size=2)
@@ -166,6 +175,7 @@ def test_killing_a_worker_mid_generation_fails_the_requests_with_a_worker_error(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("dev_shm_to_ourselves")  # it counts /dev/shm
 def test_a_failed_start_raises_its_error_and_stops_every_worker(llama_dir):
     before, shm = child_pids(), shared_memory()
     with pytest.raises(ConfigError, match=r"attention heads \(4\) does not split evenly over "
@@ -210,6 +220,7 @@ def test_a_torchrun_rank_whose_peers_never_join_is_a_worker_error(llama_dir, mon
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("dev_shm_to_ourselves")  # it counts /dev/shm
 def test_ctrl_c_stops_the_driver_and_its_workers(llama_dir, tmp_path):
     shm = shared_memory()
     driver = subprocess.Popen([sys.executable, "-c", DRIVER_SCRIPT, str(llama_dir)],
