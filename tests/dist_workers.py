@@ -116,8 +116,8 @@ def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     The rendezvous store is served from this process, which outlives every rank: when rank
     0 served it, rank 0 sometimes aborted at exit in CI (gloo: "terminate called without
     an active exception") while its peers were still leaving the group."""
-    with shared_memory_lock():  # its queues name semaphores in /dev/shm
-        return _run(fn, world_size, *args)
+    with shared_memory_lock():  # its queues name semaphores in /dev/shm, unlinked when
+        return _run(fn, world_size, *args)  # _run's locals go, before the lock does
 
 
 def _run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
