@@ -9,6 +9,13 @@ import pytest
 from fake_dists import add_platform, good_plugin
 
 from hwplug import registries
+from hwplug.discovery.entry_points import (
+    PLUGIN_GROUP,
+    distribution,
+    entry_points,
+    is_own,
+    one_scan,
+)
 from hwplug.errors import ConfigError, PlatformError, PluginError
 from hwplug.kernel_registry import kernels
 
@@ -171,6 +178,20 @@ def hwplug_register_kernels(registry):
                  {mod: template.format(log=log, requires=requires, name=name)})
     fresh_discovery.current_platform()
     assert sys.modules[log].calls == ["zzz", "aaa"]
+
+
+def test_one_scan_reads_the_installed_distributions_once(site):
+    def names() -> set[str]:
+        return {ep.name for ep in entry_points(PLUGIN_GROUP)}
+
+    site.add("acme-first", {"hwplug.plugins": {"first": "first_mod"}}, {}, version="2.5")
+    with one_scan():
+        seen = {ep.name: ep for ep in entry_points(PLUGIN_GROUP)}
+        site.add("acme-later", {"hwplug.plugins": {"later": "later_mod"}}, {})
+        assert "first" in seen and "later" not in names()  # the scan's answer stands
+        assert distribution(seen["first"]) == ("acme-first", "2.5")
+        assert is_own(seen["cpu"]) and not is_own(seen["first"])
+    assert {"first", "later"} <= names()  # read again outside the block
 
 
 def test_import_hwplug_is_cheap():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import importlib_metadata
@@ -38,10 +40,46 @@ class Outcome(Protocol):
     traceback: str | None
 
 
+class _Scan:
+    """The installed distributions' entry points of every group, read once, and each
+    declaring distribution's ``(name, version)`` as first asked for."""
+
+    def __init__(self) -> None:
+        self.entry_points = importlib_metadata.entry_points()
+        #: id(distribution) -> (the distribution, kept alive so its id stays its own,
+        #: its (name, version))
+        self.distributions: dict[int, tuple[object, tuple[str | None, str | None]]] = {}
+
+
+_scan: _Scan | None = None
+
+
+@contextmanager
+def one_scan() -> Iterator[None]:
+    """Within the block, :func:`entry_points` answers every group from one read of the
+    installed distributions, and :func:`distribution` reads each distribution's metadata
+    once: outside it each call reads the files again, and discovery asks for three groups
+    and for the distribution of every entry point (about 0.1 s of a start with a dozen
+    distributions installed). Distributions installed meanwhile are not seen until the
+    block ends. Nested blocks share the outermost one's scan."""
+    global _scan
+    if _scan is not None:
+        yield
+        return
+    _scan = _Scan()
+    try:
+        yield
+    finally:
+        _scan = None
+
+
 def entry_points(group: str) -> list[importlib_metadata.EntryPoint]:
     """The group's entry points, one per (name, value), in a stable order."""
+    scan = _scan
+    found = (scan.entry_points.select(group=group) if scan is not None
+             else importlib_metadata.entry_points(group=group))
     seen: dict[tuple[str, str], importlib_metadata.EntryPoint] = {}
-    for ep in importlib_metadata.entry_points(group=group):
+    for ep in found:
         seen.setdefault((ep.name, ep.value), ep)
     return sorted(seen.values(), key=lambda ep: ep.name)
 
@@ -49,7 +87,16 @@ def entry_points(group: str) -> list[importlib_metadata.EntryPoint]:
 def distribution(ep: importlib_metadata.EntryPoint) -> tuple[str | None, str | None]:
     """``(name, version)`` of the distribution declaring ``ep`` (None when unknown)."""
     dist = getattr(ep, "dist", None)
-    return (dist.name, dist.version) if dist is not None else (None, None)
+    if dist is None:
+        return None, None
+    scan = _scan
+    if scan is not None and id(dist) in scan.distributions:
+        return scan.distributions[id(dist)][1]
+    metadata = dist.metadata  # parsed anew at each access
+    known = metadata["Name"], metadata["Version"]
+    if scan is not None:
+        scan.distributions[id(dist)] = dist, known
+    return known
 
 
 def is_own(ep: importlib_metadata.EntryPoint) -> bool:

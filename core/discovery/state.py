@@ -22,6 +22,7 @@ from hwplug.discovery.entry_points import (
     distribution,
     entry_points,
     is_own,
+    one_scan,
 )
 from hwplug.discovery.plugins import (
     PluginRecord,
@@ -80,7 +81,8 @@ def discover(root: Path | None = None) -> Resolution:
     """
     running, _state.thread.running = getattr(_state.thread, "running", False), True
     try:
-        return _discover(root)
+        with one_scan():
+            return _discover(root)
     finally:
         _state.thread.running = running
 
