@@ -38,4 +38,5 @@ def model_loaded() -> None:
     gc.freeze()
     gc.enable()
     _paused = False
-    logger.debug("gc resumed after the load, %d objects frozen", gc.get_freeze_count())
+    if logger.isEnabledFor(logging.DEBUG):  # the count walks every frozen object
+        logger.debug("gc resumed after the load, %d objects frozen", gc.get_freeze_count())
