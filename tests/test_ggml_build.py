@@ -4,6 +4,7 @@ step's status, remembered failures, the registry's use of them and ``hwplug buil
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,27 @@ def compiles(monkeypatch) -> list[list[str]]:
 
     monkeypatch.setattr(build.subprocess, "run", recording_run)
     return seen
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_wheel_ships_every_file_the_c_kernels_include():
+    """A wheel holds the package data pyproject.toml names (an editable install reads the
+    tree instead): each C source of the CPU kernels, and every header it includes, must be
+    named there, or the build that includes the header fails where hwplug was installed from
+    a wheel."""
+    tomllib = pytest.importorskip("tomllib")
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    sources = sorted((REPO / "platforms" / "cpu").glob("*/*.c"))
+    assert sources
+    for source in sources:
+        patterns = data.get(f"hwplug.platforms.cpu.{source.parent.name}", [])
+        shipped = {path.name for pattern in patterns for path in source.parent.glob(pattern)}
+        included = {name for path in (source, *source.parent.glob("*.h"))
+                    for name in re.findall(r'#include "([^"]+)"', path.read_text())}
+        assert {source.name, *included} <= shipped, (source, patterns)
 
 
 def quick_build() -> str:
