@@ -165,16 +165,33 @@ class OnlyAllocationsAndViews(TorchFunctionMode):
             raise UnsupportedError(f"the step calls torch's {name}: a step graph repeats only "
                                    f"native kernel calls")
         out = func(*args, **kwargs)
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        outputs = _tensors(out)
         if name in ALLOCATIONS:
             self.keep.extend(outputs)
             return out
-        storages = {_storage(t) for t in tree_leaves((args, kwargs))
-                    if isinstance(t, torch.Tensor)} - {None}
+        if not outputs:  # a metadata read (a shape, a stride, a pointer): most calls
+            return out
+        storages = {_storage(t) for arg in (*args, *kwargs.values())
+                    for t in _tensors(arg)} - {None}
         if any(_storage(t) not in storages for t in outputs):
             raise UnsupportedError(f"the step computes in torch ({name}): a step graph "
                                    f"repeats only native kernel calls")
         return out
+
+
+#: Types whose values hold no tensor (what a metadata read returns).
+_NO_TENSORS = (bool, int, float, str, type(None), torch.Size, torch.dtype, torch.device,
+               torch.layout, torch.memory_format)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """The tensors in ``tree``: a tensor, a value of :data:`_NO_TENSORS` (at once: a step
+    makes thousands of calls that read a tensor's metadata), or any pytree of them."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, _NO_TENSORS):
+        return []
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
 def _storage(tensor: torch.Tensor) -> int | None:
