@@ -7,10 +7,12 @@ in GGUF blocks); the second must reuse it. By default both runs share a new temp
 ``HWPLUG_CACHE_DIR`` so the first is truly cold; pass ``--cache-dir`` to use another (e.g.
 your usual one: its built kernels are reused), and ``--fresh`` to discard the model's
 conversion and repacked weights there first, so run 1 reports a first load's cost (convert,
-repack, write the repacked-weights cache) and the later runs a second one.
+repack, write the repacked-weights cache) and the later runs a second one. ``--tokens N``
+then times a second generation, of N tokens: what a process's first decode steps cost
+beyond the replayed ones (the engine records its step graph at the second decode step).
 
     python benchmarks/cold_start.py
-    python benchmarks/cold_start.py --model smollm2 --runs 3
+    python benchmarks/cold_start.py --model smollm2 --runs 3 --tokens 8
     python benchmarks/cold_start.py --model M.gguf --cache-dir ~/.cache/hwplug --fresh
 """
 
@@ -32,7 +34,12 @@ imported = time.time()
 llm = hwplug.LLM({model!r})
 loaded = time.time()
 llm.generate("Hello", hwplug.SamplingParams(max_tokens=1))
-print(json.dumps({{"imported": imported, "loaded": loaded, "first_token": time.time()}}))
+marks = {{"imported": imported, "loaded": loaded, "first_token": time.time()}}
+if {tokens}:
+    start = time.time()
+    llm.generate("Hello", hwplug.SamplingParams(max_tokens={tokens}, ignore_eos=True))
+    marks["tokens"] = time.time() - start
+print(json.dumps(marks))
 """
 
 
@@ -45,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true",
                         help="discard the model's conversion and repacked weights in the "
                              "cache before run 1")
+    parser.add_argument("--tokens", type=int, default=0, metavar="N",
+                        help="also time a second generation of N tokens (seconds it took)")
     return parser.parse_args()
 
 
@@ -63,16 +72,18 @@ def discard_model(model: str | None) -> None:
     print(f"discarded the conversion of {gguf.name} and {removed} repacked-weights entries")
 
 
-def run_once(model: str | None, cache_dir: str) -> dict[str, float]:
-    """Seconds from launch to import done, model loaded and first token."""
+def run_once(model: str | None, cache_dir: str, tokens: int) -> dict[str, float]:
+    """Seconds from launch to import done, model loaded and first token; with ``tokens``,
+    also the seconds a second generation of that many tokens took."""
     env = {**os.environ, "HWPLUG_CACHE_DIR": cache_dir}
     start = time.time()
-    result = subprocess.run([sys.executable, "-c", CHILD.format(model=model)], env=env,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-c", CHILD.format(model=model, tokens=tokens)],
+                            env=env, capture_output=True, text=True, check=False)
     if result.returncode:
         sys.exit(f"the child process failed:\n{result.stderr}")
     marks = json.loads(result.stdout.strip().splitlines()[-1])
-    return {name: stamp - start for name, stamp in marks.items()}
+    return {name: stamp if name == "tokens" else stamp - start
+            for name, stamp in marks.items()}
 
 
 def main() -> None:
@@ -83,11 +94,13 @@ def main() -> None:
             os.environ["HWPLUG_CACHE_DIR"] = cache_dir
             discard_model(args.model)
         print(f"HWPLUG_CACHE_DIR={cache_dir}; seconds since process launch")
-        print(f"{'run':>3} {'import':>8} {'loaded':>8} {'first token':>12}")
+        then = f" {f'then {args.tokens} tokens':>16}" if args.tokens else ""
+        print(f"{'run':>3} {'import':>8} {'loaded':>8} {'first token':>12}{then}")
         for run in range(1, args.runs + 1):
-            marks = run_once(args.model, cache_dir)
+            marks = run_once(args.model, cache_dir, args.tokens)
+            then = f" {marks['tokens']:>16.2f}" if args.tokens else ""
             print(f"{run:>3} {marks['imported']:>8.2f} {marks['loaded']:>8.2f} "
-                  f"{marks['first_token']:>12.2f}", flush=True)
+                  f"{marks['first_token']:>12.2f}{then}", flush=True)
 
 
 if __name__ == "__main__":
