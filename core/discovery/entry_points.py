@@ -59,9 +59,10 @@ def one_scan() -> Iterator[None]:
     """Within the block, :func:`entry_points` answers every group from one read of the
     installed distributions, and :func:`distribution` reads each distribution's metadata
     once: outside it each call reads the files again, and discovery asks for three groups
-    and for the distribution of every entry point (about 0.1 s of a start with a dozen
-    distributions installed). Distributions installed meanwhile are not seen until the
-    block ends. Nested blocks share the outermost one's scan."""
+    and for the distribution of every entry point (20-30 ms of a start with hwplug's six
+    plugin distributions installed, each metadata file parsed as an email message).
+    Distributions installed meanwhile are not seen until the block ends. Nested blocks
+    share the outermost one's scan."""
     global _scan
     if _scan is not None:
         yield
