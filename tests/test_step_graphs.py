@@ -113,22 +113,30 @@ def test_same_calls_maps_allocations_and_catches_a_baked_in_python_value():
         same_calls(recordings[0], shorter)
 
 
-def test_a_failing_call_raises_its_kernels_error_when_replayed():
+def test_recording_makes_no_call_and_a_failing_call_raises_its_kernels_error_when_replayed():
     x, weight = torch.randn(2, 64), torch.randn(64)
-    raised = []
+    raised, made = [], []
 
     def check(status: int) -> None:
         raised.append(status)
         raise UnsupportedError(f"status {status}")
 
-    status = [0]
+    def kernel() -> int:
+        made.append(status[0])
+        return status[0]
+
+    status = [1]
     with record() as graph:
-        PORTABLE.rms_norm(x, weight, EPS)
-        native_call(lambda: status[0], check=check)
+        graph.outputs = PORTABLE.rms_norm(x, weight, EPS)
+        native_call(kernel, check=check)
+    assert made == [] and raised == []  # recorded, not made: its status is not checked yet
+    status[0] = 0
+    graph.replay()
+    torch.testing.assert_close(graph.outputs, hwplug.ops.rms_norm.reference(x, weight, EPS))
     status[0] = 1
     with pytest.raises(UnsupportedError, match="status 1"):
         graph.replay()
-    assert raised == [1]
+    assert made == [0, 1] and raised == [1]
 
 
 # ---- the engine: decode graphs on the real SmolLM2 GGUF ----

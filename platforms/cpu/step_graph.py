@@ -2,12 +2,14 @@
 without Python.
 
 Kernels that call C through ctypes make each call through :func:`native_call`. Inside
-:func:`record`, every such call is also kept, with its arguments (pointers, sizes,
-thread counts) as they were, and a :class:`StepGraph` replays the list: the same C
-functions on the same memory, none of the Python around them (module calls, dispatch,
+:func:`record`, every such call is kept instead of made, with its arguments (pointers,
+sizes, thread counts) as they were, and a :class:`StepGraph` replays the list: the same
+C functions on the same memory, none of the Python around them (module calls, dispatch,
 ``supports`` checks, allocation). As with CUDA graphs, the step's inputs must sit in the
 same tensors at every replay (static buffers the caller refills), and the outputs are
-the tensors the recorded step returned, rewritten by each replay.
+the tensors the recorded step returned, written by each replay: nothing computes while
+recording (no Python may read what a kernel wrote, see below), so a recording costs the
+step's Python, not its kernels, and the outputs hold results from the first replay on.
 
 A recording is refused (:class:`~hwplug.errors.UnsupportedError`, naming the cause) when
 the step did anything a replay would not repeat: a torch function that computes, writes
@@ -74,13 +76,15 @@ def native_call(function: Callable[..., int], *args: Any,
                 check: Callable[[int], None] | None = None) -> None:
     """Call the C ``function(*args)`` (a ctypes function) and pass a nonzero status to
     ``check``, which raises (no ``check``: the return value is not a status). While
-    :func:`record` records on this thread, the call is recorded too."""
-    status = function(*args)
-    if status and check is not None:
-        _failed(function, status, check)
+    :func:`record` records on this thread, the call is recorded instead, and made (and
+    checked) when the graph is replayed."""
     calls = getattr(_state, "calls", None)
     if calls is not None:
         calls.append(NativeCall(function, args, check))
+        return
+    status = function(*args)
+    if status and check is not None:
+        _failed(function, status, check)
 
 
 def _name(function: Callable[..., Any]) -> str:
@@ -205,9 +209,10 @@ def _storage(tensor: torch.Tensor) -> int | None:
 
 @contextmanager
 def record() -> Iterator[StepGraph]:
-    """Record the native calls made on this thread into the yielded graph (the caller sets
-    its ``outputs``). Raises :class:`UnsupportedError` when the step computed in torch
-    (raised from the op itself) or made no native call."""
+    """Record the native calls made on this thread into the yielded graph, without making
+    them (the caller sets its ``outputs``, which hold results once it is replayed). Raises
+    :class:`UnsupportedError` when the step computed in torch (raised from the op itself)
+    or made no native call."""
     if getattr(_state, "calls", None) is not None:
         raise UnsupportedError("step graphs do not nest: this thread is already recording")
     graph = StepGraph()
