@@ -9,7 +9,9 @@ your usual one: its built kernels are reused), and ``--fresh`` to discard the mo
 conversion and repacked weights there first, so run 1 reports a first load's cost (convert,
 repack, write the repacked-weights cache) and the later runs a second one. ``--tokens N``
 then times a second generation, of N tokens: what a process's first decode steps cost
-beyond the replayed ones (the engine records its step graph at the second decode step).
+beyond the replayed ones (the engine records its step graph at the second decode step);
+``--warm-up`` times ``LLM.warm_up()`` after it (every decode bucket's step graph recorded,
+as ``hwplug serve`` does before it answers).
 
     python benchmarks/cold_start.py
     python benchmarks/cold_start.py --model smollm2 --runs 3 --tokens 8
@@ -39,6 +41,10 @@ if {tokens}:
     start = time.time()
     llm.generate("Hello", hwplug.SamplingParams(max_tokens={tokens}, ignore_eos=True))
     marks["tokens"] = time.time() - start
+if {warm_up}:
+    start = time.time()
+    llm.warm_up()
+    marks["warm_up"] = time.time() - start
 print(json.dumps(marks))
 """
 
@@ -54,6 +60,8 @@ def parse_args() -> argparse.Namespace:
                              "cache before run 1")
     parser.add_argument("--tokens", type=int, default=0, metavar="N",
                         help="also time a second generation of N tokens (seconds it took)")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="also time LLM.warm_up() (seconds it took)")
     return parser.parse_args()
 
 
@@ -72,17 +80,24 @@ def discard_model(model: str | None) -> None:
     print(f"discarded the conversion of {gguf.name} and {removed} repacked-weights entries")
 
 
-def run_once(model: str | None, cache_dir: str, tokens: int) -> dict[str, float]:
+#: Marks that are durations, not times since launch.
+DURATIONS = ("tokens", "warm_up")
+
+
+def run_once(model: str | None, cache_dir: str, tokens: int,
+             warm_up: bool) -> dict[str, float]:
     """Seconds from launch to import done, model loaded and first token; with ``tokens``,
-    also the seconds a second generation of that many tokens took."""
+    also the seconds a second generation of that many tokens took, with ``warm_up`` the
+    seconds ``LLM.warm_up()`` took."""
     env = {**os.environ, "HWPLUG_CACHE_DIR": cache_dir}
     start = time.time()
-    result = subprocess.run([sys.executable, "-c", CHILD.format(model=model, tokens=tokens)],
-                            env=env, capture_output=True, text=True, check=False)
+    child = CHILD.format(model=model, tokens=tokens, warm_up=warm_up)
+    result = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
+                            text=True, check=False)
     if result.returncode:
         sys.exit(f"the child process failed:\n{result.stderr}")
     marks = json.loads(result.stdout.strip().splitlines()[-1])
-    return {name: stamp if name == "tokens" else stamp - start
+    return {name: stamp if name in DURATIONS else stamp - start
             for name, stamp in marks.items()}
 
 
@@ -95,10 +110,12 @@ def main() -> None:
             discard_model(args.model)
         print(f"HWPLUG_CACHE_DIR={cache_dir}; seconds since process launch")
         then = f" {f'then {args.tokens} tokens':>16}" if args.tokens else ""
+        then += f" {'warm-up':>8}" if args.warm_up else ""
         print(f"{'run':>3} {'import':>8} {'loaded':>8} {'first token':>12}{then}")
         for run in range(1, args.runs + 1):
-            marks = run_once(args.model, cache_dir, args.tokens)
+            marks = run_once(args.model, cache_dir, args.tokens, args.warm_up)
             then = f" {marks['tokens']:>16.2f}" if args.tokens else ""
+            then += f" {marks['warm_up']:>8.2f}" if args.warm_up else ""
             print(f"{run:>3} {marks['imported']:>8.2f} {marks['loaded']:>8.2f} "
                   f"{marks['first_token']:>12.2f}{then}", flush=True)
 
