@@ -14,7 +14,8 @@ position 0, slot -1 (not written), one token of block 0 (read, never written).
 
 A bucket is recorded at its :data:`RECORD_AT`-th decode step; the steps before run eagerly,
 so a generation of one token (a cold start's ``--max-tokens 1``), or a batch size met once,
-never pays for the recordings: two forward passes, the second over the longest context.
+never pays for the recordings (two runs of the step's Python; what else a recording costs
+is the recorder's: the CPU one keeps the native calls without making them).
 :meth:`DecodeGraphs.record_all` records the batch buckets and the verify buckets of ``k``
 proposals ahead instead (a server's warm-up), so no such step pays for a recording or runs
 eagerly before it; the verify buckets of fewer proposals (below) are still recorded at
@@ -25,8 +26,9 @@ and kept only when the recorder finds both the same (``StepRecorder.check_same``
 the same calls: a kernel chosen in Python from a step's lengths would change between them;
 for CUDA graphs see ``hwplug_cuda.cuda_graph``). A recorder that
 asks for it (``warms_up``: CUDA graphs) gets each recording's step run once eagerly right
-before it. The recordings (and warm-ups) write no KV (every slot negative); the long one
-costs one attention pass over ``max_model_len`` tokens per sequence of the bucket, once. A
+before it. The recordings (and warm-ups) write no KV (every slot negative); a warm-up
+before the long recording costs one attention pass over ``max_model_len`` tokens per
+sequence of the bucket, once. A
 bucket whose step computes anything in torch (a platform or model without native kernels
 for every op) is refused once, with the reason logged, and its steps run eagerly; so does
 one whose recording failed in any other way (logged as a warning: the eager step then
